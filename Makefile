@@ -1,0 +1,30 @@
+# Thin wrapper over CMake. `make test` is the test command of README.md.
+BUILD ?= build
+JOBS ?= $(shell nproc)
+CMAKE_FLAGS ?=
+
+.PHONY: all build test test-asan cuda-build clean run bench
+
+all: build
+
+build:
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS) >/dev/null
+	cmake --build $(BUILD) -j $(JOBS)
+
+test: build
+	./$(BUILD)/kvattn_tests
+
+# CPU tests under AddressSanitizer + UndefinedBehaviorSanitizer (no CUDA in this build).
+test-asan:
+	cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DKVA_SANITIZE=ON -DKVA_CUDA=OFF >/dev/null
+	cmake --build build-asan -j $(JOBS)
+	KVA_TEST_QUICK=1 ./build-asan/kvattn_tests
+
+run: build
+	./$(BUILD)/kvattn run
+
+bench: build
+	./$(BUILD)/kvattn bench
+
+clean:
+	rm -rf $(BUILD) build-asan

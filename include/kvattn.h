@@ -1,0 +1,472 @@
+/*
+ * kvattn.h -- attention for LLM inference over a paged KV cache, on the CPU and on NVIDIA GPUs.
+ *
+ * This one header is the whole public API. It is C11 and safe to include from C++.
+ *
+ * Concepts, in the order a serving engine meets them:
+ *   - kva_context: where work runs (CPU with N threads, or one CUDA device + a caller stream).
+ *     Every failing call returns a kva_status; kva_last_error() gives the detailed message of the
+ *     last failure on the calling thread. The library never exits or aborts.
+ *   - kva_tensor: a strided 3-D view [tokens, heads, head_dim] (innermost dim contiguous), so
+ *     NHD ([tokens, heads, dim]) and HND ([heads, tokens, dim]) buffers both work.
+ *   - kva_kv_pages + kva_page_table: a paged K/V pool addressed by strides, and the CSR page table
+ *     (indptr, indices, last_page_len) that says which pages hold which request's tokens.
+ *   - plan / run: kva_decode_plan() and kva_prefill_plan() are pure host arithmetic over the
+ *     lengths (split-KV chunk size by binary search, flattened (request, chunk) work arrays) and
+ *     write their result into a caller-provided workspace; *_run() executes it. Nothing in a run
+ *     allocates, so runs can be captured in CUDA graphs, and one plan serves every layer.
+ *   - kva_cache: an optional paged KV cache manager (block allocator, page tables, fork with
+ *     copy-on-write, append) that produces the two views above.
+ *
+ * Numbers: inputs f32, f16 or bf16; accumulation always in f32. The log-sum-exp (LSE) outputs are
+ * natural-log, f32, one per (query token, query head). An empty key range gives output 0 and
+ * LSE = -INFINITY, never NaN.
+ *
+ * Memory: the library allocates only in *_create() functions and in the kva_malloc family. All
+ * tensors, workspaces and outputs are owned by the caller. "device memory" below means memory of
+ * the context's device: ordinary host memory for a CPU context, cudaMalloc'd memory for CUDA.
+ */
+#ifndef KVATTN_H
+#define KVATTN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KVA_VERSION_MAJOR 0
+#define KVA_VERSION_MINOR 1
+#define KVA_VERSION_PATCH 0
+
+/* ------------------------------------------------------------------------------------------ */
+/* Status codes                                                                                */
+/* ------------------------------------------------------------------------------------------ */
+
+typedef enum kva_status {
+    KVA_OK = 0,
+    KVA_ERR_INVALID_ARG = 1,         /* null pointer, unknown enum value, negative count */
+    KVA_ERR_BAD_SHAPE = 2,           /* shapes, strides or indptr arrays inconsistent */
+    KVA_ERR_UNSUPPORTED = 3,         /* dtype / head_dim / variant not supported on this device */
+    KVA_ERR_OUT_OF_RANGE = 4,        /* page id outside the pool, length beyond its pages */
+    KVA_ERR_NO_SPACE = 5,            /* the cache has too few free pages; nothing was changed */
+    KVA_ERR_WORKSPACE_TOO_SMALL = 6, /* the workspace is smaller than *_workspace_size() said */
+    KVA_ERR_NOT_BUILT = 7,           /* the requested backend (CUDA) was not compiled in */
+    KVA_ERR_DEVICE = 8,              /* the CUDA runtime reported an error */
+    KVA_ERR_OUT_OF_MEMORY = 9,       /* a host or device allocation failed */
+    KVA_ERR_BAD_STATE = 10           /* unknown sequence id, plan used with the wrong run, ... */
+} kva_status;
+
+/* Short constant name of a status ("KVA_ERR_NO_SPACE"). Never NULL. */
+const char *kva_status_str(kva_status status);
+
+/* Detailed message of the last failing call made by this thread ("" if none). The string stays
+ * valid until the next failing call on this thread. */
+const char *kva_last_error(void);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Data types                                                                                   */
+/* ------------------------------------------------------------------------------------------ */
+
+typedef enum kva_dtype {
+    KVA_F32 = 0,
+    KVA_F16 = 1,  /* IEEE binary16 */
+    KVA_BF16 = 2  /* bfloat16 */
+} kva_dtype;
+
+/* Bytes per element (4, 2, 2), or 0 for an unknown dtype. */
+size_t kva_dtype_size(kva_dtype dtype);
+/* "f32", "f16", "bf16", or "?" */
+const char *kva_dtype_name(kva_dtype dtype);
+
+/* Host-memory conversion of n elements between any two dtypes (round to nearest even). */
+kva_status kva_convert(const void *src, kva_dtype src_dtype, void *dst, kva_dtype dst_dtype,
+                       size_t n);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Context, devices and memory                                                                  */
+/* ------------------------------------------------------------------------------------------ */
+
+typedef enum kva_device_type { KVA_DEVICE_CPU = 0, KVA_DEVICE_CUDA = 1 } kva_device_type;
+
+typedef struct kva_context kva_context;
+
+/* Creates a context on the CPU (device_id ignored; threads = number of cores) or on CUDA device
+ * device_id (stream = the legacy default stream until kva_context_set_stream). The CPU context
+ * also owns the per-thread scratch its kernels use, so runs never allocate.
+ * @return KVA_OK, KVA_ERR_NOT_BUILT (CUDA not compiled in), KVA_ERR_DEVICE (no such device). */
+kva_status kva_context_create(kva_device_type device, int device_id, kva_context **out);
+void kva_context_destroy(kva_context *ctx); /* NULL is a no-op */
+
+kva_device_type kva_context_device(const kva_context *ctx);
+
+/* CPU: number of worker threads for later calls; 0 = number of cores. Ignored on CUDA. */
+kva_status kva_context_set_threads(kva_context *ctx, int num_threads);
+int kva_context_threads(const kva_context *ctx);
+
+/* CUDA: the cudaStream_t that every later call of this context enqueues on. Ignored on CPU. */
+kva_status kva_context_set_stream(kva_context *ctx, void *cuda_stream);
+
+/* 1 if this build has the CUDA backend and at least one CUDA device is visible, else 0. */
+int kva_cuda_available(void);
+
+typedef struct kva_device_info {
+    char name[128];          /* "NVIDIA H100 80GB HBM3", or the CPU model */
+    int num_sms;             /* CUDA multiprocessors, or CPU threads of the context */
+    size_t l2_bytes;         /* CUDA L2 size, 0 on the CPU */
+    size_t total_memory;     /* device memory in bytes (0 if unknown on the CPU) */
+} kva_device_info;
+kva_status kva_context_info(const kva_context *ctx, kva_device_info *info);
+
+/* Memory of the context's device (cudaMalloc on CUDA, 64-byte aligned host memory on the CPU). */
+kva_status kva_malloc(kva_context *ctx, size_t bytes, void **ptr);
+void kva_free(kva_context *ctx, void *ptr);
+/* Host memory suitable for a workspace's host part (pinned on CUDA, aligned on the CPU). */
+kva_status kva_host_alloc(kva_context *ctx, size_t bytes, void **ptr);
+void kva_host_free(kva_context *ctx, void *ptr);
+
+typedef enum kva_copy_kind {
+    KVA_COPY_HOST_TO_DEVICE = 0,
+    KVA_COPY_DEVICE_TO_HOST = 1,
+    KVA_COPY_DEVICE_TO_DEVICE = 2
+} kva_copy_kind;
+/* Copies bytes on the context's stream; returns once the copy is done (it synchronises). */
+kva_status kva_memcpy(kva_context *ctx, void *dst, const void *src, size_t bytes,
+                      kva_copy_kind kind);
+/* Waits for all work the context enqueued. */
+kva_status kva_synchronize(kva_context *ctx);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Tensor views                                                                                 */
+/* ------------------------------------------------------------------------------------------ */
+
+/* A 3-D view [tokens, heads, head_dim] in device memory. Element (t, h, i) lives at
+ * data + (t * stride_token + h * stride_head + i) elements. head_dim is contiguous and the
+ * extents come from the call (token counts from indptr arrays, heads and head_dim from
+ * kva_attn_params). data must be 16-byte aligned and both strides multiples of 8 elements for
+ * f16/bf16 (4 for f32), so rows can be loaded as 16-byte vectors. */
+typedef struct kva_tensor {
+    void *data;
+    kva_dtype dtype;
+    int64_t stride_token; /* elements */
+    int64_t stride_head;  /* elements */
+} kva_tensor;
+
+/* [tokens, heads, head_dim], contiguous. */
+kva_tensor kva_tensor_nhd(void *data, kva_dtype dtype, int32_t num_heads, int32_t head_dim);
+/* [heads, tokens, head_dim], contiguous; num_tokens is the allocated token extent. */
+kva_tensor kva_tensor_hnd(void *data, kva_dtype dtype, int64_t num_tokens, int32_t head_dim);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Paged K/V: the page pool and the CSR page table                                              */
+/* ------------------------------------------------------------------------------------------ */
+
+typedef enum kva_layout {
+    KVA_LAYOUT_NHD = 0, /* inside a page: [page_size, kv_heads, head_dim] */
+    KVA_LAYOUT_HND = 1  /* inside a page: [kv_heads, page_size, head_dim] */
+} kva_layout;
+
+/* One layer's K and V pages in device memory. Element i of head h of slot t (0 <= t < page_size)
+ * of physical page p is at k_data + p*stride_page + t*stride_token + h*stride_head + i elements
+ * (same offsets from v_data for V). This covers separate K and V pools and the interleaved pool
+ * [num_pages, 2, page...] of paged-attention engines (v_data = k_data + one half page). */
+typedef struct kva_kv_pages {
+    void *k_data;
+    void *v_data;
+    kva_dtype dtype;
+    int32_t num_pages;    /* pool size: valid physical page ids are 0 .. num_pages-1 */
+    int32_t page_size;    /* tokens per page, 1 .. 65536 */
+    int32_t num_kv_heads;
+    int32_t head_dim;
+    int64_t stride_page;  /* elements */
+    int64_t stride_token; /* elements */
+    int64_t stride_head;  /* elements */
+} kva_kv_pages;
+
+/* Separate pools k_data, v_data, each [num_pages, page...] in the given layout. */
+kva_kv_pages kva_kv_pages_separate(void *k_data, void *v_data, kva_dtype dtype, int32_t num_pages,
+                                   int32_t page_size, int32_t num_kv_heads, int32_t head_dim,
+                                   kva_layout layout);
+/* One pool [num_pages, 2, page...]: K is half 0 of each page, V half 1. */
+kva_kv_pages kva_kv_pages_interleaved(void *data, kva_dtype dtype, int32_t num_pages,
+                                      int32_t page_size, int32_t num_kv_heads, int32_t head_dim,
+                                      kva_layout layout);
+
+/* The CSR page table of a batch, in HOST memory. Request b owns physical pages
+ * indices[indptr[b] .. indptr[b+1]-1], in logical order. Its length in tokens is
+ *     kv_len(b) = 0                                               if it has no pages,
+ *               = (num_pages(b) - 1) * page_size + last_page_len[b]  otherwise,
+ * with 1 <= last_page_len[b] <= page_size when it has pages (last_page_len[b] is ignored, and may
+ * be 0, when it has none). indptr[0] must be 0 and indptr non-decreasing. */
+typedef struct kva_page_table {
+    int32_t batch_size;
+    const int32_t *indptr;        /* [batch_size + 1] */
+    const int32_t *indices;       /* [indptr[batch_size]] */
+    const int32_t *last_page_len; /* [batch_size] */
+} kva_page_table;
+
+/* Converts a dense block table (vLLM style) into CSR. block_table is [batch][max_blocks_per_seq]
+ * (row-major, host), context_lens [batch]. Writes indptr_out [batch+1], indices_out (capacity
+ * indices_capacity entries) and last_page_len_out [batch]. Entries of block_table past a
+ * request's ceil(context_len / page_size) blocks are ignored.
+ * @return KVA_ERR_OUT_OF_RANGE if a context needs more than max_blocks_per_seq blocks,
+ *         KVA_ERR_WORKSPACE_TOO_SMALL if indices_capacity is too small. */
+kva_status kva_block_table_to_csr(const int32_t *block_table, int32_t batch_size,
+                                  int32_t max_blocks_per_seq, const int32_t *context_lens,
+                                  int32_t page_size, int32_t *indptr_out, int32_t *indices_out,
+                                  int32_t indices_capacity, int32_t *last_page_len_out);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Attention variants                                                                           */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Optional score modifier (CPU only): called on every visible score after scaling and soft-cap,
+ * with the query's and key's absolute positions in their sequence and the query head. Return
+ * -INFINITY to mask the key. Must be thread-safe (called from worker threads). */
+typedef float (*kva_score_mod_fn)(float score, int32_t q_pos, int32_t kv_pos, int32_t qo_head,
+                                  void *user);
+
+/* What attention computes, for one query at absolute position q_pos and key at position k_pos:
+ *     s = dot(q, k) * sm_scale
+ *     if logits_soft_cap > 0:  s = logits_soft_cap * tanh(s / logits_soft_cap)
+ *     if score_mod:            s = score_mod(s, q_pos, k_pos, qo_head, user)
+ *     masked (s = -inf) if causal and k_pos > q_pos, or window_left >= 0 and k_pos < q_pos - window_left
+ *     o = sum_k softmax(s)_k * v_k,   lse = log(sum_k exp(s_k))
+ * Positions: a request with qo_len queries and kv_len keys has keys at 0..kv_len-1 and its
+ * queries at q_pos = kv_len - qo_len + i (aligned bottom-right, as in chunked prefill; decode's
+ * single query is at kv_len - 1). Query head h reads KV head h / (num_qo_heads / num_kv_heads). */
+typedef struct kva_attn_params {
+    int32_t num_qo_heads;
+    int32_t num_kv_heads;    /* must divide num_qo_heads */
+    int32_t head_dim;        /* 64, 128 or 256 (CPU: any multiple of 16 up to 256) */
+    float sm_scale;          /* <= 0 means 1/sqrt(head_dim) */
+    int32_t causal;          /* 0 or 1 */
+    int32_t window_left;     /* < 0: no sliding window */
+    float logits_soft_cap;   /* <= 0: none */
+    kva_score_mod_fn score_mod; /* NULL: none (CPU only) */
+    void *score_mod_user;
+} kva_attn_params;
+
+/* {heads, head_dim, sm_scale = 0, causal = 0, window_left = -1, soft cap = 0, no score_mod}. */
+kva_attn_params kva_attn_params_default(int32_t num_qo_heads, int32_t num_kv_heads,
+                                        int32_t head_dim);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Dense attention (no cache): one sequence                                                     */
+/* ------------------------------------------------------------------------------------------ */
+
+/* q, o: [qo_len, num_qo_heads, head_dim]; k, v: [kv_len, num_kv_heads, head_dim]; all of one
+ * dtype; lse: NULL or f32 [qo_len, num_qo_heads]. Needs qo_len <= kv_len when causal.
+ * Synchronous on the CPU; enqueued on the stream on CUDA. CPU only in this version. */
+kva_status kva_attention(kva_context *ctx, const kva_attn_params *params, int32_t qo_len,
+                         int32_t kv_len, kva_tensor q, kva_tensor k, kva_tensor v, kva_tensor o,
+                         float *lse);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Plan / run                                                                                   */
+/* ------------------------------------------------------------------------------------------ */
+
+/* The caller's workspace: a device part (split-KV partial states, the uploaded plan arrays)
+ * and a host part (the plan arrays, pinned staging on CUDA). On the CPU both are host memory
+ * and may be given as one buffer each. Sizes come from *_workspace_size(). A workspace holds
+ * one plan at a time; the plan must not be changed while a run that uses it is in flight. */
+typedef struct kva_workspace {
+    void *device;
+    size_t device_bytes;
+    void *host;
+    size_t host_bytes;
+} kva_workspace;
+
+/* Upper bounds a workspace is sized for. Every plan made into it must stay within them. */
+typedef struct kva_plan_limits {
+    int32_t max_batch;        /* requests per plan */
+    int64_t max_total_pages;  /* indptr[batch] for paged plans */
+    int64_t max_total_kv;     /* keys summed over the batch (ragged prefill, global-rowmax) */
+    int64_t max_total_qo;     /* query tokens summed over the batch (prefill) */
+    int32_t num_qo_heads;
+    int32_t num_kv_heads;
+    int32_t head_dim;
+    int32_t page_size;        /* paged plans */
+} kva_plan_limits;
+
+enum {
+    KVA_PLAN_NO_SPLIT = 1 << 0, /* never split a request's keys across work items */
+    KVA_PLAN_GRAPH = 1 << 1     /* fixed launch shape for CUDA-graph capture: a run captured
+                                   with one plan replays correctly after re-planning into the
+                                   same workspace for any batch within the limits */
+};
+
+typedef enum kva_decode_algo {
+    /* seed 002 Alg. 1: each chunk keeps its own running max, chunks merged by LSE. */
+    KVA_DECODE_PARTIAL_ROWMAX = 0,
+    /* seed 002 Alg. 2: pass 1 finds each row's global max over all chunks, pass 2 exponentiates
+     * against it so chunk results add without rescaling. CPU only. */
+    KVA_DECODE_GLOBAL_ROWMAX = 1
+} kva_decode_algo;
+
+typedef struct kva_plan_options {
+    uint32_t flags;            /* KVA_PLAN_* */
+    int32_t fixed_chunk_size;  /* > 0: use this many keys per chunk instead of searching */
+    kva_decode_algo algo;
+} kva_plan_options;
+
+/* What a plan decided. The arrays point into the workspace's host part. */
+typedef struct kva_plan {
+    uint32_t magic;            /* identifies a plan made by this library; do not edit */
+    int32_t kind;              /* internal: decode, prefill-ragged or prefill-paged */
+    int32_t batch_size;
+    int32_t num_qo_heads, num_kv_heads, head_dim, page_size;
+    int32_t kv_chunk_size;     /* keys per work item (the binary-search result) */
+    int32_t qo_tile_size;      /* query rows per work item (prefill; 1 for decode) */
+    int32_t num_work;          /* flattened (request, q tile, kv chunk) work items */
+    int32_t padded_work;       /* launch size; > num_work only with KVA_PLAN_GRAPH */
+    int32_t split_kv;          /* 1 if some request's keys span several work items */
+    uint32_t flags;
+    kva_decode_algo algo;
+    const int32_t *request_indices; /* [num_work] request of each work item */
+    const int32_t *qo_tile_indices; /* [num_work] query tile of each work item */
+    const int32_t *kv_tile_indices; /* [num_work] key chunk of each work item */
+    const int32_t *merge_indptr;    /* [batch+1] work items of request b: merge_indptr[b..b+1) (decode) */
+    kva_workspace workspace;   /* the workspace this plan lives in */
+} kva_plan;
+
+/* Planning works from host arrays only, never touches device memory synchronously. */
+
+/* Workspace bytes for decode plans within `limits`. */
+kva_status kva_decode_workspace_size(const kva_context *ctx, const kva_plan_limits *limits,
+                                     size_t *device_bytes, size_t *host_bytes);
+
+/* Plans batched decode of page_table->batch_size requests (one query token each). Validates the
+ * page table (indptr shape, last_page_len range, page ids < num_pages), copies it into the
+ * workspace (on CUDA: host part, then one async copy to the device part on the context stream),
+ * chooses the split and writes the work arrays.
+ * @return KVA_ERR_OUT_OF_RANGE for a page id outside 0..num_pages-1,
+ *         KVA_ERR_BAD_SHAPE for a broken indptr / last_page_len, KVA_ERR_WORKSPACE_TOO_SMALL. */
+kva_status kva_decode_plan(kva_context *ctx, const kva_plan_limits *limits,
+                           const kva_page_table *page_table, int32_t num_pages,
+                           const kva_plan_options *options, kva_workspace workspace,
+                           kva_plan *plan);
+
+/* Runs a decode plan. q, o: [batch, num_qo_heads, head_dim] (token = request); pages: this layer's
+ * pool (its geometry must match the plan's); lse: NULL or f32 [batch, num_qo_heads] in device
+ * memory. q, o and the pages share one dtype. */
+kva_status kva_decode_run(kva_context *ctx, const kva_plan *plan, const kva_attn_params *params,
+                          kva_tensor q, const kva_kv_pages *pages, kva_tensor o, float *lse);
+
+/* Workspace bytes for prefill plans within `limits`. */
+kva_status kva_prefill_workspace_size(const kva_context *ctx, const kva_plan_limits *limits,
+                                      size_t *device_bytes, size_t *host_bytes);
+
+/* Plans a ragged prefill batch. qo_indptr [batch+1] (host): request b's queries are rows
+ * qo_indptr[b] .. qo_indptr[b+1]-1 of q. Keys come from exactly one of
+ *   - kv_indptr [batch+1] (host): rows kv_indptr[b] .. of ragged contiguous k/v tensors, or
+ *   - page_table (+ num_pages of the pool): a paged cache (chunked prefill over a cached prefix).
+ * Pass NULL for the other. Causal attention needs qo_len <= kv_len per request. */
+kva_status kva_prefill_plan(kva_context *ctx, const kva_plan_limits *limits, int32_t batch_size,
+                            const int32_t *qo_indptr, const int32_t *kv_indptr,
+                            const kva_page_table *page_table, int32_t num_pages,
+                            const kva_plan_options *options, kva_workspace workspace,
+                            kva_plan *plan);
+
+/* Runs a ragged-K/V prefill plan. q, o: [total_qo, num_qo_heads, head_dim];
+ * k, v: [total_kv, num_kv_heads, head_dim]; lse: NULL or f32 [total_qo, num_qo_heads]. */
+kva_status kva_prefill_run_ragged(kva_context *ctx, const kva_plan *plan,
+                                  const kva_attn_params *params, kva_tensor q, kva_tensor k,
+                                  kva_tensor v, kva_tensor o, float *lse);
+
+/* Runs a paged prefill plan. q, o and lse as in kva_prefill_run_ragged. */
+kva_status kva_prefill_run_paged(kva_context *ctx, const kva_plan *plan,
+                                 const kva_attn_params *params, kva_tensor q,
+                                 const kva_kv_pages *pages, kva_tensor o, float *lse);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Merging attention states                                                                     */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Combines num_states partial results per row, each computed over a disjoint set of keys, into
+ * the result over their union (seed 002's LSE reduction):
+ *     lse_out[r] = log(sum_s exp(lse_in[r][s]))
+ *     v_out[r]   = sum_s exp(lse_in[r][s] - lse_out[r]) * v_in[r][s]
+ * v_in: [num_rows, num_states, head_dim] (dtype), lse_in: f32 [num_rows, num_states],
+ * v_out: [num_rows, head_dim] (dtype), lse_out: NULL or f32 [num_rows]. All in device memory.
+ * States with lse = -inf contribute nothing; a row whose states are all -inf gets 0 and -inf. */
+kva_status kva_merge_states(kva_context *ctx, int32_t num_rows, int32_t num_states,
+                            int32_t head_dim, kva_dtype dtype, const void *v_in,
+                            const float *lse_in, void *v_out, float *lse_out);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Paged KV cache manager                                                                       */
+/* ------------------------------------------------------------------------------------------ */
+
+typedef struct kva_cache kva_cache;
+
+typedef struct kva_cache_config {
+    int32_t num_layers;
+    int32_t num_kv_heads;
+    int32_t head_dim;
+    int32_t page_size;
+    int32_t num_pages;        /* pages per layer; a page id names the same page in every layer */
+    kva_dtype dtype;
+    kva_layout layout;
+    int32_t max_sequences;    /* live sequences at once */
+    int32_t max_append_tokens; /* tokens one kva_cache_append may write (sizes its staging) */
+} kva_cache_config;
+
+/* Creates a cache whose single pool [num_layers][num_pages][2][page...] lives in the context's
+ * device memory; page tables live on the host. */
+kva_status kva_cache_create(kva_context *ctx, const kva_cache_config *config, kva_cache **out);
+void kva_cache_destroy(kva_cache *cache); /* NULL is a no-op */
+
+/* New empty sequence; *seq_id receives its id (0 .. max_sequences-1).
+ * @return KVA_ERR_NO_SPACE if max_sequences are live. */
+kva_status kva_cache_add_sequence(kva_cache *cache, int32_t *seq_id);
+/* Frees a sequence; pages it shares with others stay theirs. */
+kva_status kva_cache_free_sequence(kva_cache *cache, int32_t seq_id);
+/* New sequence *child_id with the same tokens as parent, sharing its pages (reference counts).
+ * A shared, partly filled last page is copied on write by the first kva_cache_reserve that
+ * extends either sequence. */
+kva_status kva_cache_fork(kva_cache *cache, int32_t parent_id, int32_t *child_id);
+
+/* Extends each of n sequences by num_new[i] token slots (allocating pages, copying a shared
+ * partial last page). All or nothing: on KVA_ERR_NO_SPACE no sequence changed. */
+kva_status kva_cache_reserve(kva_cache *cache, int32_t n, const int32_t *seq_ids,
+                             const int32_t *num_new);
+
+/* Writes layer `layer`'s K/V of the last num_new[i] slots of each sequence (normally the slots
+ * just reserved). k, v: [sum num_new, num_kv_heads, head_dim] in device memory, of the cache's
+ * dtype, rows in sequence order. Needs num_new[i] <= length of seq i and sum <= max_append_tokens. */
+kva_status kva_cache_append(kva_cache *cache, int32_t layer, int32_t n, const int32_t *seq_ids,
+                            const int32_t *num_new, kva_tensor k, kva_tensor v);
+
+/* Length in tokens of a sequence. */
+kva_status kva_cache_seq_len(const kva_cache *cache, int32_t seq_id, int32_t *len);
+
+/* Fills the CSR page table of n sequences into caller arrays: indptr [n+1], indices
+ * (capacity indices_capacity), last_page_len [n]; table (optional) is set to view them. */
+kva_status kva_cache_page_table(const kva_cache *cache, int32_t n, const int32_t *seq_ids,
+                                int32_t *indptr, int32_t *indices, int32_t indices_capacity,
+                                int32_t *last_page_len, kva_page_table *table);
+
+/* The page pool of one layer, for kva_decode_run / kva_prefill_run_paged. */
+kva_status kva_cache_layer_pages(const kva_cache *cache, int32_t layer, kva_kv_pages *pages);
+
+typedef struct kva_cache_stats {
+    int32_t num_pages;        /* pool size per layer */
+    int32_t free_pages;
+    int32_t used_pages;       /* pages with refcount > 0 */
+    int32_t shared_pages;     /* pages with refcount > 1 */
+    int32_t peak_used_pages;
+    int32_t num_sequences;
+    int64_t num_tokens;       /* summed over live sequences */
+    int64_t cow_copies;       /* partial pages copied on write so far */
+} kva_cache_stats;
+kva_status kva_cache_get_stats(const kva_cache *cache, kva_cache_stats *stats);
+
+/* Reference count of a physical page (0 = free), for tests and debugging. */
+kva_status kva_cache_page_refcount(const kva_cache *cache, int32_t page, int32_t *refcount);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KVATTN_H */

@@ -1,0 +1,17 @@
+/* validate.h -- argument checks shared by every attention entry point (src/api). */
+#ifndef KVA_VALIDATE_H
+#define KVA_VALIDATE_H
+
+#include "../common/internal.h"
+
+/* Checks heads, head_dim support on ctx's device, and variants the device can run. */
+kva_status kva__check_params(const kva_context *ctx, const kva_attn_params *params);
+/* Checks a tensor view: dtype, 16-byte alignment of data and strides. `what` names it. */
+kva_status kva__check_tensor(const char *what, kva_tensor t, kva_dtype dtype, int64_t tokens);
+/* Checks a page pool against params and the plan's page size / pool size. */
+kva_status kva__check_pages(const kva_kv_pages *pages, const kva_attn_params *params,
+                            int32_t page_size, int32_t min_num_pages);
+/* Checks that a plan is one of ours, of the given kind, for these params. */
+kva_status kva__check_plan(const kva_plan *plan, int kind, const kva_attn_params *params);
+
+#endif

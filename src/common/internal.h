@@ -1,0 +1,74 @@
+/*
+ * internal.h -- what every part of the library shares but users never see: the context
+ * struct, error reporting and small integer helpers.
+ */
+#ifndef KVA_INTERNAL_H
+#define KVA_INTERNAL_H
+
+#include "kvattn.h"
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct kva_context {
+    kva_device_type device;
+    int device_id;
+    int num_threads;          /* CPU workers for later calls (>= 1) */
+    void *stream;             /* cudaStream_t (NULL = legacy default stream) */
+
+    /* CPU: per-thread scratch owned by the context so runs never allocate. */
+    unsigned char *cpu_scratch;
+    size_t cpu_scratch_per_thread;
+    int cpu_scratch_threads;
+
+    /* CUDA: device facts read once at creation, and backend-private state. */
+    int num_sms;
+    size_t l2_bytes;
+    size_t total_memory;
+    char name[128];
+    void *cuda_private;       /* owned by src/cuda (events etc.) */
+};
+
+/* Records a formatted message as this thread's last error and returns status, so failures read
+ * `return kva__fail(KVA_ERR_BAD_SHAPE, "q.stride_head (%lld) ...", ...);` */
+kva_status kva__fail(kva_status status, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+
+/* Propagates a failing status (the callee already set the message). */
+#define KVA_TRY(expr)                                                                          \
+    do {                                                                                       \
+        kva_status kva__st = (expr);                                                           \
+        if (kva__st != KVA_OK) return kva__st;                                                 \
+    } while (0)
+
+#define KVA_CHECK_NULL(p)                                                                      \
+    do {                                                                                       \
+        if ((p) == NULL) return kva__fail(KVA_ERR_INVALID_ARG, "%s: %s is NULL", __func__, #p); \
+    } while (0)
+
+static inline int64_t kva__ceil_div64(int64_t a, int64_t b) { return (a + b - 1) / b; }
+static inline int32_t kva__min32(int32_t a, int32_t b) { return a < b ? a : b; }
+static inline int32_t kva__max32(int32_t a, int32_t b) { return a > b ? a : b; }
+static inline size_t kva__align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
+
+/* True if dtype is one of the three the library knows. */
+static inline bool kva__dtype_valid(kva_dtype d) {
+    return d == KVA_F32 || d == KVA_F16 || d == KVA_BF16;
+}
+
+/* Number of CPU cores available to this process (>= 1). */
+int kva__cpu_count(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KVA_INTERNAL_H */

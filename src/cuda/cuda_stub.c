@@ -1,0 +1,59 @@
+/* cuda_stub.c -- the CUDA backend's entry points for builds without CUDA: each says so. */
+#include "cuda_backend.h"
+#include "../common/internal.h"
+
+#define NOT_BUILT() kva__fail(KVA_ERR_NOT_BUILT, "%s: kvattn was built without CUDA", __func__)
+
+int kva__cuda_device_count(void) { return 0; }
+kva_status kva__cuda_context_init(kva_context *ctx) { (void)ctx; return NOT_BUILT(); }
+void kva__cuda_context_destroy(kva_context *ctx) { (void)ctx; }
+kva_status kva__cuda_malloc(kva_context *ctx, size_t bytes, void **ptr) {
+    (void)ctx; (void)bytes; (void)ptr; return NOT_BUILT();
+}
+void kva__cuda_free(kva_context *ctx, void *ptr) { (void)ctx; (void)ptr; }
+kva_status kva__cuda_host_alloc(kva_context *ctx, size_t bytes, void **ptr) {
+    (void)ctx; (void)bytes; (void)ptr; return NOT_BUILT();
+}
+void kva__cuda_host_free(kva_context *ctx, void *ptr) { (void)ctx; (void)ptr; }
+kva_status kva__cuda_memcpy(kva_context *ctx, void *dst, const void *src, size_t bytes,
+                            kva_copy_kind kind) {
+    (void)ctx; (void)dst; (void)src; (void)bytes; (void)kind; return NOT_BUILT();
+}
+kva_status kva__cuda_memset_async(kva_context *ctx, void *dst, int value, size_t bytes) {
+    (void)ctx; (void)dst; (void)value; (void)bytes; return NOT_BUILT();
+}
+kva_status kva__cuda_synchronize(kva_context *ctx) { (void)ctx; return NOT_BUILT(); }
+kva_status kva__cuda_plan_begin(kva_context *ctx, const void *host_part) {
+    (void)ctx; (void)host_part; return NOT_BUILT();
+}
+kva_status kva__cuda_plan_upload(kva_context *ctx, void *device_part, const void *host_part,
+                                 size_t bytes) {
+    (void)ctx; (void)device_part; (void)host_part; (void)bytes; return NOT_BUILT();
+}
+kva_status kva__cuda_decode_run(kva_context *ctx, const kva_plan *plan,
+                                const kva_attn_params *params, kva_tensor q,
+                                const kva_kv_pages *pages, kva_tensor o, float *lse) {
+    (void)ctx; (void)plan; (void)params; (void)q; (void)pages; (void)o; (void)lse;
+    return NOT_BUILT();
+}
+kva_status kva__cuda_merge_states(kva_context *ctx, int32_t num_rows, int32_t num_states,
+                                  int32_t head_dim, kva_dtype dtype, const void *v_in,
+                                  const float *lse_in, void *v_out, float *lse_out) {
+    (void)ctx; (void)num_rows; (void)num_states; (void)head_dim; (void)dtype; (void)v_in;
+    (void)lse_in; (void)v_out; (void)lse_out;
+    return NOT_BUILT();
+}
+kva_status kva__cuda_append(kva_context *ctx, const kva_kv_pages *pages, int32_t num_tokens,
+                            const int64_t *slots_host, int64_t *slots_dev, kva_tensor k,
+                            kva_tensor v) {
+    (void)ctx; (void)pages; (void)num_tokens; (void)slots_host; (void)slots_dev; (void)k; (void)v;
+    return NOT_BUILT();
+}
+kva_status kva__cuda_copy_pages(kva_context *ctx, const kva_kv_pages *pages, int32_t n,
+                                const int32_t *src, const int32_t *dst) {
+    (void)ctx; (void)pages; (void)n; (void)src; (void)dst; return NOT_BUILT();
+}
+kva_status kva__cuda_split_policy(const kva_context *ctx, const kva_plan_limits *limits, int kind,
+                                  kva__split_policy *policy) {
+    (void)ctx; (void)limits; (void)kind; (void)policy; return NOT_BUILT();
+}

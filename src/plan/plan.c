@@ -1,0 +1,291 @@
+/*
+ * plan.c -- kva_decode_plan / kva_prefill_plan: validate the batch's host arrays, choose the
+ * split (planner.c), and write header + index arrays into the workspace's host part; on CUDA,
+ * upload them to the device part with one async copy.
+ */
+#include "planner.h"
+#include "workspace_layout.h"
+#include "../common/internal.h"
+#include "../cuda/cuda_backend.h"
+
+#include <string.h>
+
+kva_status kva_decode_workspace_size(const kva_context *ctx, const kva_plan_limits *limits,
+                                     size_t *device_bytes, size_t *host_bytes) {
+    KVA_CHECK_NULL(device_bytes);
+    KVA_CHECK_NULL(host_bytes);
+    kva__workspace_layout L;
+    KVA_TRY(kva__compute_layout(ctx, limits, KVA__PLAN_DECODE, &L));
+    *device_bytes = L.device_bytes;
+    *host_bytes = L.host_bytes;
+    return KVA_OK;
+}
+
+kva_status kva_prefill_workspace_size(const kva_context *ctx, const kva_plan_limits *limits,
+                                      size_t *device_bytes, size_t *host_bytes) {
+    KVA_CHECK_NULL(device_bytes);
+    KVA_CHECK_NULL(host_bytes);
+    kva__workspace_layout L;
+    KVA_TRY(kva__compute_layout(ctx, limits, KVA__PLAN_PREFILL_PAGED, &L));
+    kva__workspace_layout R;
+    KVA_TRY(kva__compute_layout(ctx, limits, KVA__PLAN_PREFILL_RAGGED, &R));
+    *device_bytes = L.device_bytes > R.device_bytes ? L.device_bytes : R.device_bytes;
+    *host_bytes = L.host_bytes > R.host_bytes ? L.host_bytes : R.host_bytes;
+    return KVA_OK;
+}
+
+static kva_status check_workspace(const kva__workspace_layout *L, kva_workspace ws) {
+    if (!ws.host || !ws.device)
+        return kva__fail(KVA_ERR_INVALID_ARG, "plan: workspace.host and workspace.device are required");
+    if (ws.host_bytes < L->host_bytes || ws.device_bytes < L->device_bytes)
+        return kva__fail(KVA_ERR_WORKSPACE_TOO_SMALL,
+                         "plan: workspace has %zu host / %zu device bytes, needs %zu / %zu",
+                         ws.host_bytes, ws.device_bytes, L->host_bytes, L->device_bytes);
+    if (((uintptr_t)ws.host | (uintptr_t)ws.device) % 64 != 0)
+        return kva__fail(KVA_ERR_INVALID_ARG, "plan: workspace parts must be 64-byte aligned");
+    return KVA_OK;
+}
+
+/* Checks a CSR indptr: indptr[0] == 0, non-decreasing, total <= cap. */
+static kva_status check_indptr(const char *what, const int32_t *indptr, int32_t batch,
+                               int64_t cap) {
+    if (!indptr) return kva__fail(KVA_ERR_INVALID_ARG, "plan: %s is NULL", what);
+    if (indptr[0] != 0)
+        return kva__fail(KVA_ERR_BAD_SHAPE, "plan: %s[0] = %d, must be 0", what, indptr[0]);
+    for (int32_t b = 0; b < batch; ++b)
+        if (indptr[b + 1] < indptr[b])
+            return kva__fail(KVA_ERR_BAD_SHAPE, "plan: %s decreases at request %d (%d -> %d)",
+                             what, b, indptr[b], indptr[b + 1]);
+    if (indptr[batch] > cap)
+        return kva__fail(KVA_ERR_WORKSPACE_TOO_SMALL,
+                         "plan: %s total %d exceeds the workspace limit %lld", what, indptr[batch],
+                         (long long)cap);
+    return KVA_OK;
+}
+
+/* Validates a page table against the pool; writes kv_len per request. */
+static kva_status check_page_table(const kva_page_table *pt, int32_t num_pages, int32_t page_size,
+                                   int64_t cap_pages, int32_t *kv_len) {
+    KVA_TRY(check_indptr("page_table.indptr", pt->indptr, pt->batch_size, cap_pages));
+    int32_t total = pt->indptr[pt->batch_size];
+    if (total > 0 && !pt->indices)
+        return kva__fail(KVA_ERR_INVALID_ARG, "plan: page_table.indices is NULL");
+    if (pt->batch_size > 0 && !pt->last_page_len)
+        return kva__fail(KVA_ERR_INVALID_ARG, "plan: page_table.last_page_len is NULL");
+    for (int32_t i = 0; i < total; ++i)
+        if (pt->indices[i] < 0 || pt->indices[i] >= num_pages)
+            return kva__fail(KVA_ERR_OUT_OF_RANGE,
+                             "plan: page_table.indices[%d] = %d is outside the pool (0..%d)", i,
+                             pt->indices[i], num_pages - 1);
+    for (int32_t b = 0; b < pt->batch_size; ++b) {
+        int32_t np = pt->indptr[b + 1] - pt->indptr[b];
+        int32_t last = pt->last_page_len[b];
+        if (np == 0) {
+            kv_len[b] = 0;
+            continue;
+        }
+        if (last < 1 || last > page_size)
+            return kva__fail(KVA_ERR_OUT_OF_RANGE,
+                             "plan: last_page_len[%d] = %d must be in 1..page_size (%d)", b, last,
+                             page_size);
+        int64_t len = (int64_t)(np - 1) * page_size + last;
+        if (len > INT32_MAX)
+            return kva__fail(KVA_ERR_OUT_OF_RANGE, "plan: request %d has %lld keys (> 2^31)", b,
+                             (long long)len);
+        kv_len[b] = (int32_t)len;
+    }
+    return KVA_OK;
+}
+
+typedef struct plan_inputs {
+    int kind;
+    int32_t batch;
+    const int32_t *qo_indptr;        /* prefill */
+    const int32_t *kv_indptr;        /* ragged prefill */
+    const kva_page_table *page_table; /* paged kinds */
+    int32_t num_pages;
+} plan_inputs;
+
+static kva_status make_plan(kva_context *ctx, const kva_plan_limits *limits, const plan_inputs *in,
+                            const kva_plan_options *options, kva_workspace ws, kva_plan *plan) {
+    kva__workspace_layout L;
+    KVA_TRY(kva__compute_layout(ctx, limits, in->kind, &L));
+    KVA_TRY(check_workspace(&L, ws));
+    kva_plan_options opt = {0, 0, KVA_DECODE_PARTIAL_ROWMAX};
+    if (options) opt = *options;
+    if (opt.algo != KVA_DECODE_PARTIAL_ROWMAX && opt.algo != KVA_DECODE_GLOBAL_ROWMAX)
+        return kva__fail(KVA_ERR_INVALID_ARG, "plan: unknown decode algo %d", (int)opt.algo);
+    if (opt.algo == KVA_DECODE_GLOBAL_ROWMAX &&
+        (in->kind != KVA__PLAN_DECODE || ctx->device != KVA_DEVICE_CPU))
+        return kva__fail(KVA_ERR_UNSUPPORTED,
+                         "plan: the global-rowmax algorithm exists for CPU decode only");
+    if (opt.fixed_chunk_size < 0)
+        return kva__fail(KVA_ERR_INVALID_ARG, "plan: fixed_chunk_size %d < 0", opt.fixed_chunk_size);
+    if (in->batch < 0 || in->batch > limits->max_batch)
+        return kva__fail(KVA_ERR_BAD_SHAPE, "plan: batch %d outside 0..max_batch (%d)", in->batch,
+                         limits->max_batch);
+
+    if (ctx->device == KVA_DEVICE_CUDA) KVA_TRY(kva__cuda_plan_begin(ctx, ws.host));
+
+    /* Everything is written into the host part; nothing else changes until all checks pass,
+     * except that part itself. */
+    kva__plan_header *h = kva__plan_header_of(ws.host);
+    int32_t *ints = kva__plan_ints(ws.host);
+    memset(h, 0, sizeof *h);
+    int64_t off = 0;
+    h->off_request = off; off += L.cap_work;
+    h->off_qo_tile = off; off += L.cap_work;
+    h->off_kv_tile = off; off += L.cap_work;
+    h->off_group_indptr = off; off += L.cap_groups + 1;
+    h->off_kv_indptr = off; off += L.cap_batch + 1;
+    h->off_page_indices = off; off += L.cap_pages;
+    h->off_last_page_len = off; off += L.cap_batch;
+    h->off_qo_indptr = off; off += L.cap_batch + 1;
+    h->off_kv_len = off; off += L.cap_batch;
+    h->off_qo_len = off; off += L.cap_batch;
+
+    int32_t *kv_len = ints + h->off_kv_len;
+    int32_t *qo_indptr = ints + h->off_qo_indptr;
+    int32_t *kv_indptr = ints + h->off_kv_indptr;
+    int32_t B = in->batch;
+
+    /* qo rows */
+    if (in->kind == KVA__PLAN_DECODE) {
+        for (int32_t b = 0; b <= B; ++b) qo_indptr[b] = b;
+    } else {
+        KVA_TRY(check_indptr("qo_indptr", in->qo_indptr, B, limits->max_total_qo));
+        memcpy(qo_indptr, in->qo_indptr, sizeof(int32_t) * (size_t)(B + 1));
+    }
+    /* keys */
+    int32_t page_size = 0;
+    if (in->kind == KVA__PLAN_PREFILL_RAGGED) {
+        int64_t cap = limits->max_total_kv > 0 ? limits->max_total_kv : INT32_MAX;
+        KVA_TRY(check_indptr("kv_indptr", in->kv_indptr, B, cap));
+        memcpy(kv_indptr, in->kv_indptr, sizeof(int32_t) * (size_t)(B + 1));
+        for (int32_t b = 0; b < B; ++b) kv_len[b] = kv_indptr[b + 1] - kv_indptr[b];
+    } else {
+        const kva_page_table *pt = in->page_table;
+        if (pt->batch_size != B)
+            return kva__fail(KVA_ERR_BAD_SHAPE, "plan: page_table.batch_size %d != batch %d",
+                             pt->batch_size, B);
+        if (in->num_pages < 1)
+            return kva__fail(KVA_ERR_INVALID_ARG, "plan: num_pages %d must be >= 1", in->num_pages);
+        page_size = limits->page_size;
+        KVA_TRY(check_page_table(pt, in->num_pages, page_size, L.cap_pages, kv_len));
+        memcpy(kv_indptr, pt->indptr, sizeof(int32_t) * (size_t)(B + 1));
+        int32_t total = pt->indptr[B];
+        if (total > 0)
+            memcpy(ints + h->off_page_indices, pt->indices, sizeof(int32_t) * (size_t)total);
+        for (int32_t b = 0; b < B; ++b)
+            ints[h->off_last_page_len + b] = pt->indptr[b + 1] > pt->indptr[b] ? pt->last_page_len[b] : 0;
+        if (limits->max_total_kv > 0 && in->kind == KVA__PLAN_DECODE &&
+            opt.algo == KVA_DECODE_GLOBAL_ROWMAX) {
+            int64_t sum = 0;
+            for (int32_t b = 0; b < B; ++b) sum += kv_len[b];
+            if (sum > limits->max_total_kv)
+                return kva__fail(KVA_ERR_WORKSPACE_TOO_SMALL,
+                                 "plan: %lld keys exceed max_total_kv %lld", (long long)sum,
+                                 (long long)limits->max_total_kv);
+        }
+    }
+
+    int32_t *qo_len = ints + h->off_qo_len;
+    for (int32_t b = 0; b < B; ++b) qo_len[b] = qo_indptr[b + 1] - qo_indptr[b];
+    kva__split_problem p = {0};
+    p.batch_size = B;
+    p.qo_len = in->kind == KVA__PLAN_DECODE ? NULL : qo_len;
+    p.kv_len = kv_len;
+    p.qo_tile = L.policy.qo_tile;
+    p.num_kv_heads = limits->num_kv_heads;
+    p.max_blocks = L.policy.max_blocks;
+    p.min_chunk = L.policy.min_chunk;
+    p.fixed_chunk = opt.fixed_chunk_size;
+    p.no_split = (opt.flags & KVA_PLAN_NO_SPLIT) != 0;
+
+    int32_t chunk = kva__search_chunk_size(&p);
+    int32_t *req = ints + h->off_request, *qt = ints + h->off_qo_tile, *kt = ints + h->off_kv_tile;
+    int32_t *gi = ints + h->off_group_indptr;
+    int64_t w = kva__flatten_work(&p, chunk, req, qt, kt, L.cap_work, gi, L.cap_groups + 1);
+    if (w < 0)
+        return kva__fail(KVA_ERR_WORKSPACE_TOO_SMALL,
+                         "plan: %lld work items (chunk %d) exceed the workspace's %lld",
+                         (long long)kva__count_work(&p, chunk), chunk, (long long)L.cap_work);
+    int64_t g = 0;
+    for (int32_t b = 0; b < B; ++b) g += (qo_len[b] + p.qo_tile - 1) / p.qo_tile;
+    bool split = w > g;
+    if (split && w > L.cap_split_work)
+        return kva__fail(KVA_ERR_WORKSPACE_TOO_SMALL,
+                         "plan: %lld split work items exceed the workspace's %lld partial states",
+                         (long long)w, (long long)L.cap_split_work);
+
+    h->magic = KVA__PLAN_MAGIC;
+    h->kind = in->kind;
+    h->batch_size = B;
+    h->num_work = (int32_t)w;
+    h->padded_work = (opt.flags & KVA_PLAN_GRAPH) ? (int32_t)L.cap_work : (int32_t)w;
+    h->num_groups = (int32_t)g;
+    h->kv_chunk_size = chunk;
+    h->qo_tile_size = p.qo_tile;
+    h->split_kv = split;
+    h->page_size = page_size;
+    h->num_pages = in->num_pages;
+    h->num_qo_heads = limits->num_qo_heads;
+    h->num_kv_heads = limits->num_kv_heads;
+    h->head_dim = limits->head_dim;
+    h->algo = opt.algo;
+
+    if (ctx->device == KVA_DEVICE_CUDA) {
+        KVA_TRY(kva__cuda_plan_upload(ctx, ws.device, ws.host, L.host_bytes));
+    }
+
+    memset(plan, 0, sizeof *plan);
+    plan->magic = KVA__PLAN_MAGIC;
+    plan->kind = in->kind;
+    plan->batch_size = B;
+    plan->num_qo_heads = limits->num_qo_heads;
+    plan->num_kv_heads = limits->num_kv_heads;
+    plan->head_dim = limits->head_dim;
+    plan->page_size = page_size;
+    plan->kv_chunk_size = chunk;
+    plan->qo_tile_size = p.qo_tile;
+    plan->num_work = (int32_t)w;
+    plan->padded_work = h->padded_work;
+    plan->split_kv = split;
+    plan->flags = opt.flags;
+    plan->algo = opt.algo;
+    plan->request_indices = req;
+    plan->qo_tile_indices = qt;
+    plan->kv_tile_indices = kt;
+    plan->merge_indptr = gi;
+    plan->workspace = ws;
+    return KVA_OK;
+}
+
+kva_status kva_decode_plan(kva_context *ctx, const kva_plan_limits *limits,
+                           const kva_page_table *page_table, int32_t num_pages,
+                           const kva_plan_options *options, kva_workspace workspace,
+                           kva_plan *plan) {
+    KVA_CHECK_NULL(ctx);
+    KVA_CHECK_NULL(limits);
+    KVA_CHECK_NULL(page_table);
+    KVA_CHECK_NULL(plan);
+    plan_inputs in = {KVA__PLAN_DECODE, page_table->batch_size, NULL, NULL, page_table, num_pages};
+    return make_plan(ctx, limits, &in, options, workspace, plan);
+}
+
+kva_status kva_prefill_plan(kva_context *ctx, const kva_plan_limits *limits, int32_t batch_size,
+                            const int32_t *qo_indptr, const int32_t *kv_indptr,
+                            const kva_page_table *page_table, int32_t num_pages,
+                            const kva_plan_options *options, kva_workspace workspace,
+                            kva_plan *plan) {
+    KVA_CHECK_NULL(ctx);
+    KVA_CHECK_NULL(limits);
+    KVA_CHECK_NULL(plan);
+    KVA_CHECK_NULL(qo_indptr);
+    if ((kv_indptr == NULL) == (page_table == NULL))
+        return kva__fail(KVA_ERR_INVALID_ARG,
+                         "kva_prefill_plan: give exactly one of kv_indptr and page_table");
+    plan_inputs in = {kv_indptr ? KVA__PLAN_PREFILL_RAGGED : KVA__PLAN_PREFILL_PAGED, batch_size,
+                      qo_indptr, kv_indptr, page_table, num_pages};
+    return make_plan(ctx, limits, &in, options, workspace, plan);
+}

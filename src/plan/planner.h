@@ -1,0 +1,45 @@
+/*
+ * planner.h -- split-KV planning shared by the CPU and CUDA backends (seed 004).
+ *
+ * A request with qo_len queries and kv_len keys becomes ceil(qo_len / qo_tile) query tiles, each
+ * split into ceil(kv_len / chunk) key chunks (an empty request still gets one chunk, which
+ * writes output 0 and LSE -inf). Every (request, query tile, key chunk) triple is one work item;
+ * a backend runs each work item once per KV head. The chunk size is the smallest one whose
+ * work-item count, times the KV heads, fits in the device's concurrent block budget: as much
+ * parallelism as the device can hold at once, and no more merging than that needs.
+ */
+#ifndef KVA_PLANNER_H
+#define KVA_PLANNER_H
+
+#include <stdint.h>
+
+typedef struct kva__split_problem {
+    int32_t batch_size;
+    const int32_t *qo_len;  /* [batch] query tokens per request; NULL means 1 each (decode) */
+    const int32_t *kv_len;  /* [batch] keys per request */
+    int32_t qo_tile;        /* query tokens per work item (>= 1) */
+    int32_t num_kv_heads;   /* each work item runs once per KV head */
+    int64_t max_blocks;     /* concurrent (work item x KV head) blocks the device holds */
+    int32_t min_chunk;      /* never split into chunks shorter than this */
+    int32_t fixed_chunk;    /* > 0: use this chunk size, skip the search */
+    int32_t no_split;       /* 1: chunk = longest request */
+} kva__split_problem;
+
+/* Work items (request, query tile, key chunk) for a given chunk size. */
+int64_t kva__count_work(const kva__split_problem *p, int32_t chunk);
+
+/* The chunk size: fixed_chunk if set; the longest kv_len if no_split or if even that exceeds the
+ * budget; otherwise the smallest chunk >= min_chunk with count_work * kv_heads <= max_blocks,
+ * found by binary search (count_work is non-increasing in chunk). Always >= 1. */
+int32_t kva__search_chunk_size(const kva__split_problem *p);
+
+/* Flattens work in (request, query tile, key chunk) order into the three index arrays
+ * (capacity entries each) and group_indptr [num_groups + 1], where a group is one
+ * (request, query tile) and owns work items group_indptr[g] .. group_indptr[g+1]-1. For decode
+ * (qo_len NULL) groups are requests. Returns the number of work items, or -1 if capacity or
+ * group_capacity is too small. */
+int64_t kva__flatten_work(const kva__split_problem *p, int32_t chunk, int32_t *request_indices,
+                          int32_t *qo_tile_indices, int32_t *kv_tile_indices, int64_t capacity,
+                          int32_t *group_indptr, int64_t group_capacity);
+
+#endif /* KVA_PLANNER_H */

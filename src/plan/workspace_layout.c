@@ -1,0 +1,84 @@
+/* workspace_layout.c -- capacities and offsets of a workspace for given limits (see header). */
+#include "workspace_layout.h"
+#include "../common/internal.h"
+
+static kva_status check_limits(const kva_plan_limits *l, int kind) {
+    if (l->max_batch < 1)
+        return kva__fail(KVA_ERR_INVALID_ARG, "plan limits: max_batch (%d) must be >= 1",
+                         l->max_batch);
+    if (l->num_qo_heads < 1 || l->num_kv_heads < 1 || l->num_qo_heads % l->num_kv_heads != 0)
+        return kva__fail(KVA_ERR_BAD_SHAPE,
+                         "plan limits: num_kv_heads (%d) must divide num_qo_heads (%d), both >= 1",
+                         l->num_kv_heads, l->num_qo_heads);
+    if (l->head_dim < 1 || l->head_dim > 256)
+        return kva__fail(KVA_ERR_UNSUPPORTED, "plan limits: head_dim %d not in 1..256", l->head_dim);
+    bool paged = kind == KVA__PLAN_DECODE || kind == KVA__PLAN_PREFILL_PAGED;
+    if (paged && (l->page_size < 1 || l->max_total_pages < 0))
+        return kva__fail(KVA_ERR_INVALID_ARG,
+                         "plan limits: page_size (%d) must be >= 1 and max_total_pages (%lld) >= 0",
+                         l->page_size, (long long)l->max_total_pages);
+    if (kind != KVA__PLAN_DECODE && l->max_total_qo < 0)
+        return kva__fail(KVA_ERR_INVALID_ARG, "plan limits: max_total_qo < 0");
+    if (l->max_total_kv < 0)
+        return kva__fail(KVA_ERR_INVALID_ARG, "plan limits: max_total_kv < 0");
+    return KVA_OK;
+}
+
+kva_status kva__compute_layout(const kva_context *ctx, const kva_plan_limits *limits, int kind,
+                               kva__workspace_layout *out) {
+    KVA_CHECK_NULL(ctx);
+    KVA_CHECK_NULL(limits);
+    KVA_TRY(check_limits(limits, kind));
+    kva__workspace_layout L = {0};
+    if (ctx->device == KVA_DEVICE_CUDA)
+        KVA_TRY(kva__cuda_split_policy(ctx, limits, kind, &L.policy));
+    else
+        KVA_TRY(kva__cpu_split_policy(ctx, limits, kind, &L.policy));
+
+    int64_t budget_items = L.policy.max_blocks / limits->num_kv_heads;
+    if (budget_items < 1) budget_items = 1;
+    int64_t B = limits->max_batch;
+    L.cap_batch = B;
+    bool paged = kind == KVA__PLAN_DECODE || kind == KVA__PLAN_PREFILL_PAGED;
+    L.cap_pages = paged ? limits->max_total_pages : 0;
+    if (kind == KVA__PLAN_DECODE) {
+        L.policy.qo_tile = 1;
+        L.rows_per_work = limits->num_qo_heads;
+        L.cap_groups = B;
+        /* Either no split (one item per request) or the budget bounds the item count. */
+        L.cap_work = B > budget_items ? B : budget_items;
+        L.cap_split_work = L.cap_work;
+    } else {
+        int32_t tile = L.policy.qo_tile > 0 ? L.policy.qo_tile : 1;
+        L.policy.qo_tile = tile;
+        L.rows_per_work = (int64_t)tile * limits->num_qo_heads;
+        L.cap_groups = limits->max_total_qo / tile + B;
+        L.cap_work = L.cap_groups > budget_items ? L.cap_groups : budget_items;
+        /* A prefill plan splits keys only when the unsplit count is under budget. */
+        L.cap_split_work = budget_items;
+    }
+
+    L.header_bytes = kva__align_up(sizeof(kva__plan_header), 64);
+    int64_t ints = 3 * L.cap_work + (L.cap_groups + 1) + (B + 1) + L.cap_pages + B + (B + 1) + B + B;
+    L.int_section_bytes = kva__align_up((size_t)ints * sizeof(int32_t), 256);
+    L.host_bytes = L.header_bytes + L.int_section_bytes;
+
+    size_t off = L.host_bytes;
+    size_t D = (size_t)limits->head_dim;
+    L.off_partial_o = off;
+    off += kva__align_up((size_t)L.cap_split_work * (size_t)L.rows_per_work * D * 4, 256);
+    L.off_partial_lse = off;
+    off += kva__align_up((size_t)L.cap_split_work * (size_t)L.rows_per_work * 4, 256);
+    L.off_counters = off;
+    off += kva__align_up((size_t)L.cap_groups * (size_t)limits->num_kv_heads * 4, 256);
+    L.off_scores = off;
+    if (kind == KVA__PLAN_DECODE && ctx->device == KVA_DEVICE_CPU) {
+        int64_t total_kv = limits->max_total_kv > 0
+                               ? limits->max_total_kv
+                               : limits->max_total_pages * (int64_t)limits->page_size;
+        off += kva__align_up((size_t)limits->num_qo_heads * (size_t)total_kv * 4, 256);
+    }
+    L.device_bytes = off;
+    *out = L;
+    return KVA_OK;
+}

@@ -1,0 +1,100 @@
+/*
+ * workspace_layout.h -- where a plan keeps its arrays inside the caller's workspace.
+ *
+ * Host part:   [plan_header | int section]
+ * Device part: [plan_header | int section (uploaded copy) | partial O | partial LSE |
+ *               merge counters | global-rowmax scratch]
+ * The header and int section have identical offsets in both parts, so a kernel reads everything
+ * that varies between plans (counts, chunk size, CSR arrays) from device memory: a captured CUDA
+ * graph replays correctly after re-planning into the same workspace.
+ */
+#ifndef KVA_WORKSPACE_LAYOUT_H
+#define KVA_WORKSPACE_LAYOUT_H
+
+#include "kvattn.h"
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KVA__PLAN_MAGIC 0x6b766131u
+
+enum kva__plan_kind {
+    KVA__PLAN_DECODE = 1,
+    KVA__PLAN_PREFILL_RAGGED = 2,
+    KVA__PLAN_PREFILL_PAGED = 3
+};
+
+/* How a backend wants work split (see planner.h). */
+typedef struct kva__split_policy {
+    int64_t max_blocks;    /* concurrent (work item x KV head) blocks */
+    int32_t min_chunk;     /* shortest key chunk worth a work item */
+    int32_t qo_tile;       /* prefill query tokens per work item */
+} kva__split_policy;
+
+/* Plan facts the kernels read; first bytes of the host and the device part. 64 bytes aligned. */
+typedef struct kva__plan_header {
+    uint32_t magic;
+    int32_t kind;
+    int32_t batch_size;
+    int32_t num_work;
+    int32_t padded_work;
+    int32_t num_groups;     /* (request, query tile) groups; = batch for decode */
+    int32_t kv_chunk_size;
+    int32_t qo_tile_size;
+    int32_t split_kv;
+    int32_t page_size;
+    int32_t num_pages;      /* pool size the page ids were checked against */
+    int32_t num_qo_heads;
+    int32_t num_kv_heads;
+    int32_t head_dim;
+    int32_t algo;
+    int32_t pad0;
+    /* int32 element offsets from the start of the int section */
+    int64_t off_request, off_qo_tile, off_kv_tile, off_group_indptr;
+    int64_t off_kv_indptr;     /* paged: page indptr [batch+1]; ragged: key row indptr [batch+1] */
+    int64_t off_page_indices;  /* paged only [indptr[batch]] */
+    int64_t off_last_page_len; /* paged only [batch] */
+    int64_t off_qo_indptr;     /* [batch+1] query rows (decode: b) */
+    int64_t off_kv_len;        /* [batch] keys per request */
+    int64_t off_qo_len;        /* [batch] queries per request */
+} kva__plan_header;
+
+/* Capacities and byte offsets derived from limits + policy; identical at sizing and planning. */
+typedef struct kva__workspace_layout {
+    int64_t cap_work, cap_groups, cap_batch, cap_pages;
+    int64_t cap_split_work;       /* work items that may hold partial states */
+    size_t header_bytes;          /* sizeof header rounded to 64 */
+    size_t int_section_bytes;     /* int arrays, rounded to 256 */
+    size_t host_bytes;            /* header + int section */
+    size_t off_partial_o;         /* bytes from device part start; f32 [cap_split_work][rows][D] */
+    size_t off_partial_lse;       /* f32 [cap_split_work][rows] */
+    size_t off_counters;          /* u32 [cap_groups][num_kv_heads], zero between runs */
+    size_t off_scores;            /* f32 global-rowmax scratch [num_qo_heads][max_total_kv] */
+    size_t device_bytes;
+    int64_t rows_per_work;        /* qo_tile * num_qo_heads (decode: num_qo_heads) */
+    kva__split_policy policy;
+} kva__workspace_layout;
+
+kva_status kva__compute_layout(const kva_context *ctx, const kva_plan_limits *limits, int kind,
+                               kva__workspace_layout *layout);
+
+/* Typed views of a plan's parts. */
+static inline kva__plan_header *kva__plan_header_of(void *part) {
+    return (kva__plan_header *)part;
+}
+static inline int32_t *kva__plan_ints(void *part) {
+    return (int32_t *)((unsigned char *)part + ((sizeof(kva__plan_header) + 63) / 64 * 64));
+}
+
+/* Backend split policies (src/cpu, src/cuda). */
+kva_status kva__cpu_split_policy(const kva_context *ctx, const kva_plan_limits *limits, int kind,
+                                 kva__split_policy *policy);
+kva_status kva__cuda_split_policy(const kva_context *ctx, const kva_plan_limits *limits, int kind,
+                                  kva__split_policy *policy);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KVA_WORKSPACE_LAYOUT_H */

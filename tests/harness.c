@@ -1,0 +1,79 @@
+/* harness.c -- registration and the main() of kvattn_tests; see harness.h. */
+#include "harness.h"
+
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define MAX_TESTS 1024
+
+static struct { const char *name; kva_test_fn fn; } tests[MAX_TESTS];
+static int num_tests;
+int kva_test_failures;
+int kva_test_skipped;
+
+void kva_test_register(const char *name, kva_test_fn fn) {
+    if (num_tests < MAX_TESTS) {
+        tests[num_tests].name = name;
+        tests[num_tests].fn = fn;
+        ++num_tests;
+    }
+}
+
+void kva_test_fail(const char *file, int line, const char *fmt, ...) {
+    if (kva_test_failures < 20) {
+        va_list ap;
+        va_start(ap, fmt);
+        fprintf(stdout, "    %s:%d: ", file, line);
+        vfprintf(stdout, fmt, ap);
+        fprintf(stdout, "\n");
+        va_end(ap);
+    } else if (kva_test_failures == 20) {
+        fprintf(stdout, "    (further failures of this test not shown)\n");
+    }
+    ++kva_test_failures;
+}
+
+void kva_test_skip(const char *reason) {
+    if (!kva_test_skipped) fprintf(stdout, "    skipped: %s\n", reason);
+    kva_test_skipped = 1;
+}
+
+static int cmp_tests(const void *a, const void *b) {
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+int main(int argc, char **argv) {
+    qsort(tests, (size_t)num_tests, sizeof tests[0], cmp_tests);
+    int passed = 0, failed = 0, skipped = 0;
+    for (int i = 0; i < num_tests; ++i) {
+        if (argc > 1) {
+            int match = 0;
+            for (int a = 1; a < argc; ++a) match |= strstr(tests[i].name, argv[a]) != NULL;
+            if (!match) continue;
+        }
+        kva_test_failures = 0;
+        kva_test_skipped = 0;
+        printf("[ RUN  ] %s\n", tests[i].name);
+        fflush(stdout);
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        tests[i].fn();
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        double ms = (t1.tv_sec - t0.tv_sec) * 1e3 + (t1.tv_nsec - t0.tv_nsec) * 1e-6;
+        if (kva_test_failures) {
+            printf("[ FAIL ] %s (%d failures, %.0f ms)\n", tests[i].name, kva_test_failures, ms);
+            ++failed;
+        } else if (kva_test_skipped) {
+            printf("[ SKIP ] %s\n", tests[i].name);
+            ++skipped;
+        } else {
+            printf("[  OK  ] %s (%.0f ms)\n", tests[i].name, ms);
+            ++passed;
+        }
+        fflush(stdout);
+    }
+    printf("%d passed, %d failed, %d skipped\n", passed, failed, skipped);
+    return failed ? 1 : 0;
+}
