@@ -233,6 +233,12 @@ static kva_status make_plan(kva_context *ctx, const kva_plan_limits *limits, con
     h->num_kv_heads = limits->num_kv_heads;
     h->head_dim = limits->head_dim;
     h->algo = opt.algo;
+    h->off_partial_o = (int64_t)L.off_partial_o;
+    h->off_partial_lse = (int64_t)L.off_partial_lse;
+    h->off_counters = (int64_t)L.off_counters;
+    h->off_scores = (int64_t)L.off_scores;
+    h->rows_per_work = L.rows_per_work;
+    h->cap_work = L.cap_work;
 
     if (ctx->device == KVA_DEVICE_CUDA) {
         KVA_TRY(kva__cuda_plan_upload(ctx, ws.device, ws.host, L.host_bytes));

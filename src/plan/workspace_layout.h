@@ -59,6 +59,13 @@ typedef struct kva__plan_header {
     int64_t off_qo_indptr;     /* [batch+1] query rows (decode: b) */
     int64_t off_kv_len;        /* [batch] keys per request */
     int64_t off_qo_len;        /* [batch] queries per request */
+    /* byte offsets from the start of the DEVICE part (see kva__workspace_layout) */
+    int64_t off_partial_o;     /* f32 [work][rows_per_work][head_dim] split-KV partial outputs */
+    int64_t off_partial_lse;   /* f32 [work][rows_per_work] partial LSE (natural log) */
+    int64_t off_counters;      /* u32 [num_groups][num_kv_heads]; zero between runs */
+    int64_t off_scores;        /* f32 global-rowmax scratch (CPU decode) */
+    int64_t rows_per_work;     /* qo_tile * num_qo_heads (decode: num_qo_heads) */
+    int64_t cap_work;          /* capacity of the work arrays (= padded_work with GRAPH) */
 } kva__plan_header;
 
 /* Capacities and byte offsets derived from limits + policy; identical at sizing and planning. */
