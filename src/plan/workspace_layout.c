@@ -54,8 +54,9 @@ kva_status kva__compute_layout(const kva_context *ctx, const kva_plan_limits *li
         L.rows_per_work = (int64_t)tile * limits->num_qo_heads;
         L.cap_groups = limits->max_total_qo / tile + B;
         L.cap_work = L.cap_groups > budget_items ? L.cap_groups : budget_items;
-        /* A prefill plan splits keys only when the unsplit count is under budget. */
-        L.cap_split_work = budget_items;
+        /* A searched prefill plan splits keys only when the unsplit count is under budget; a
+         * few more slots let a fixed (forced) chunk size split small batches too. */
+        L.cap_split_work = budget_items > 8 ? budget_items : 8;
     }
 
     L.header_bytes = kva__align_up(sizeof(kva__plan_header), 64);
