@@ -1,0 +1,78 @@
+/*
+ * cpu_append.c -- the CPU backend's two page-pool writers, used by the cache manager:
+ *   - kva__cpu_append scatters token rows of K and V into pool slots (slot = page * page_size +
+ *     offset), one head_dim row per (token, head), through the pool's strides;
+ *   - kva__cpu_copy_pages copies whole pages (K and V halves) for copy-on-write.
+ * Both are pure memory traffic: each byte is read once and written once.
+ */
+#include "cpu_backend.h"
+#include "../common/internal.h"
+
+#include <string.h>
+
+/* Below this many bytes moved, starting the worker threads costs more than the copy itself
+ * (one decode step of a small batch); prefill-sized appends are split across threads. */
+#define KVA__CPU_APPEND_PARALLEL_BYTES ((int64_t)1 << 20)
+
+kva_status kva__cpu_append(kva_context *ctx, const kva_kv_pages *pages, int32_t num_tokens,
+                           const int64_t *slots, kva_tensor k, kva_tensor v) {
+    const size_t es = kva_dtype_size(pages->dtype);
+    const size_t row_bytes = (size_t)pages->head_dim * es;
+    const int32_t heads = pages->num_kv_heads;
+    const int64_t page_size = pages->page_size;
+    const int64_t bytes = 2 * (int64_t)num_tokens * heads * (int64_t)row_bytes;
+    unsigned char *k_pool = pages->k_data, *v_pool = pages->v_data;
+    const unsigned char *k_src = k.data, *v_src = v.data;
+    int threads = ctx->num_threads > 0 ? ctx->num_threads : 1;
+
+#pragma omp parallel for num_threads(threads) if (bytes >= KVA__CPU_APPEND_PARALLEL_BYTES) \
+    schedule(static)
+    for (int32_t i = 0; i < num_tokens; ++i) {
+        int64_t page = slots[i] / page_size, offset = slots[i] % page_size;
+        int64_t dst_token = page * pages->stride_page + offset * pages->stride_token;
+        for (int32_t h = 0; h < heads; ++h) {
+            size_t dst = (size_t)(dst_token + h * pages->stride_head) * es;
+            memcpy(k_pool + dst, k_src + (size_t)(i * k.stride_token + h * k.stride_head) * es,
+                   row_bytes);
+            memcpy(v_pool + dst, v_src + (size_t)(i * v.stride_token + h * v.stride_head) * es,
+                   row_bytes);
+        }
+    }
+    return KVA_OK;
+}
+
+/* True if one half (K or V) of a page is page_size * heads * head_dim contiguous elements. */
+static bool half_page_is_contiguous(const kva_kv_pages *p) {
+    int64_t d = p->head_dim;
+    bool nhd = p->stride_head == d && p->stride_token == (int64_t)p->num_kv_heads * d;
+    bool hnd = p->stride_token == d && p->stride_head == (int64_t)p->page_size * d;
+    return nhd || hnd || (p->page_size == 1 && p->num_kv_heads == 1);
+}
+
+static void copy_half_page(unsigned char *pool, const kva_kv_pages *p, bool contiguous,
+                           int64_t src, int64_t dst, size_t es) {
+    unsigned char *s = pool + (size_t)(src * p->stride_page) * es;
+    unsigned char *d = pool + (size_t)(dst * p->stride_page) * es;
+    size_t row_bytes = (size_t)p->head_dim * es;
+    if (contiguous) {
+        memcpy(d, s, (size_t)p->page_size * (size_t)p->num_kv_heads * row_bytes);
+        return;
+    }
+    for (int32_t t = 0; t < p->page_size; ++t)
+        for (int32_t h = 0; h < p->num_kv_heads; ++h) {
+            size_t off = (size_t)(t * p->stride_token + h * p->stride_head) * es;
+            memcpy(d + off, s + off, row_bytes);
+        }
+}
+
+kva_status kva__cpu_copy_pages(kva_context *ctx, const kva_kv_pages *pages, int32_t n,
+                               const int32_t *src, const int32_t *dst) {
+    (void)ctx; /* a handful of pages per reserve: not worth threads */
+    const size_t es = kva_dtype_size(pages->dtype);
+    const bool contiguous = half_page_is_contiguous(pages);
+    for (int32_t i = 0; i < n; ++i) {
+        copy_half_page(pages->k_data, pages, contiguous, src[i], dst[i], es);
+        copy_half_page(pages->v_data, pages, contiguous, src[i], dst[i], es);
+    }
+    return KVA_OK;
+}
