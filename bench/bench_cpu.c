@@ -1,0 +1,517 @@
+/*
+ * bench_cpu.c -- CPU benchmarks of `kvattn bench`.
+ *
+ * Ceilings first, measured on this machine in this run:
+ *   - read bandwidth: every thread sums its slice of a buffer >= 1 GB (and >= 4x the last-level
+ *     cache) with 64-byte vector loads; median of several passes;
+ *   - fp32 FMA rate: every thread runs independent register-resident FMA chains on the widest
+ *     vector GCC gives (vector_size(64): one zmm on AVX-512, two ymm on AVX2).
+ * Then the kernels, as fractions of those ceilings:
+ *   - decode (bf16, f16; 32 q / 8 kv heads, d = 128, page 16): the K/V of all rotated batches
+ *     together is >= 1 GB (>= 4x LLC), pages shuffled, so every timed run streams from DRAM;
+ *     reported as GB/s of K+V read;
+ *   - prefill (causal, one sequence of 512 / 2048 tokens, ragged K/V): useful GFLOP/s,
+ *     4 * qo * kv * D * heads with causal counting half;
+ *   - the two split-KV decode algorithms side by side.
+ * Plans are made outside the timed region (a serving engine plans once per step for all
+ * layers); every timed region is one run, and the figure is the median.
+ */
+#include "bench_cpu.h"
+
+#include "../tools/cli.h"
+
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define BENCH_HEADS 32
+#define BENCH_KV_HEADS 8
+#define BENCH_HEAD_DIM 128
+#define BENCH_PAGE 16
+
+typedef struct bench_row {
+    char op[40];
+    char dtype[8];
+    char shape[24];
+    double ms;         /* median */
+    double best_ms;    /* fastest run: how far interference from other work pulled the median */
+    double rate;       /* GB/s or GFLOP/s, from the median */
+    const char *unit;
+    double fraction;   /* of the matching ceiling */
+} bench_row;
+
+typedef struct bench_state {
+    kva_context *ctx;
+    int threads;
+    int quick;
+    size_t llc;
+    size_t read_bytes;
+    double read_gbs;   /* ceilings */
+    double fma_gflops;
+    bench_row rows[32];
+    int num_rows;
+} bench_state;
+
+static double min_of(const double *v, int n) {
+    double m = n > 0 ? v[0] : 0;
+    for (int i = 1; i < n; ++i)
+        if (v[i] < m) m = v[i];
+    return m;
+}
+
+static void add_row(bench_state *b, const bench_row *r) {
+    if (b->num_rows < (int)(sizeof b->rows / sizeof b->rows[0])) b->rows[b->num_rows++] = *r;
+}
+
+static void *alloc_big(size_t bytes) {
+    void *p = NULL;
+    if (posix_memalign(&p, 4096, bytes) != 0) return NULL;
+    return p;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Ceilings                                                                                     */
+/* ------------------------------------------------------------------------------------------ */
+
+typedef float vec16f __attribute__((vector_size(64)));
+
+/* Sums this thread's contiguous slice; four accumulators keep enough loads in flight. */
+static float sum_slice(const vec16f *v, size_t n) {
+    vec16f a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
+    size_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        a0 += v[i];
+        a1 += v[i + 1];
+        a2 += v[i + 2];
+        a3 += v[i + 3];
+    }
+    for (; i < n; ++i) a0 += v[i];
+    vec16f s = (a0 + a1) + (a2 + a3);
+    float total = 0;
+    for (int l = 0; l < 16; ++l) total += s[l];
+    return total;
+}
+
+static double measure_read_bandwidth(bench_state *b, size_t bytes, int reps) {
+    const size_t n = bytes / sizeof(vec16f);
+    vec16f *buf = alloc_big(n * sizeof(vec16f));
+    if (!buf) return 0;
+    const int T = b->threads;
+    /* First touch by the thread that will read it (page placement, and no zero pages). */
+#pragma omp parallel num_threads(T)
+    {
+        int t = omp_get_thread_num();
+        size_t lo = n * (size_t)t / (size_t)T, hi = n * (size_t)(t + 1) / (size_t)T;
+        for (size_t i = lo; i < hi; ++i)
+            for (int l = 0; l < 16; ++l) buf[i][l] = (float)((i + (size_t)l) & 255) * 0.25f;
+    }
+    double times[64];
+    volatile float sink = 0;
+    if (reps > 64) reps = 64;
+    for (int r = 0; r <= reps; ++r) {
+        float partial[256] = {0};
+        double t0 = cli_now();
+#pragma omp parallel num_threads(T)
+        {
+            int t = omp_get_thread_num();
+            size_t lo = n * (size_t)t / (size_t)T, hi = n * (size_t)(t + 1) / (size_t)T;
+            partial[t & 255] = sum_slice(buf + lo, hi - lo);
+        }
+        double dt = cli_now() - t0;
+        for (int t = 0; t < T && t < 256; ++t) sink += partial[t];
+        if (r > 0) times[r - 1] = dt; /* pass 0 warms up */
+    }
+    (void)sink;
+    free(buf);
+    return (double)(n * sizeof(vec16f)) / cli_median(times, reps) / 1e9;
+}
+
+/* 12 independent chains: FMA latency (4 cycles) x 2 FMA ports needs at least 8 in flight.
+ * fp-contract=fast lets GCC fuse a * m + c in ISO C mode, where it is off by default. */
+__attribute__((optimize("fp-contract=fast"), noinline))
+static float fma_chains(long iters, float seed) {
+    const vec16f m = {0}, c = {0};
+    vec16f mm = m + 0.9999999f, cc = c + 1e-7f;
+    vec16f a0 = m + seed, a1 = a0 + 0.01f, a2 = a0 + 0.02f, a3 = a0 + 0.03f, a4 = a0 + 0.04f,
+           a5 = a0 + 0.05f, a6 = a0 + 0.06f, a7 = a0 + 0.07f, a8 = a0 + 0.08f, a9 = a0 + 0.09f,
+           a10 = a0 + 0.10f, a11 = a0 + 0.11f;
+    for (long i = 0; i < iters; ++i) {
+        a0 = a0 * mm + cc; a1 = a1 * mm + cc; a2 = a2 * mm + cc; a3 = a3 * mm + cc;
+        a4 = a4 * mm + cc; a5 = a5 * mm + cc; a6 = a6 * mm + cc; a7 = a7 * mm + cc;
+        a8 = a8 * mm + cc; a9 = a9 * mm + cc; a10 = a10 * mm + cc; a11 = a11 * mm + cc;
+    }
+    vec16f s = ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7)) + ((a8 + a9) + (a10 + a11));
+    float total = 0;
+    for (int l = 0; l < 16; ++l) total += s[l];
+    return total;
+}
+
+static double measure_fma_rate(bench_state *b, long iters, int reps) {
+    const int T = b->threads;
+    const double flops_per_iter = 12.0 * 16 * 2;
+    double times[32];
+    volatile float sink = 0;
+    if (reps > 32) reps = 32;
+    for (int r = 0; r <= reps; ++r) {
+        float partial[256] = {0};
+        double t0 = cli_now();
+#pragma omp parallel num_threads(T)
+        {
+            int t = omp_get_thread_num();
+            partial[t & 255] = fma_chains(iters, 1.0f + 0.001f * (float)t);
+        }
+        double dt = cli_now() - t0;
+        for (int t = 0; t < T && t < 256; ++t) sink += partial[t];
+        if (r > 0) times[r - 1] = dt;
+    }
+    (void)sink;
+    return flops_per_iter * (double)iters * T / cli_median(times, reps) / 1e9;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Inputs                                                                                       */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Random finite half-precision values of magnitude about 2^-7 .. 1, generated in parallel
+ * straight as bit patterns (a gigabyte in well under a second). */
+static void fill_half_random(void *data, size_t n, kva_dtype dtype, uint64_t seed, int threads) {
+    uint16_t *p = data;
+#pragma omp parallel num_threads(threads)
+    {
+        int t = omp_get_thread_num(), T = omp_get_num_threads();
+        size_t lo = n * (size_t)t / (size_t)T, hi = n * (size_t)(t + 1) / (size_t)T;
+        uint64_t s = (seed + (uint64_t)t) * 0x9E3779B97F4A7C15ull | 1;
+        for (size_t i = lo; i < hi; ++i) {
+            s ^= s >> 12;
+            s ^= s << 25;
+            s ^= s >> 27;
+            uint64_t r = s * 0x2545F4914F6CDD1Dull;
+            uint16_t sign = (uint16_t)((r >> 63) << 15);
+            uint16_t e = (uint16_t)((r >> 32) & 7);
+            if (dtype == KVA_BF16)
+                p[i] = (uint16_t)(sign | (uint16_t)((120 + e) << 7) | (uint16_t)(r & 0x7f));
+            else
+                p[i] = (uint16_t)(sign | (uint16_t)((8 + e) << 10) | (uint16_t)(r & 0x3ff));
+        }
+    }
+}
+
+static kva_status alloc_workspace(kva_context *ctx, const kva_plan_limits *l, int decode,
+                                  kva_workspace *ws) {
+    size_t dev, host;
+    kva_status st = decode ? kva_decode_workspace_size(ctx, l, &dev, &host)
+                           : kva_prefill_workspace_size(ctx, l, &dev, &host);
+    if (st != KVA_OK) return st;
+    ws->device_bytes = dev;
+    ws->host_bytes = host;
+    if ((st = kva_malloc(ctx, dev, &ws->device)) != KVA_OK) return st;
+    return kva_host_alloc(ctx, host, &ws->host);
+}
+
+static void free_workspace(kva_context *ctx, kva_workspace *ws) {
+    kva_free(ctx, ws->device);
+    kva_host_free(ctx, ws->host);
+    ws->device = ws->host = NULL;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Decode                                                                                       */
+/* ------------------------------------------------------------------------------------------ */
+
+/* One pool of shuffled pages, big enough that rotating page tables over it defeats the LLC. */
+typedef struct decode_pool {
+    kva_dtype dtype;
+    int32_t num_pages;
+    void *k, *v;
+    int32_t *perm;         /* physical page order: a random permutation */
+} decode_pool;
+
+static int pool_create(bench_state *b, decode_pool *p, kva_dtype dtype, size_t kv_bytes) {
+    const size_t es = kva_dtype_size(dtype);
+    const size_t page_elems = (size_t)BENCH_PAGE * BENCH_KV_HEADS * BENCH_HEAD_DIM;
+    p->dtype = dtype;
+    p->num_pages = (int32_t)(kv_bytes / (2 * page_elems * es));
+    p->k = alloc_big((size_t)p->num_pages * page_elems * es);
+    p->v = alloc_big((size_t)p->num_pages * page_elems * es);
+    p->perm = malloc(sizeof(int32_t) * (size_t)p->num_pages);
+    if (!p->k || !p->v || !p->perm) return -1;
+    fill_half_random(p->k, (size_t)p->num_pages * page_elems, dtype, 11, b->threads);
+    fill_half_random(p->v, (size_t)p->num_pages * page_elems, dtype, 12, b->threads);
+    uint64_t s = 0x1234567;
+    for (int32_t i = 0; i < p->num_pages; ++i) p->perm[i] = i;
+    for (int32_t i = p->num_pages - 1; i > 0; --i) {
+        s ^= s >> 12; s ^= s << 25; s ^= s >> 27;
+        int32_t j = (int32_t)((s * 0x2545F4914F6CDD1Dull) % (uint64_t)(i + 1));
+        int32_t t = p->perm[i]; p->perm[i] = p->perm[j]; p->perm[j] = t;
+    }
+    return 0;
+}
+
+static void pool_destroy(decode_pool *p) {
+    free(p->k);
+    free(p->v);
+    free(p->perm);
+    memset(p, 0, sizeof *p);
+}
+
+/* Times batch x kv_len decode over the pool, rotating among as many disjoint batches as the
+ * pool holds. Returns median seconds, or a negative value on failure. */
+static double time_decode(bench_state *b, const decode_pool *pool, int32_t batch, int32_t kv_len,
+                          kva_decode_algo algo, int *num_sets_out, double *best) {
+    const int32_t ppr = (kv_len + BENCH_PAGE - 1) / BENCH_PAGE; /* pages per request */
+    const int32_t sets = pool->num_pages / (batch * ppr);
+    const size_t es = kva_dtype_size(pool->dtype);
+    double result = -1;
+    *num_sets_out = sets;
+    if (sets < 1) return -1;
+    kva_kv_pages pages = kva_kv_pages_separate(pool->k, pool->v, pool->dtype, pool->num_pages,
+                                               BENCH_PAGE, BENCH_KV_HEADS, BENCH_HEAD_DIM,
+                                               KVA_LAYOUT_NHD);
+    kva_plan_limits l = {0};
+    l.max_batch = batch;
+    l.max_total_pages = (int64_t)batch * ppr;
+    l.max_total_kv = (int64_t)batch * kv_len;
+    l.num_qo_heads = BENCH_HEADS;
+    l.num_kv_heads = BENCH_KV_HEADS;
+    l.head_dim = BENCH_HEAD_DIM;
+    l.page_size = BENCH_PAGE;
+    kva_workspace ws = {0};
+    int32_t *indptr = malloc(sizeof(int32_t) * (size_t)(batch + 1));
+    int32_t *last = malloc(sizeof(int32_t) * (size_t)batch);
+    size_t qbytes = (size_t)batch * BENCH_HEADS * BENCH_HEAD_DIM * es;
+    void *q = alloc_big(qbytes), *o = alloc_big(qbytes);
+    double *times = malloc(sizeof(double) * 4096);
+    if (!indptr || !last || !q || !o || !times || alloc_workspace(b->ctx, &l, 1, &ws) != KVA_OK)
+        goto done;
+    fill_half_random(q, qbytes / 2, pool->dtype, 13, 1);
+    for (int32_t r = 0; r <= batch; ++r) indptr[r] = r * ppr;
+    for (int32_t r = 0; r < batch; ++r) last[r] = kv_len - (ppr - 1) * BENCH_PAGE;
+    kva_attn_params params = kva_attn_params_default(BENCH_HEADS, BENCH_KV_HEADS, BENCH_HEAD_DIM);
+    kva_tensor qt = kva_tensor_nhd(q, pool->dtype, BENCH_HEADS, BENCH_HEAD_DIM);
+    kva_tensor ot = kva_tensor_nhd(o, pool->dtype, BENCH_HEADS, BENCH_HEAD_DIM);
+    kva_plan_options opt = {0, 0, algo};
+
+    /* Run at least one pass over every set, and at least min_seconds, after one warm-up set. */
+    const double min_seconds = b->quick ? 0.3 : 1.0;
+    int count = 0;
+    double start = cli_now();
+    for (int it = -1; it < 4096; ++it) {
+        int set = (it + 1) % sets;
+        kva_page_table table = {batch, indptr, pool->perm + (size_t)set * batch * ppr, last};
+        kva_plan plan;
+        if (kva_decode_plan(b->ctx, &l, &table, pool->num_pages, &opt, ws, &plan) != KVA_OK)
+            goto done;
+        double t0 = cli_now();
+        if (kva_decode_run(b->ctx, &plan, &params, qt, &pages, ot, NULL) != KVA_OK) goto done;
+        double dt = cli_now() - t0;
+        if (it >= 0) times[count++] = dt;
+        if (count >= sets && cli_now() - start >= min_seconds) break;
+    }
+    result = cli_median(times, count);
+    *best = min_of(times, count);
+done:
+    if (result < 0) fprintf(stderr, "  decode %dx%d failed: %s\n", batch, kv_len, kva_last_error());
+    free_workspace(b->ctx, &ws);
+    free(indptr);
+    free(last);
+    free(q);
+    free(o);
+    free(times);
+    return result;
+}
+
+static void bench_decode(bench_state *b, const decode_pool *pool, int32_t batch, int32_t kv_len,
+                         kva_decode_algo algo, const char *label) {
+    int sets;
+    double best = 0;
+    double t = time_decode(b, pool, batch, kv_len, algo, &sets, &best);
+    if (t <= 0) return;
+    double bytes = 2.0 * batch * kv_len * BENCH_KV_HEADS * BENCH_HEAD_DIM *
+                   (double)kva_dtype_size(pool->dtype);
+    bench_row r;
+    memset(&r, 0, sizeof r);
+    snprintf(r.op, sizeof r.op, "%s", label);
+    snprintf(r.dtype, sizeof r.dtype, "%s", kva_dtype_name(pool->dtype));
+    snprintf(r.shape, sizeof r.shape, "%dx%d", batch, kv_len);
+    r.ms = t * 1e3;
+    r.best_ms = best * 1e3;
+    r.rate = bytes / t / 1e9;
+    r.unit = "GB/s";
+    r.fraction = b->read_gbs > 0 ? r.rate / b->read_gbs : 0;
+    printf("  %-24s %-5s %-8s %9.3f ms (best %8.3f) %8.2f GB/s  %5.1f%% of read bw  (%d batches "
+           "rotated)\n", r.op, r.dtype, r.shape, r.ms, r.best_ms, r.rate, 100 * r.fraction, sets);
+    fflush(stdout);
+    add_row(b, &r);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Prefill                                                                                      */
+/* ------------------------------------------------------------------------------------------ */
+
+static void bench_prefill(bench_state *b, kva_dtype dtype, int32_t n, int reps) {
+    const size_t es = kva_dtype_size(dtype);
+    const size_t qbytes = (size_t)n * BENCH_HEADS * BENCH_HEAD_DIM * es;
+    const size_t kbytes = (size_t)n * BENCH_KV_HEADS * BENCH_HEAD_DIM * es;
+    void *q = alloc_big(qbytes), *o = alloc_big(qbytes), *k = alloc_big(kbytes), *v = alloc_big(kbytes);
+    kva_workspace ws = {0};
+    kva_plan_limits l = {0};
+    l.max_batch = 1;
+    l.max_total_qo = n;
+    l.max_total_kv = n;
+    l.num_qo_heads = BENCH_HEADS;
+    l.num_kv_heads = BENCH_KV_HEADS;
+    l.head_dim = BENCH_HEAD_DIM;
+    l.page_size = BENCH_PAGE;
+    int32_t indptr[2] = {0, n};
+    double times[64];
+    int count = 0;
+    kva_plan plan;
+    if (!q || !o || !k || !v || alloc_workspace(b->ctx, &l, 0, &ws) != KVA_OK ||
+        kva_prefill_plan(b->ctx, &l, 1, indptr, indptr, NULL, 0, NULL, ws, &plan) != KVA_OK)
+        goto done;
+    fill_half_random(q, qbytes / 2, dtype, 21, b->threads);
+    fill_half_random(k, kbytes / 2, dtype, 22, b->threads);
+    fill_half_random(v, kbytes / 2, dtype, 23, b->threads);
+    kva_attn_params params = kva_attn_params_default(BENCH_HEADS, BENCH_KV_HEADS, BENCH_HEAD_DIM);
+    params.causal = 1;
+    if (reps > 64) reps = 64;
+    for (int r = 0; r <= reps; ++r) {
+        double t0 = cli_now();
+        kva_status st = kva_prefill_run_ragged(
+            b->ctx, &plan, &params, kva_tensor_nhd(q, dtype, BENCH_HEADS, BENCH_HEAD_DIM),
+            kva_tensor_nhd(k, dtype, BENCH_KV_HEADS, BENCH_HEAD_DIM),
+            kva_tensor_nhd(v, dtype, BENCH_KV_HEADS, BENCH_HEAD_DIM),
+            kva_tensor_nhd(o, dtype, BENCH_HEADS, BENCH_HEAD_DIM), NULL);
+        if (st != KVA_OK) {
+            count = 0;
+            break;
+        }
+        if (r > 0) times[count++] = cli_now() - t0;
+    }
+done:
+    if (count == 0) {
+        fprintf(stderr, "  prefill %d failed: %s\n", n, kva_last_error());
+    } else {
+        double t = cli_median(times, count);
+        double flops = 4.0 * n * (double)n * BENCH_HEAD_DIM * BENCH_HEADS / 2; /* causal: half */
+        bench_row r;
+        memset(&r, 0, sizeof r);
+        snprintf(r.op, sizeof r.op, "prefill causal (ragged)");
+        snprintf(r.dtype, sizeof r.dtype, "%s", kva_dtype_name(dtype));
+        snprintf(r.shape, sizeof r.shape, "1x%d", n);
+        r.ms = t * 1e3;
+        r.best_ms = min_of(times, count) * 1e3;
+        r.rate = flops / t / 1e9;
+        r.unit = "GFLOP/s";
+        r.fraction = b->fma_gflops > 0 ? r.rate / b->fma_gflops : 0;
+        printf("  %-24s %-5s %-8s %9.3f ms (best %8.3f) %8.1f GFLOP/s  %5.1f%% of FMA rate\n",
+               r.op, r.dtype, r.shape, r.ms, r.best_ms, r.rate, 100 * r.fraction);
+        fflush(stdout);
+        add_row(b, &r);
+    }
+    free_workspace(b->ctx, &ws);
+    free(q);
+    free(o);
+    free(k);
+    free(v);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Driver                                                                                       */
+/* ------------------------------------------------------------------------------------------ */
+
+static void print_table(const bench_state *b) {
+    printf("\n| operation | dtype | shape | median ms | best ms | throughput (median) | of ceiling |\n");
+    printf("|---|---|---|---:|---:|---:|---:|\n");
+    printf("| read bandwidth (ceiling) | - | %.0f MB | - | - | %.1f GB/s | 100%% |\n",
+           (double)b->read_bytes / 1e6, b->read_gbs);
+    printf("| fp32 FMA rate (ceiling) | - | - | - | - | %.0f GFLOP/s | 100%% |\n", b->fma_gflops);
+    for (int i = 0; i < b->num_rows; ++i) {
+        const bench_row *r = &b->rows[i];
+        printf("| %s | %s | %s | %.3f | %.3f | %.*f %s | %.1f%% |\n", r->op, r->dtype, r->shape,
+               r->ms, r->best_ms, strcmp(r->unit, "GB/s") == 0 ? 2 : 1, r->rate, r->unit,
+               100 * r->fraction);
+    }
+}
+
+/* 1-minute load average (0 if unknown). */
+static double load_average(void) {
+    double load = 0;
+    FILE *f = fopen("/proc/loadavg", "r");
+    if (f) {
+        if (fscanf(f, "%lf", &load) != 1) load = 0;
+        fclose(f);
+    }
+    return load;
+}
+
+int bench_cpu_main(kva_context *ctx, const bench_cpu_options *options) {
+    bench_state b;
+    memset(&b, 0, sizeof b);
+    b.ctx = ctx;
+    b.threads = kva_context_threads(ctx);
+    b.quick = options->quick;
+    b.llc = cli_llc_bytes();
+    kva_device_info info;
+    kva_context_info(ctx, &info);
+
+    /* Decode pools: >= 4x LLC always; full runs also >= 1 GB. */
+    size_t pool_bytes = 4 * (b.llc ? b.llc : (size_t)32 << 20);
+    if (!b.quick && pool_bytes < ((size_t)1 << 30)) pool_bytes = (size_t)1 << 30;
+    size_t read_bytes = b.quick ? pool_bytes : ((size_t)1 << 30);
+    if (read_bytes < pool_bytes) read_bytes = pool_bytes;
+
+    printf("kvattn bench (CPU): %s, %d threads, last-level cache %.0f MB%s\n", info.name,
+           b.threads, (double)b.llc / (1 << 20), b.quick ? ", quick" : "");
+    double load = load_average();
+    if (load > 0.5)
+        printf("note: 1-minute load average %.1f before starting: other work shares these cores, "
+               "so every figure below (ceilings included) is lower and noisier than on an idle "
+               "machine\n", load);
+    printf("\nceilings\n");
+    b.read_bytes = read_bytes;
+    b.read_gbs = measure_read_bandwidth(&b, read_bytes, b.quick ? 3 : 7);
+    printf("  read bandwidth   %8.2f GB/s   (%d threads summing %.0f MB, median)\n", b.read_gbs,
+           b.threads, (double)read_bytes / 1e6);
+    fflush(stdout);
+    b.fma_gflops = measure_fma_rate(&b, b.quick ? 5000000L : 30000000L, b.quick ? 3 : 5);
+    printf("  fp32 FMA rate    %8.1f GFLOP/s (%d threads, 12 chains of 16-lane FMAs, median)\n",
+           b.fma_gflops, b.threads);
+    fflush(stdout);
+
+    const kva_dtype dtypes[2] = {KVA_BF16, KVA_F16};
+    printf("\ndecode: %d q / %d kv heads, d %d, page %d, K/V pool %.0f MB per dtype (%.1fx LLC)\n",
+           BENCH_HEADS, BENCH_KV_HEADS, BENCH_HEAD_DIM, BENCH_PAGE, (double)pool_bytes / 1e6,
+           b.llc ? (double)pool_bytes / (double)b.llc : 0.0);
+    for (int d = 0; d < 2; ++d) {
+        decode_pool pool;
+        memset(&pool, 0, sizeof pool);
+        if (pool_create(&b, &pool, dtypes[d], pool_bytes) != 0) {
+            fprintf(stderr, "  cannot allocate a %.0f MB pool\n", (double)pool_bytes / 1e6);
+            pool_destroy(&pool);
+            return 2;
+        }
+        bench_decode(&b, &pool, 1, 4096, KVA_DECODE_PARTIAL_ROWMAX, "decode");
+        bench_decode(&b, &pool, 8, 4096, KVA_DECODE_PARTIAL_ROWMAX, "decode");
+        if (dtypes[d] == KVA_BF16) {
+            printf("decode algorithms (bf16): partial rowmax (merge by LSE) vs global rowmax "
+                   "(two passes)\n");
+            bench_decode(&b, &pool, 1, 4096, KVA_DECODE_PARTIAL_ROWMAX, "decode partial-rowmax");
+            bench_decode(&b, &pool, 1, 4096, KVA_DECODE_GLOBAL_ROWMAX, "decode global-rowmax");
+            bench_decode(&b, &pool, 32, 512, KVA_DECODE_PARTIAL_ROWMAX, "decode partial-rowmax");
+            bench_decode(&b, &pool, 32, 512, KVA_DECODE_GLOBAL_ROWMAX, "decode global-rowmax");
+        }
+        pool_destroy(&pool);
+    }
+
+    printf("\nprefill: causal, one sequence, %d q / %d kv heads, d %d\n", BENCH_HEADS,
+           BENCH_KV_HEADS, BENCH_HEAD_DIM);
+    for (int d = 0; d < 2; ++d) {
+        bench_prefill(&b, dtypes[d], 512, b.quick ? 2 : 7);
+        bench_prefill(&b, dtypes[d], 2048, b.quick ? 1 : 3);
+    }
+    print_table(&b);
+    return b.num_rows > 0 ? 0 : 1;
+}
