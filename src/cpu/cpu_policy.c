@@ -4,9 +4,12 @@
  * max_blocks: 4 work items per core keeps both cores busy under dynamic scheduling while
  * bounding merge work; it depends on the core count only (not on kva_context_set_threads) so
  * a workspace sized once stays valid. min_chunk 256 keys: below that the merge costs more than
- * the parallelism gains. Prefill tiles 64 query tokens (x the GQA group's heads).
+ * the parallelism gains. Prefill tiles hold the query tokens the prefill engine wants per task
+ * (kva__prefill_tile_tokens: tokens x GQA group heads fill a 256-row pass, at least 64
+ * tokens), so each key block it converts serves as many rows as possible.
  */
 #include "cpu_backend.h"
+#include "prefill_engine.h"
 #include "../common/internal.h"
 
 size_t kva__cpu_scratch_bytes_per_thread(void) { return (size_t)4 << 20; }
@@ -14,10 +17,11 @@ size_t kva__cpu_scratch_bytes_per_thread(void) { return (size_t)4 << 20; }
 kva_status kva__cpu_split_policy(const kva_context *ctx, const kva_plan_limits *limits, int kind,
                                  kva__split_policy *policy) {
     (void)ctx;
-    (void)limits;
     policy->max_blocks = 4 * (int64_t)kva__cpu_count();
     if (policy->max_blocks < 16) policy->max_blocks = 16;
     policy->min_chunk = 256;
-    policy->qo_tile = kind == KVA__PLAN_DECODE ? 1 : 64;
+    policy->qo_tile = kind == KVA__PLAN_DECODE
+                          ? 1
+                          : kva__prefill_tile_tokens(limits->num_qo_heads / limits->num_kv_heads);
     return KVA_OK;
 }

@@ -1,0 +1,242 @@
+/*
+ * cpu_prefill.c -- the CPU entry points for prefill-shaped attention: dense kva_attention and
+ * the ragged / paged prefill runs. They cut the call into engine tasks (prefill_engine.h), run
+ * them in parallel with OpenMP, and for split-KV plans merge the partial states.
+ *
+ * Work split:
+ *   dense:  (query tile x KV head) tasks over the whole key range; no workspace, so no split.
+ *   plans:  (work item x KV head) tasks, work items as the planner flattened them (request,
+ *           query tile of plan->qo_tile_size tokens, key chunk of plan->kv_chunk_size keys).
+ *           A task whose (request, query tile) group has one work item writes o / lse directly;
+ *           otherwise it writes its partial state to the workspace and a second parallel pass
+ *           merges each group's states by LSE, as kva_merge_states does.
+ * Tasks are handed out under dynamic scheduling in reverse order: later query tiles see more
+ * keys under a causal mask, so the longest tasks start first and the short ones fill the tail.
+ *
+ * Partial states (device part of the workspace), for split work item w:
+ *   O   f32 at off_partial_o   + ((w * rows_per_work) + t * num_qo_heads + h) * head_dim
+ *   LSE f32 at off_partial_lse + (w * rows_per_work) + t * num_qo_heads + h   (natural log)
+ * with t the token within the query tile and h the query head (token-major, like o itself).
+ */
+#include "cpu_backend.h"
+#include "prefill_engine.h"
+#include "prefill_vec.h"
+#include "../common/internal.h"
+#include "../common/softmax_state.h"
+
+#include <math.h>
+#include <omp.h>
+
+static kva__prefill_config make_config(const kva_attn_params *p, kva_dtype dtype) {
+    kva__prefill_config c;
+    c.group = p->num_qo_heads / p->num_kv_heads;
+    c.head_dim = p->head_dim;
+    c.dtype = dtype;
+    c.sm_scale = p->sm_scale > 0 ? p->sm_scale : 1.0f / sqrtf((float)p->head_dim);
+    c.causal = p->causal;
+    c.window_left = p->window_left;
+    c.logits_soft_cap = p->logits_soft_cap;
+    c.score_mod = p->score_mod;
+    c.score_mod_user = p->score_mod_user;
+    return c;
+}
+
+static kva_status check_scratch(const kva_context *ctx, int32_t head_dim) {
+    size_t need = kva__prefill_scratch_bytes(head_dim);
+    if (!ctx->cpu_scratch || ctx->cpu_scratch_per_thread < need ||
+        ctx->cpu_scratch_threads < ctx->num_threads)
+        return kva__fail(KVA_ERR_BAD_STATE,
+                         "CPU prefill: per-thread scratch is %zu bytes for %d threads, needs %zu "
+                         "for %d",
+                         ctx->cpu_scratch_per_thread, ctx->cpu_scratch_threads, need,
+                         ctx->num_threads);
+    return KVA_OK;
+}
+
+static void *thread_scratch(const kva_context *ctx) {
+    return ctx->cpu_scratch + (size_t)omp_get_thread_num() * ctx->cpu_scratch_per_thread;
+}
+
+static const unsigned char *row_of(kva_tensor t, int64_t token) {
+    return (const unsigned char *)t.data +
+           (size_t)(token * t.stride_token) * kva_dtype_size(t.dtype);
+}
+
+/* ---- dense ------------------------------------------------------------------------------ */
+
+kva_status kva__cpu_attention(kva_context *ctx, const kva_attn_params *params, int32_t qo_len,
+                              int32_t kv_len, kva_tensor q, kva_tensor k, kva_tensor v,
+                              kva_tensor o, float *lse) {
+    if (qo_len == 0) return KVA_OK;
+    KVA_TRY(check_scratch(ctx, params->head_dim));
+    const kva__prefill_config cfg = make_config(params, q.dtype);
+    const int32_t Hk = params->num_kv_heads, Hq = params->num_qo_heads;
+    /* The engine's preferred tile, halved (down to 16) while there are too few tasks for the
+     * threads. */
+    int32_t tile = kva__prefill_tile_tokens(params->num_qo_heads / params->num_kv_heads);
+    while (tile > 16 && kva__ceil_div64(qo_len, tile) * Hk < 2 * (int64_t)ctx->num_threads)
+        tile /= 2;
+    const int64_t tiles = kva__ceil_div64(qo_len, tile);
+    const int64_t tasks = tiles * Hk;
+
+#pragma omp parallel for schedule(dynamic) num_threads(ctx->num_threads)
+    for (int64_t i = 0; i < tasks; ++i) {
+        const int64_t u = tasks - 1 - i;
+        const int32_t qt = (int32_t)(u / Hk);
+        const int32_t tok0 = qt * tile;
+        kva__prefill_task task;
+        task.q = row_of(q, tok0);
+        task.q_stride_token = q.stride_token;
+        task.q_stride_head = q.stride_head;
+        task.num_tokens = qo_len - tok0 < tile ? qo_len - tok0 : tile;
+        task.first_q_pos = kv_len - qo_len + tok0;
+        task.kv_begin = 0;
+        task.kv_end = kv_len;
+        task.kv_head = (int32_t)(u % Hk);
+        task.kv = (kva__kv_source){.k = k.data,
+                                   .v = v.data,
+                                   .stride_token = k.stride_token,
+                                   .stride_head = k.stride_head};
+        task.out = (void *)row_of(o, tok0);
+        task.out_dtype = o.dtype;
+        task.out_stride_token = o.stride_token;
+        task.out_stride_head = o.stride_head;
+        task.lse = lse ? lse + (size_t)tok0 * Hq : NULL;
+        task.lse_stride_token = Hq;
+        kva__prefill_task_run(&cfg, &task, thread_scratch(ctx));
+    }
+    return KVA_OK;
+}
+
+/* ---- plans -------------------------------------------------------------------------------- */
+
+/* Merges the n partial states of one row into an output row of dtype (and its LSE), with the
+ * shared merge math of softmax_state.h. */
+static void merge_row(int32_t n, const float *lse_in, int64_t lse_stride, const float *o_in,
+                      int64_t o_stride, int32_t D, void *out, kva_dtype dtype, float *lse_out) {
+    const float total = kva__lse_combine(lse_in, lse_stride, n);
+    kva__vf acc[256 / KVA__VL];
+    for (int32_t d = 0; d < D / KVA__VL; ++d)
+        acc[d] = kva__splat(0.0f);
+    if (total != -INFINITY) {
+        for (int32_t s = 0; s < n; ++s) {
+            const float w = kva__lse_weight(lse_in[s * lse_stride], total);
+            if (w == 0.0f) continue;
+            const float *os = o_in + s * o_stride;
+            for (int32_t d = 0; d < D / KVA__VL; ++d)
+                acc[d] = kva__fma(kva__splat(w), kva__loadu(os + KVA__VL * d), acc[d]);
+        }
+    }
+    const size_t es = kva_dtype_size(dtype);
+    for (int32_t d = 0; d < D / KVA__VL; ++d)
+        kva__storev((unsigned char *)out + (size_t)d * KVA__VL * es, dtype, acc[d]);
+    if (lse_out) *lse_out = total;
+}
+
+/* Runs a prefill plan; pages == NULL means ragged k / v tensors. */
+static kva_status run_plan(kva_context *ctx, const kva_plan *plan, const kva_attn_params *params,
+                           kva_tensor q, kva_tensor k, kva_tensor v, const kva_kv_pages *pages,
+                           kva_tensor o, float *lse) {
+    KVA_TRY(check_scratch(ctx, params->head_dim));
+    const kva__plan_header *h = kva__plan_header_of(plan->workspace.host);
+    const int32_t *ints = kva__plan_ints(plan->workspace.host);
+    const kva__prefill_config cfg = make_config(params, q.dtype);
+    const int32_t Hk = params->num_kv_heads, Hq = params->num_qo_heads, D = params->head_dim;
+    const int32_t tile = h->qo_tile_size, chunk = h->kv_chunk_size;
+    const int64_t rows_per_work = h->rows_per_work;
+    const int32_t *req = ints + h->off_request, *qtile = ints + h->off_qo_tile;
+    const int32_t *kvtile = ints + h->off_kv_tile, *group = ints + h->off_group_indptr;
+    const int32_t *qo_indptr = ints + h->off_qo_indptr, *kv_indptr = ints + h->off_kv_indptr;
+    const int32_t *qo_len = ints + h->off_qo_len, *kv_len = ints + h->off_kv_len;
+    const int32_t *page_indices = ints + h->off_page_indices;
+    float *partial_o = (float *)((unsigned char *)plan->workspace.device + h->off_partial_o);
+    float *partial_lse = (float *)((unsigned char *)plan->workspace.device + h->off_partial_lse);
+    const int64_t tasks = (int64_t)h->num_work * Hk;
+
+#pragma omp parallel for schedule(dynamic) num_threads(ctx->num_threads)
+    for (int64_t i = 0; i < tasks; ++i) {
+        const int64_t u = tasks - 1 - i;
+        const int32_t w = (int32_t)(u / Hk);
+        const int32_t b = req[w];
+        const int32_t tok0 = qtile[w] * tile;
+        const int64_t q_row = (int64_t)qo_indptr[b] + tok0;
+        const int32_t nkv = kv_len[b];
+        const int64_t kv_begin = (int64_t)kvtile[w] * chunk;
+        kva__prefill_task task;
+        task.q = row_of(q, q_row);
+        task.q_stride_token = q.stride_token;
+        task.q_stride_head = q.stride_head;
+        task.num_tokens = qo_len[b] - tok0 < tile ? qo_len[b] - tok0 : tile;
+        task.first_q_pos = nkv - qo_len[b] + tok0;
+        task.kv_begin = (int32_t)(kv_begin < nkv ? kv_begin : nkv);
+        task.kv_end = (int32_t)(kv_begin + chunk < nkv ? kv_begin + chunk : nkv);
+        task.kv_head = (int32_t)(u % Hk);
+        if (pages)
+            task.kv = (kva__kv_source){.k = pages->k_data,
+                                       .v = pages->v_data,
+                                       .stride_token = pages->stride_token,
+                                       .stride_head = pages->stride_head,
+                                       .pages = page_indices + kv_indptr[b],
+                                       .page_size = pages->page_size,
+                                       .stride_page = pages->stride_page};
+        else
+            task.kv = (kva__kv_source){.k = k.data,
+                                       .v = v.data,
+                                       .stride_token = k.stride_token,
+                                       .stride_head = k.stride_head,
+                                       .first_row = kv_indptr[b]};
+        const bool split = nkv > chunk;
+        if (split) {
+            task.out = partial_o + (size_t)w * rows_per_work * D;
+            task.out_dtype = KVA_F32;
+            task.out_stride_token = (int64_t)Hq * D;
+            task.out_stride_head = D;
+            task.lse = partial_lse + (size_t)w * rows_per_work;
+        } else {
+            task.out = (void *)row_of(o, q_row);
+            task.out_dtype = o.dtype;
+            task.out_stride_token = o.stride_token;
+            task.out_stride_head = o.stride_head;
+            task.lse = lse ? lse + (size_t)q_row * Hq : NULL;
+        }
+        task.lse_stride_token = Hq;
+        kva__prefill_task_run(&cfg, &task, thread_scratch(ctx));
+    }
+
+    if (!h->split_kv) return KVA_OK;
+    /* Merge: one (group, token of the tile) row set per iteration. */
+    const int64_t rows = (int64_t)h->num_groups * tile;
+#pragma omp parallel for schedule(dynamic, 4) num_threads(ctx->num_threads)
+    for (int64_t i = 0; i < rows; ++i) {
+        const int32_t g = (int32_t)(i / tile), t = (int32_t)(i % tile);
+        const int32_t w0 = group[g], n = group[g + 1] - group[g];
+        if (n <= 1) continue;
+        const int32_t b = req[w0];
+        const int32_t tok = qtile[w0] * tile + t;
+        if (tok >= qo_len[b]) continue;
+        const int64_t q_row = (int64_t)qo_indptr[b] + tok;
+        for (int32_t hq = 0; hq < Hq; ++hq) {
+            const int64_t r = (int64_t)t * Hq + hq;
+            merge_row(n, partial_lse + (size_t)w0 * rows_per_work + r, rows_per_work,
+                      partial_o + ((size_t)w0 * rows_per_work + r) * D, rows_per_work * D, D,
+                      (unsigned char *)o.data +
+                          (size_t)(q_row * o.stride_token + hq * o.stride_head) *
+                              kva_dtype_size(o.dtype),
+                      o.dtype, lse ? lse + q_row * Hq + hq : NULL);
+        }
+    }
+    return KVA_OK;
+}
+
+kva_status kva__cpu_prefill_run_ragged(kva_context *ctx, const kva_plan *plan,
+                                       const kva_attn_params *params, kva_tensor q, kva_tensor k,
+                                       kva_tensor v, kva_tensor o, float *lse) {
+    return run_plan(ctx, plan, params, q, k, v, NULL, o, lse);
+}
+
+kva_status kva__cpu_prefill_run_paged(kva_context *ctx, const kva_plan *plan,
+                                      const kva_attn_params *params, kva_tensor q,
+                                      const kva_kv_pages *pages, kva_tensor o, float *lse) {
+    kva_tensor none = {NULL, pages->dtype, 0, 0};
+    return run_plan(ctx, plan, params, q, none, none, pages, o, lse);
+}
