@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# gpu-check.sh -- everything a GPU machine run needs, in one go, from the repository root:
+#   1. build for sm_90a (KVA_CUDA_ARCHS=90a) into $BUILD (default build-gpu),
+#   2. the GPU tests (kvattn_tests cuda*: decode sweep, graphs, merge, cache, errors) against
+#      the float64 reference,
+#   3. the same under compute-sanitizer memcheck, and racecheck, on the small sweep
+#      (KVA_TEST_QUICK=1),
+#   4. the benchmark (bench/bench_torch.py: read ceiling, ours vs PyTorch SDPA, graph replays),
+#   5. a summary, printed last.
+# Full logs go to $OUT (default ./gpu-check-out). Knobs: GPU_CHECK_SANITIZE=0 skips step 3,
+# GPU_CHECK_BENCH=0 skips step 4, GPU_CHECK_BENCH_ARGS passes options to bench_torch.py
+# (e.g. "--quick --shapes 1x8192,64x4096"), GPU_CHECK_TESTS selects tests (default "cuda").
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/gpu-check-out}
+BUILD=${BUILD:-build-gpu}
+TESTS=${GPU_CHECK_TESTS:-cuda}
+mkdir -p "$OUT"
+status=0
+summary=()
+note() { summary+=("$1"); echo "== $1"; }
+
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv,noheader \
+    | tee "$OUT/device.txt"
+
+gen=()
+command -v ninja >/dev/null && gen=(-G Ninja)
+t0=$(date +%s)
+if cmake -S . -B "$BUILD" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DKVA_CUDA=ON -DKVA_CUDA_ARCHS=90a \
+        >"$OUT/build.log" 2>&1 &&
+   cmake --build "$BUILD" -j "$(nproc)" >>"$OUT/build.log" 2>&1; then
+    note "build: ok ($(( $(date +%s) - t0 )) s)"
+    grep -A2 "Compiling entry function '_Z18kva__decode_kernel" "$OUT/build.log" \
+        | grep -E "registers|spill" | sort | uniq -c >"$OUT/ptxas.txt" || true
+else
+    tail -40 "$OUT/build.log"
+    note "build: FAILED (see build.log)"
+    printf '%s\n' "${summary[@]}"
+    exit 1
+fi
+
+run_tests() { # name, log, command...
+    local name=$1 log=$2
+    shift 2
+    local t=$(date +%s)
+    "$@" >"$OUT/$log" 2>&1
+    local rc=$?
+    local line
+    line=$(grep -E "passed, .* failed" "$OUT/$log" | tail -1)
+    if [ $rc -ne 0 ]; then
+        status=1
+        grep -E "FAIL|: .*off|Invalid|Race|ERROR|error" "$OUT/$log" | head -30
+        note "$name: FAILED rc=$rc ${line} ($(( $(date +%s) - t )) s)"
+    else
+        note "$name: ok ${line} ($(( $(date +%s) - t )) s)"
+    fi
+}
+
+run_tests "tests" tests.log "./$BUILD/kvattn_tests" $TESTS
+
+if [ "${GPU_CHECK_SANITIZE:-1}" != 0 ]; then
+    run_tests "memcheck" memcheck.log env KVA_TEST_QUICK=1 compute-sanitizer --tool memcheck \
+        --leak-check no --error-exitcode 9 "./$BUILD/kvattn_tests" cuda_decode cuda_merge cuda_cache cuda_graph
+    grep -E "ERROR SUMMARY" "$OUT/memcheck.log" | tail -1
+    run_tests "racecheck" racecheck.log env KVA_TEST_QUICK=1 compute-sanitizer --tool racecheck \
+        --error-exitcode 9 "./$BUILD/kvattn_tests" cuda_decode_sweep cuda_decode_long
+    grep -E "RACECHECK SUMMARY|ERROR SUMMARY" "$OUT/racecheck.log" | tail -1
+fi
+
+if [ "${GPU_CHECK_BENCH:-1}" != 0 ]; then
+    t=$(date +%s)
+    # shellcheck disable=SC2086
+    if PYTHONUNBUFFERED=1 python3 bench/bench_torch.py --build "$BUILD" --json "$OUT/bench.json" \
+            ${GPU_CHECK_BENCH_ARGS:-} >"$OUT/bench.log" 2>&1; then
+        note "bench: ok ($(( $(date +%s) - t )) s)"
+    else
+        status=1
+        tail -20 "$OUT/bench.log"
+        note "bench: FAILED (see bench.log)"
+    fi
+    sed -n '/^## kvattn/,$p' "$OUT/bench.log"
+fi
+
+echo
+echo "== summary ($(cat "$OUT/device.txt"))"
+cat "$OUT/ptxas.txt" 2>/dev/null | head -20
+printf '%s\n' "${summary[@]}"
+exit $status

@@ -1,0 +1,159 @@
+/*
+ * cuda_common.cuh -- what every .cu file of the CUDA backend shares: CUDA-call checking that
+ * turns runtime errors into kva_status, the backend's private per-context state, and thin
+ * inline-PTX wrappers (cp.async, ldmatrix, movmatrix, mma.sync) used by the decode kernels.
+ *
+ * The PTX wrappers need sm_80 or newer (cp.async, bf16 mma); the build targets sm_90a and sm_80.
+ */
+#ifndef KVA_CUDA_COMMON_CUH
+#define KVA_CUDA_COMMON_CUH
+
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+#include "cuda_backend.h"
+#include "../common/internal.h"
+
+/* Returns KVA_ERR_DEVICE with the runtime's message if a CUDA call fails. */
+#define KVA_CUDA_TRY(call)                                                                     \
+    do {                                                                                       \
+        cudaError_t kva__e = (call);                                                           \
+        if (kva__e != cudaSuccess)                                                             \
+            return kva__fail(KVA_ERR_DEVICE, "%s: %s failed: %s", __func__, #call,             \
+                             cudaGetErrorString(kva__e));                                      \
+    } while (0)
+
+/* After a launch: reports a launch-configuration error (bad grid, too much shared memory). */
+#define KVA_CUDA_LAUNCHED(what)                                                                \
+    do {                                                                                       \
+        cudaError_t kva__e = cudaGetLastError();                                               \
+        if (kva__e != cudaSuccess)                                                             \
+            return kva__fail(KVA_ERR_DEVICE, "%s: launching %s failed: %s", __func__, what,    \
+                             cudaGetErrorString(kva__e));                                      \
+    } while (0)
+
+/* Plan uploads still possibly in flight, per workspace host part (see kva__cuda_plan_begin). */
+#define KVA__UPLOAD_SLOTS 8
+
+typedef struct kva__cuda_private {
+    cudaEvent_t upload_done[KVA__UPLOAD_SLOTS];
+    const void *upload_host[KVA__UPLOAD_SLOTS];
+    int upload_next;
+    int decode_blocks_per_sm[9][2]; /* resident blocks per SM of each decode kernel [entry][nt-1] */
+} kva__cuda_private;
+
+static inline cudaStream_t kva__stream(const kva_context *ctx) {
+    return (cudaStream_t)ctx->stream;
+}
+
+/* Makes the context's device current for this thread (cheap when it already is). */
+static inline kva_status kva__cuda_use_device(const kva_context *ctx) {
+    int cur = -1;
+    if (cudaGetDevice(&cur) != cudaSuccess || cur != ctx->device_id) {
+        cudaError_t e = cudaSetDevice(ctx->device_id);
+        if (e != cudaSuccess)
+            return kva__fail(KVA_ERR_DEVICE, "cudaSetDevice(%d): %s", ctx->device_id,
+                             cudaGetErrorString(e));
+    }
+    return KVA_OK;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Inline PTX                                                                                   */
+/* ------------------------------------------------------------------------------------------ */
+
+__device__ __forceinline__ uint32_t kva__smem_addr(const void *p) {
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+/* An L2 policy for data read once (K/V streams): evicted first, so the small plan arrays that
+ * every run (and every layer) reads stay in L2 instead. */
+__device__ __forceinline__ uint64_t kva__l2_evict_first() {
+    uint64_t p;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(p));
+    return p;
+}
+
+/* 16-byte global -> shared copy that bypasses L1; when !valid nothing is read and the 16 bytes
+ * are zero-filled (so padding rows of a tile hold zeros, never stale NaNs). */
+__device__ __forceinline__ void kva__cp_async16(uint32_t dst, const void *src, bool valid,
+                                                uint64_t policy) {
+    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(dst),
+                 "l"(src), "r"(valid ? 16 : 0), "l"(policy)
+                 : "memory");
+}
+__device__ __forceinline__ void kva__cp_async_commit() {
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void kva__cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+__device__ __forceinline__ void kva__ldmatrix_x4(uint32_t r[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+__device__ __forceinline__ void kva__ldmatrix_x4_trans(uint32_t r[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+/* Transposes an 8x8 matrix of 16-bit values held in fragment layout across the warp. */
+__device__ __forceinline__ uint32_t kva__movmatrix_trans(uint32_t x) {
+    uint32_t y;
+    asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+    return y;
+}
+
+/* D = A(16x16, row) * B(16x8, col) + D, f32 accumulators; T selects bf16 or f16 operands. */
+template <typename T>
+__device__ __forceinline__ void kva__mma16816(float d[4], const uint32_t a[4], uint32_t b0,
+                                              uint32_t b1);
+template <>
+__device__ __forceinline__ void kva__mma16816<__nv_bfloat16>(float d[4], const uint32_t a[4],
+                                                             uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+template <>
+__device__ __forceinline__ void kva__mma16816<__half>(float d[4], const uint32_t a[4], uint32_t b0,
+                                                      uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* Two floats -> one register of two 16-bit values (lo in the low half). */
+template <typename T> __device__ __forceinline__ uint32_t kva__pack2(float lo, float hi);
+template <> __device__ __forceinline__ uint32_t kva__pack2<__nv_bfloat16>(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&v);
+}
+template <> __device__ __forceinline__ uint32_t kva__pack2<__half>(float lo, float hi) {
+    __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&v);
+}
+
+/* Scalar conversions for the three element types. */
+__device__ __forceinline__ float kva__to_f32(float x) { return x; }
+__device__ __forceinline__ float kva__to_f32(__half x) { return __half2float(x); }
+__device__ __forceinline__ float kva__to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
+template <typename T> __device__ __forceinline__ T kva__from_f32(float x);
+template <> __device__ __forceinline__ float kva__from_f32<float>(float x) { return x; }
+template <> __device__ __forceinline__ __half kva__from_f32<__half>(float x) {
+    return __float2half_rn(x);
+}
+template <> __device__ __forceinline__ __nv_bfloat16 kva__from_f32<__nv_bfloat16>(float x) {
+    return __float2bfloat16_rn(x);
+}
+
+#endif /* KVA_CUDA_COMMON_CUH */

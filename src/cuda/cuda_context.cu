@@ -1,0 +1,247 @@
+/*
+ * cuda_context.cu -- the CUDA backend's context, memory helpers, plan upload and split policy.
+ *
+ * A context is bound to one device and one caller-given stream (ctx->stream, NULL = legacy
+ * default stream); everything here enqueues on that stream. Context creation also prepares
+ * every decode kernel (shared-memory limit) and records its occupancy, which sets the split
+ * policy: the planner may cut requests into as many (work item x KV head) blocks as the device
+ * runs at once, num_SMs x blocks-per-SM, and no more.
+ */
+#include "cuda_common.cuh"
+#include "decode_kernels.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Every decode kernel with its shared memory, for attribute setting, occupancy and dispatch. */
+typedef struct {
+    kva_dtype dtype;
+    int head_dim;
+    const void *(*fn)(int nt);
+    int (*smem)(int nt);
+} decode_entry;
+
+static const decode_entry decode_table[9] = {
+    {KVA_BF16, 64, kva__decode_bf16_d64, kva__decode_bf16_d64_smem},
+    {KVA_BF16, 128, kva__decode_bf16_d128, kva__decode_bf16_d128_smem},
+    {KVA_BF16, 256, kva__decode_bf16_d256, kva__decode_bf16_d256_smem},
+    {KVA_F16, 64, kva__decode_f16_d64, kva__decode_f16_d64_smem},
+    {KVA_F16, 128, kva__decode_f16_d128, kva__decode_f16_d128_smem},
+    {KVA_F16, 256, kva__decode_f16_d256, kva__decode_f16_d256_smem},
+    {KVA_F32, 64, kva__decode_f32_d64, kva__decode_f32_d64_smem},
+    {KVA_F32, 128, kva__decode_f32_d128, kva__decode_f32_d128_smem},
+    {KVA_F32, 256, kva__decode_f32_d256, kva__decode_f32_d256_smem},
+};
+
+static int decode_entry_index(kva_dtype dtype, int head_dim) {
+    for (int i = 0; i < 9; ++i)
+        if (decode_table[i].dtype == dtype && decode_table[i].head_dim == head_dim) return i;
+    return -1;
+}
+
+const void *kva__decode_kernel_for(const kva_context *ctx, kva_dtype dtype, int head_dim, int nt,
+                                   int *smem, int *blocks_per_sm) {
+    const int i = decode_entry_index(dtype, head_dim);
+    if (i < 0 || nt < 1 || nt > 2) return NULL;
+    const kva__cuda_private *priv = (const kva__cuda_private *)ctx->cuda_private;
+    *smem = decode_table[i].smem(nt);
+    *blocks_per_sm = priv ? priv->decode_blocks_per_sm[i][nt - 1] : 1;
+    return decode_table[i].fn(nt);
+}
+
+extern "C" int kva__cuda_device_count(void) {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return n;
+}
+
+static kva_status prepare_kernels(kva__cuda_private *priv) {
+    for (int i = 0; i < 9; ++i) {
+        const decode_entry *e = &decode_table[i];
+        for (int nt = 1; nt <= 2; ++nt) {
+            cudaError_t err = cudaFuncSetAttribute(e->fn(nt), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                   e->smem(nt));
+            if (err != cudaSuccess)
+                return kva__fail(KVA_ERR_DEVICE,
+                                 "CUDA context: preparing the decode kernel (%s, head_dim %d, %d B shared "
+                                 "memory) failed: %s (built for this GPU's architecture?)",
+                                 kva_dtype_name(e->dtype), e->head_dim, e->smem(nt), cudaGetErrorString(err));
+            int blocks = 0;
+            KVA_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, e->fn(nt), KVA__DECODE_THREADS,
+                                                                       (size_t)e->smem(nt)));
+            priv->decode_blocks_per_sm[i][nt - 1] = blocks > 0 ? blocks : 1;
+        }
+    }
+    return KVA_OK;
+}
+
+extern "C" kva_status kva__cuda_context_init(kva_context *ctx) {
+    int n = kva__cuda_device_count();
+    if (n == 0) return kva__fail(KVA_ERR_DEVICE, "kva_context_create: no CUDA device is visible");
+    if (ctx->device_id < 0 || ctx->device_id >= n)
+        return kva__fail(KVA_ERR_DEVICE, "kva_context_create: CUDA device %d does not exist (%d visible)",
+                         ctx->device_id, n);
+    KVA_CUDA_TRY(cudaSetDevice(ctx->device_id));
+    cudaDeviceProp prop;
+    KVA_CUDA_TRY(cudaGetDeviceProperties(&prop, ctx->device_id));
+    if (prop.major < 8)
+        return kva__fail(KVA_ERR_DEVICE,
+                         "kva_context_create: %s has compute capability %d.%d; kvattn needs 8.0 or newer",
+                         prop.name, prop.major, prop.minor);
+    snprintf(ctx->name, sizeof ctx->name, "%.127s", prop.name);
+    ctx->num_sms = prop.multiProcessorCount;
+    ctx->l2_bytes = (size_t)prop.l2CacheSize;
+    ctx->total_memory = prop.totalGlobalMem;
+    ctx->stream = NULL;
+
+    kva__cuda_private *priv = (kva__cuda_private *)calloc(1, sizeof *priv);
+    if (!priv) return kva__fail(KVA_ERR_OUT_OF_MEMORY, "kva_context_create: out of memory");
+    ctx->cuda_private = priv;
+    kva_status st = KVA_OK;
+    for (int i = 0; i < KVA__UPLOAD_SLOTS && st == KVA_OK; ++i) {
+        cudaError_t e = cudaEventCreateWithFlags(&priv->upload_done[i], cudaEventDisableTiming);
+        if (e != cudaSuccess)
+            st = kva__fail(KVA_ERR_DEVICE, "kva_context_create: cudaEventCreate: %s", cudaGetErrorString(e));
+    }
+    if (st == KVA_OK) st = prepare_kernels(priv);
+    if (st != KVA_OK) kva__cuda_context_destroy(ctx);
+    return st;
+}
+
+extern "C" void kva__cuda_context_destroy(kva_context *ctx) {
+    kva__cuda_private *priv = (kva__cuda_private *)ctx->cuda_private;
+    if (!priv) return;
+    (void)kva__cuda_use_device(ctx);
+    for (int i = 0; i < KVA__UPLOAD_SLOTS; ++i)
+        if (priv->upload_done[i]) {
+            (void)cudaEventSynchronize(priv->upload_done[i]);
+            (void)cudaEventDestroy(priv->upload_done[i]);
+        }
+    free(priv);
+    ctx->cuda_private = NULL;
+}
+
+/* ---- memory ---------------------------------------------------------------------------------- */
+
+extern "C" kva_status kva__cuda_malloc(kva_context *ctx, size_t bytes, void **ptr) {
+    KVA_TRY(kva__cuda_use_device(ctx));
+    cudaError_t e = cudaMalloc(ptr, bytes ? bytes : 256);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        *ptr = NULL;
+        return kva__fail(e == cudaErrorMemoryAllocation ? KVA_ERR_OUT_OF_MEMORY : KVA_ERR_DEVICE,
+                         "kva_malloc: cudaMalloc(%zu bytes): %s", bytes, cudaGetErrorString(e));
+    }
+    return KVA_OK;
+}
+
+extern "C" void kva__cuda_free(kva_context *ctx, void *ptr) {
+    if (kva__cuda_use_device(ctx) == KVA_OK) (void)cudaFree(ptr);
+}
+
+extern "C" kva_status kva__cuda_host_alloc(kva_context *ctx, size_t bytes, void **ptr) {
+    KVA_TRY(kva__cuda_use_device(ctx));
+    cudaError_t e = cudaMallocHost(ptr, bytes ? bytes : 64);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        *ptr = NULL;
+        return kva__fail(KVA_ERR_OUT_OF_MEMORY, "kva_host_alloc: cudaMallocHost(%zu bytes): %s", bytes,
+                         cudaGetErrorString(e));
+    }
+    return KVA_OK;
+}
+
+extern "C" void kva__cuda_host_free(kva_context *ctx, void *ptr) {
+    (void)ctx;
+    (void)cudaFreeHost(ptr);
+}
+
+extern "C" kva_status kva__cuda_memcpy(kva_context *ctx, void *dst, const void *src, size_t bytes,
+                                       kva_copy_kind kind) {
+    KVA_TRY(kva__cuda_use_device(ctx));
+    cudaMemcpyKind k = kind == KVA_COPY_HOST_TO_DEVICE   ? cudaMemcpyHostToDevice
+                       : kind == KVA_COPY_DEVICE_TO_HOST ? cudaMemcpyDeviceToHost
+                                                         : cudaMemcpyDeviceToDevice;
+    KVA_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, k, kva__stream(ctx)));
+    KVA_CUDA_TRY(cudaStreamSynchronize(kva__stream(ctx)));
+    return KVA_OK;
+}
+
+extern "C" kva_status kva__cuda_memset_async(kva_context *ctx, void *dst, int value, size_t bytes) {
+    KVA_TRY(kva__cuda_use_device(ctx));
+    KVA_CUDA_TRY(cudaMemsetAsync(dst, value, bytes, kva__stream(ctx)));
+    return KVA_OK;
+}
+
+extern "C" kva_status kva__cuda_synchronize(kva_context *ctx) {
+    KVA_TRY(kva__cuda_use_device(ctx));
+    KVA_CUDA_TRY(cudaStreamSynchronize(kva__stream(ctx)));
+    return KVA_OK;
+}
+
+/* ---- plan upload ----------------------------------------------------------------------------- */
+
+/* The slot remembering the last upload from host_part, or -1. */
+static int upload_slot_of(const kva__cuda_private *priv, const void *host_part) {
+    for (int i = 0; i < KVA__UPLOAD_SLOTS; ++i)
+        if (priv->upload_host[i] == host_part) return i;
+    return -1;
+}
+
+extern "C" kva_status kva__cuda_plan_begin(kva_context *ctx, const void *host_part) {
+    kva__cuda_private *priv = (kva__cuda_private *)ctx->cuda_private;
+    int slot = upload_slot_of(priv, host_part);
+    if (slot >= 0) {
+        KVA_TRY(kva__cuda_use_device(ctx));
+        KVA_CUDA_TRY(cudaEventSynchronize(priv->upload_done[slot]));
+    }
+    return KVA_OK;
+}
+
+extern "C" kva_status kva__cuda_plan_upload(kva_context *ctx, void *device_part, const void *host_part,
+                                            size_t bytes) {
+    kva__cuda_private *priv = (kva__cuda_private *)ctx->cuda_private;
+    KVA_TRY(kva__cuda_use_device(ctx));
+    cudaStream_t s = kva__stream(ctx);
+    KVA_CUDA_TRY(cudaMemcpyAsync(device_part, host_part, bytes, cudaMemcpyHostToDevice, s));
+    /* Merge counters start at zero (a run's last block leaves them at zero again). */
+    const kva__plan_header *h = (const kva__plan_header *)host_part;
+    if (h->off_scores > h->off_counters)
+        KVA_CUDA_TRY(cudaMemsetAsync((char *)device_part + h->off_counters, 0,
+                                     (size_t)(h->off_scores - h->off_counters), s));
+    int slot = upload_slot_of(priv, host_part);
+    if (slot < 0) {
+        /* Reuse the oldest slot; its upload must be over before we forget it. */
+        slot = priv->upload_next;
+        priv->upload_next = (slot + 1) % KVA__UPLOAD_SLOTS;
+        if (priv->upload_host[slot]) KVA_CUDA_TRY(cudaEventSynchronize(priv->upload_done[slot]));
+        priv->upload_host[slot] = host_part;
+    }
+    KVA_CUDA_TRY(cudaEventRecord(priv->upload_done[slot], s));
+    return KVA_OK;
+}
+
+/* ---- split policy ---------------------------------------------------------------------------- */
+
+extern "C" kva_status kva__cuda_split_policy(const kva_context *ctx, const kva_plan_limits *limits,
+                                             int kind, kva__split_policy *policy) {
+    const kva__cuda_private *priv = (const kva__cuda_private *)ctx->cuda_private;
+    /* bf16 with 16-head groups at the nearest head dim (the limits carry no dtype; f16 is the
+     * same kernel, f32 holds as many or fewer). */
+    const int idx = limits->head_dim <= 64 ? 0 : limits->head_dim <= 128 ? 1 : 2;
+    int per_sm = priv ? priv->decode_blocks_per_sm[idx][1] : 1;
+    /* Split requests into at most 2 blocks per SM: one SM streams at about its share of the
+     * memory bandwidth with 1 to 2 blocks (bench/NOTES.md), and more chunks only add merge work.
+     * Residency beyond that still helps unsplit batches, whose next blocks start while others
+     * stream. */
+    if (per_sm > 2) per_sm = 2;
+    policy->max_blocks = (int64_t)(ctx->num_sms > 0 ? ctx->num_sms : 1) * per_sm;
+    /* One 16-key tile per warp: shorter chunks leave warps idle and only add merge work. */
+    policy->min_chunk = 16 * KVA__DECODE_WARPS;
+    policy->qo_tile = kind == KVA__PLAN_DECODE ? 1 : 64;
+    return KVA_OK;
+}

@@ -1,0 +1,646 @@
+/*
+ * decode_kernel.cuh -- the batched paged decode kernel (one query token per request), with the
+ * split-KV merge fused into its epilogue. Included by decode_bf16.cu / decode_f16.cu /
+ * decode_f32.cu, which instantiate it per head dim so the builds run in parallel.
+ *
+ * Work split
+ *   unit  = one (work item, KV head): work item w is (request b, key chunk c) from the plan, read
+ *           from the device part of the workspace (graph-safe: nothing that changes between
+ *           plans is a kernel argument). All g = num_qo_heads / num_kv_heads query heads of the
+ *           KV head are served together, so each K/V byte is read from memory exactly once.
+ *   grid  = persistent: min(padded_work * num_kv_heads, blocks resident at once); block i runs
+ *           units i, i + grid, i + 2*grid, ... < num_work * num_kv_heads. While a block streams
+ *           unit k it already fetches unit k+1's plan entries, page ids and query, and it issues
+ *           unit k+1's first copies before unit k's epilogue, so one SM streams without a gap
+ *           from unit to unit (blocks finishing and starting in lockstep left every SM idle for
+ *           a few microseconds per unit; see bench/NOTES.md).
+ *   block = 4 warps; warp = an independent stream over the unit's key tiles w, w+4, w+8, ...
+ *           (TOK keys each: 16 for f16/bf16, 8 for f32, i.e. 2*TOK*D*elem bytes = 8 KB at
+ *           D = 128) through its own 2-stage cp.async ring, with its own online-softmax state
+ *           (m, l, O); no block barrier inside a unit. Page ids run PFQ tiles ahead of the copies.
+ *   f16/bf16: tensor cores, transposed so the query heads are the narrow N side:
+ *           S^T[16 keys x 8 heads] = K[16 x D] * Q^T          (mma.m16n8k16, ldmatrix on K rows)
+ *           O^T[D x 8 heads]      += V^T[D x 16 keys] * P^T     (ldmatrix.trans on V rows; P^T from
+ *           S^T's accumulators by movmatrix.trans). Groups of 9..16 heads use two N tiles (NT=2).
+ *   f32:    CUDA cores (tensor cores would round to tf32): a lane owns D/32 dims, dot products
+ *           are reduced across the warp.
+ *   Epilogue: the 4 warp states are combined in shared memory; a request covered by one work
+ *           item writes o (and lse) directly. Otherwise the block writes its normalised partial
+ *           O and LSE (f32) to the workspace, and the last block of (request, KV head) to arrive
+ *           (atomic counter in the workspace, reset to 0 by that block so graph replays work)
+ *           merges all partial states of the request and writes o and lse.
+ *
+ * Memory traffic per run: K+V once (kv_len * num_kv_heads * D * elem * 2 summed over requests),
+ * q and o once, page ids once per tile (4 bytes per TOK keys), plus for split requests
+ * 2 * chunks * num_qo_heads * (D + 1) * 4 bytes of partial states (written, then read from L2).
+ * Scores are in log2 units (x = s * log2 e) so the softmax uses exp2.
+ */
+#ifndef KVA_DECODE_KERNEL_CUH
+#define KVA_DECODE_KERNEL_CUH
+
+#include "cuda_common.cuh"
+#include "decode_kernels.h"
+
+#ifndef KVA__DECODE_STAGES
+#define KVA__DECODE_STAGES 2 /* cp.async ring depth per warp; 2 keeps 2 blocks (8 streaming warps) per SM, which matters more than depth (bench/NOTES.md) */
+#endif
+#define KVA__DECODE_PFQ 2 /* page-id lookups in flight per warp, in tiles (>= stages - 1) */
+#define KVA__LOG2E_F 1.4426950408889634f
+#define KVA__LN2_F 0.6931471805599453f
+
+/* Shared-memory geometry of the kernel for element type T, head dim D and NT query-head tiles
+ * (host and device): [query rows | per-warp cp.async rings | per-warp combine buffers]. */
+template <typename T, int D, int NT>
+struct kva__decode_geom {
+    static constexpr int ES = (int)sizeof(T);
+    static constexpr int TOK = ES == 4 ? 8 : 16;    /* keys per warp tile */
+    static constexpr int RB = D * ES;               /* bytes of one K or V row */
+    static constexpr int CPR = RB / 16;             /* 16-byte chunks per row (>= 8) */
+    static constexpr int EPC = 16 / ES;             /* elements per chunk */
+    static constexpr int TILE_BYTES = TOK * RB;     /* K (or V) of one tile */
+    static constexpr int STAGE_BYTES = 2 * TILE_BYTES;
+    static constexpr int STAGES = D >= 256 ? 2 : KVA__DECODE_STAGES; /* 16 KB tiles at D = 256 */
+    static constexpr int WARP_RING = STAGES * STAGE_BYTES;
+    static constexpr int Q_ROWS = 16;               /* the largest GQA group */
+    static constexpr int Q_BYTES = Q_ROWS * RB;
+    static constexpr int GM = 8 * NT;               /* query heads a warp state holds */
+    static constexpr int OROW = D + 4;              /* padded f32 row of a combine buffer */
+    static constexpr int WARP_COMBINE = GM * OROW + 2 * GM; /* floats: O rows, m, l */
+    static constexpr int RING_OFF = Q_BYTES;
+    static constexpr int COMBINE_OFF = RING_OFF + KVA__DECODE_WARPS * WARP_RING;
+    static constexpr int SMEM = COMBINE_OFF + KVA__DECODE_WARPS * WARP_COMBINE * 4;
+    static_assert(CPR >= 8, "swizzle needs 8 chunks per row");
+};
+
+/* What a block knows about one unit (work item w, KV head kh) before streaming it. */
+typedef struct kva__unit {
+    int w, kh, b;
+    int start, end;           /* visible keys of the chunk */
+    int page_beg;             /* the request's first entry in the page-index array */
+    int item_beg, item_end;   /* the request's work items (its partial states) */
+    int my_n;                 /* this warp's tiles */
+} kva__unit;
+
+/* Byte offset of 16-byte chunk c of row r in a swizzled tile (row r's chunks XOR r mod 8), so
+ * 8 rows read at one column by ldmatrix hit 8 different bank groups. */
+template <int RB>
+__device__ __forceinline__ uint32_t kva__swz(int r, int c) {
+    return (uint32_t)(r * RB + ((c ^ (r & 7)) << 4));
+}
+
+/* Reads the D/32 f32 values lane `lane` owns (dims lane*D/32 ...) of swizzled row r. */
+template <int D>
+__device__ __forceinline__ void kva__load_lane_f32(const unsigned char *base, int r, int lane,
+                                                   float *out) {
+    constexpr int VPL = D / 32, RB = D * 4;
+    if constexpr (VPL == 2) {
+        int e = lane * 2;
+        float2 x = *reinterpret_cast<const float2 *>(base + kva__swz<RB>(r, e >> 2) + (e & 3) * 4);
+        out[0] = x.x; out[1] = x.y;
+    } else {
+#pragma unroll
+        for (int c = 0; c < VPL / 4; ++c) {
+            float4 x = *reinterpret_cast<const float4 *>(base + kva__swz<RB>(r, lane * (VPL / 4) + c));
+            out[4 * c] = x.x; out[4 * c + 1] = x.y; out[4 * c + 2] = x.z; out[4 * c + 3] = x.w;
+        }
+    }
+}
+
+/* tanh to about 1e-7 absolute: under --use_fast_math tanhf becomes tanh.approx (relative
+ * error ~5e-4), too coarse for f32 results. */
+__device__ __forceinline__ float kva__tanh(float x) {
+    const float e = exp2f(fabsf(x) * 2.8853900817779268f); /* exp(2|x|) */
+    return copysignf(1.0f - __fdividef(2.0f, e + 1.0f), x);
+}
+
+/* Score of a raw dot product, in log2 units, with the optional soft cap. */
+__device__ __forceinline__ float kva__score(const kva__decode_args &a, float dot) {
+    if (a.cap_log2 > 0.0f) return a.cap_log2 * kva__tanh(dot * a.cap_inv_scale);
+    return dot * a.scale_log2;
+}
+
+/* Stores 4 consecutive f32 values as T (8 or 16 bytes, aligned since d % 4 == 0). */
+template <typename T>
+__device__ __forceinline__ void kva__store4(T *dst, float4 v) {
+    if constexpr (sizeof(T) == 4) {
+        *reinterpret_cast<float4 *>(dst) = v;
+    } else {
+        uint2 p;
+        p.x = kva__pack2<T>(v.x, v.y);
+        p.y = kva__pack2<T>(v.z, v.w);
+        *reinterpret_cast<uint2 *>(dst) = p;
+    }
+}
+
+/* Plan entries of unit u (two dependent rounds of small loads, normally L2 hits). */
+template <int TOK>
+__device__ __forceinline__ void kva__load_unit(const kva__decode_args &a, int u, int chunk, int warp,
+                                               kva__unit &m) {
+    const int H = a.num_kv_heads;
+    m.w = u / H;
+    m.kh = u - m.w * H;
+    m.b = __ldg(a.ints + a.off_request + m.w);
+    const int chunk_idx = __ldg(a.ints + a.off_kv_tile + m.w);
+    const int kv_len = __ldg(a.ints + a.off_kv_len + m.b);
+    m.page_beg = __ldg(a.ints + a.off_kv_indptr + m.b);
+    m.item_beg = __ldg(a.ints + a.off_group_indptr + m.b);
+    m.item_end = __ldg(a.ints + a.off_group_indptr + m.b + 1);
+    /* decode's query sits at kv_len-1, so causality never hides a key; a sliding window hides
+     * the oldest ones */
+    const int64_t lo = a.window_left >= 0 ? (int64_t)kv_len - 1 - a.window_left : 0;
+    const int64_t c0 = (int64_t)chunk_idx * chunk;
+    m.start = (int)(c0 > lo ? c0 : (lo > 0 ? lo : 0));
+    m.end = (int)(c0 + chunk < kv_len ? c0 + chunk : kv_len);
+    const int tiles = m.end > m.start ? (m.end - m.start + TOK - 1) / TOK : 0;
+    m.my_n = tiles > warp ? (tiles - warp + KVA__DECODE_WARPS - 1) / KVA__DECODE_WARPS : 0;
+}
+
+template <typename T, int D, int NT>
+__global__ void __launch_bounds__(KVA__DECODE_THREADS)
+    kva__decode_kernel(const __grid_constant__ kva__decode_args a) {
+    using G = kva__decode_geom<T, D, NT>;
+    constexpr int TOK = G::TOK, RB = G::RB, CPR = G::CPR, EPC = G::EPC, GM = G::GM;
+    constexpr int STAGES = G::STAGES, WARPS = KVA__DECODE_WARPS, PFQ = KVA__DECODE_PFQ;
+    static_assert(PFQ >= STAGES - 1, "page ids must be ready before their tile is issued");
+    constexpr bool MMA = sizeof(T) == 2;
+    extern __shared__ __align__(128) unsigned char smem[];
+    __shared__ int s_last;
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int num_work = __ldg(&a.hdr->num_work);
+    const int chunk = __ldg(&a.hdr->kv_chunk_size);
+    const int num_units = num_work * a.num_kv_heads;
+    int u = blockIdx.x;
+    if (u >= num_units) return;
+
+    const int g = a.group, Hq = a.num_qo_heads;
+    unsigned char *q_smem = smem;
+    unsigned char *ring = smem + G::RING_OFF;
+    float *combine = reinterpret_cast<float *>(smem + G::COMBINE_OFF);
+    const uint32_t warp_ring = kva__smem_addr(ring) + warp * G::WARP_RING;
+    const uint64_t stream_policy = kva__l2_evict_first();
+    const int ps = a.page_size;
+    const int my_tok = lane % TOK; /* lane i < TOK computes the address of key i of a tile */
+
+    /* Page id of this lane's key of my tile i of unit m (ok = false past the unit's end). */
+    auto load_pid = [&](const kva__unit &m, int i, int &pid, int &slot, bool &ok) {
+        const int pos = m.start + (warp + WARPS * i) * TOK + my_tok;
+        ok = i < m.my_n && pos < m.end;
+        pid = 0;
+        slot = 0;
+        if (ok) {
+            const int p = pos / ps;
+            slot = pos - p * ps;
+            pid = __ldg(a.ints + a.off_page_indices + m.page_beg + p);
+        }
+    };
+    auto row_offset = [&](int pid, int slot, bool ok) -> int64_t {
+        return ok ? (int64_t)pid * a.p_sp + (int64_t)slot * a.p_st : (int64_t)-1;
+    };
+    /* Copies a tile's K and V rows (this lane's offset `off` is key my_tok's row) into a stage. */
+    auto issue = [&](int stage, int64_t off, int kh) {
+        const uint32_t kdst = warp_ring + stage * G::STAGE_BYTES;
+        const uint32_t vdst = kdst + G::TILE_BYTES;
+        const T *kbase = (const T *)a.k + (int64_t)kh * a.p_sh;
+        const T *vbase = (const T *)a.v + (int64_t)kh * a.p_sh;
+#pragma unroll
+        for (int it = 0; it < TOK * CPR / 32; ++it) {
+            const int qd = lane + 32 * it, r = qd / CPR, c = qd % CPR;
+            const int64_t ro = __shfl_sync(0xffffffffu, off, r);
+            const bool ok = ro >= 0;
+            const int64_t e = (ok ? ro : 0) + c * EPC;
+            kva__cp_async16(kdst + kva__swz<RB>(r, c), kbase + e, ok, stream_policy);
+            kva__cp_async16(vdst + kva__swz<RB>(r, c), vbase + e, ok, stream_policy);
+        }
+    };
+    /* The query rows of a unit's group (rows >= g are zeros), into registers. */
+    constexpr int QV = (G::Q_ROWS * CPR + KVA__DECODE_THREADS - 1) / KVA__DECODE_THREADS;
+    uint4 qv[QV];
+    auto load_q = [&](const kva__unit &m) {
+        const T *qb = (const T *)a.q + (int64_t)m.b * a.q_st + (int64_t)(m.kh * g) * a.q_sh;
+#pragma unroll
+        for (int j = 0; j < QV; ++j) {
+            const int i = tid + j * KVA__DECODE_THREADS, r = i / CPR, c = i % CPR;
+            qv[j] = make_uint4(0, 0, 0, 0);
+            if (i < G::Q_ROWS * CPR && r < g)
+                qv[j] = __ldg(reinterpret_cast<const uint4 *>(qb + r * a.q_sh + c * EPC));
+        }
+    };
+
+    /* Page-id queue of the unit being streamed: my tile t sits in slot t % PFQ; the main loop is
+     * unrolled by PFQ so slot indices are compile-time constants and slots are refilled in place
+     * (moving a register whose load is still in flight would make the warp wait for it). */
+    int q_pid[PFQ], q_slot[PFQ];
+    bool q_ok[PFQ];
+    /* The same for the next unit: its prologue tiles and its queue, fetched a unit ahead. */
+    int n_pid[STAGES - 1 + PFQ], n_slot[STAGES - 1 + PFQ];
+    bool n_ok[STAGES - 1 + PFQ];
+
+    kva__unit cur;
+    kva__load_unit<TOK>(a, u, chunk, warp, cur);
+    load_q(cur);
+#pragma unroll
+    for (int t = 0; t < STAGES - 1 + PFQ; ++t) load_pid(cur, t, n_pid[t], n_slot[t], n_ok[t]);
+#pragma unroll
+    for (int t = 0; t < STAGES - 1; ++t) { /* the first unit's prologue */
+        if (t < cur.my_n) issue(t, row_offset(n_pid[t], n_slot[t], n_ok[t]), cur.kh);
+        kva__cp_async_commit();
+    }
+
+    for (;;) {
+        /* ---- start of unit `cur`: its prologue copies are in flight ---- */
+#pragma unroll
+        for (int t = STAGES - 1; t < STAGES - 1 + PFQ; ++t) {
+            q_pid[t % PFQ] = n_pid[t];
+            q_slot[t % PFQ] = n_slot[t];
+            q_ok[t % PFQ] = n_ok[t];
+        }
+#pragma unroll
+        for (int j = 0; j < QV; ++j) {
+            const int i = tid + j * KVA__DECODE_THREADS;
+            if (i < G::Q_ROWS * CPR) *reinterpret_cast<uint4 *>(q_smem + kva__swz<RB>(i / CPR, i % CPR)) = qv[j];
+        }
+        __syncthreads();
+
+        /* The next unit's plan entries, page ids and query: waited for here, while this unit's
+         * first copies are in flight. */
+        const int un = u + (int)gridDim.x;
+        const bool has_next = un < num_units;
+        kva__unit nxt;
+        nxt.my_n = 0;
+        if (has_next) {
+            kva__load_unit<TOK>(a, un, chunk, warp, nxt);
+#pragma unroll
+            for (int t = 0; t < STAGES - 1 + PFQ; ++t) load_pid(nxt, t, n_pid[t], n_slot[t], n_ok[t]);
+            load_q(nxt);
+        }
+
+        /* Online-softmax state. f16/bf16: per thread, head nt*8 + 2*(lane%4) + j in slot
+         * nt*2 + j, l summed over this lane's keys only (reduced across the warp at the end).
+         * f32: per head, uniform across the warp. */
+        float m_st[GM], l_st[GM];
+#pragma unroll
+        for (int h = 0; h < GM; ++h) { m_st[h] = -INFINITY; l_st[h] = 0.0f; }
+        constexpr int OACC = MMA ? (D / 16) * NT * 4 : GM * (D / 32);
+        float o_acc[OACC];
+#pragma unroll
+        for (int i = 0; i < OACC; ++i) o_acc[i] = 0.0f;
+
+        /* Q fragments (B operand of S^T = K Q^T) stay in registers when they are few. */
+        constexpr bool QREG = MMA && NT * D <= 256;
+        uint32_t qf[QREG ? NT * (D / 16) * 2 : 1];
+        if constexpr (QREG) {
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                for (int k2 = 0; k2 < D / 32; ++k2) {
+                    uint32_t r[4];
+                    kva__ldmatrix_x4(r, kva__smem_addr(q_smem) + kva__swz<RB>(nt * 8 + (lane & 7), k2 * 4 + (lane >> 3)));
+                    uint32_t *f = qf + (nt * (D / 16) + 2 * k2) * 2;
+                    f[0] = r[0]; f[1] = r[1]; f[2] = r[2]; f[3] = r[3];
+                }
+        }
+
+        const int end = cur.end, my_n = cur.my_n;
+        for (int i0 = 0; i0 < my_n; i0 += PFQ)
+#pragma unroll
+        for (int uu = 0; uu < PFQ; ++uu) {
+            const int i = i0 + uu;
+            if (i >= my_n) break;
+            {
+                /* tile i+STAGES-1 sits in slot (uu+STAGES-1) % PFQ since i0 % PFQ == 0 */
+                const int j = (uu + STAGES - 1) % PFQ;
+                const int64_t off = row_offset(q_pid[j], q_slot[j], q_ok[j]);
+                load_pid(cur, i + STAGES - 1 + PFQ, q_pid[j], q_slot[j], q_ok[j]);
+                if (i + STAGES - 1 < my_n) issue((i + STAGES - 1) % STAGES, off, cur.kh);
+                kva__cp_async_commit();
+            }
+            kva__cp_async_wait<STAGES - 1>();
+            __syncwarp();
+            const int stage = i % STAGES;
+            const unsigned char *ks = ring + warp * G::WARP_RING + stage * G::STAGE_BYTES;
+            const unsigned char *vs = ks + G::TILE_BYTES;
+            const uint32_t ks_s = warp_ring + stage * G::STAGE_BYTES, vs_s = ks_s + G::TILE_BYTES;
+            const int tstart = cur.start + (warp + WARPS * i) * TOK;
+
+            if constexpr (MMA) {
+                /* S^T[key][head] = sum_d K[key][d] Q[head][d] */
+                float s[NT][4];
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+#pragma unroll
+                for (int k2 = 0; k2 < D / 32; ++k2) {
+                    uint32_t qb[NT][4];
+                    if constexpr (QREG) {
+#pragma unroll
+                        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                            for (int j = 0; j < 4; ++j) qb[nt][j] = qf[(nt * (D / 16) + 2 * k2) * 2 + j];
+                    } else {
+#pragma unroll
+                        for (int nt = 0; nt < NT; ++nt)
+                            kva__ldmatrix_x4(qb[nt], kva__smem_addr(q_smem) + kva__swz<RB>(nt * 8 + (lane & 7), k2 * 4 + (lane >> 3)));
+                    }
+#pragma unroll
+                    for (int kk = 0; kk < 2; ++kk) {
+                        uint32_t ka[4];
+                        kva__ldmatrix_x4(ka, ks_s + kva__swz<RB>(lane & 15, (2 * k2 + kk) * 2 + (lane >> 4)));
+#pragma unroll
+                        for (int nt = 0; nt < NT; ++nt)
+                            kva__mma16816<T>(s[nt], ka, qb[nt][2 * kk], qb[nt][2 * kk + 1]);
+                    }
+                }
+                /* Online softmax over the 16 keys of this tile, per head column. */
+                const bool v0 = tstart + (lane >> 2) < end, v1 = tstart + (lane >> 2) + 8 < end;
+                uint32_t pb[NT][2];
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt) {
+                    float p[4];
+#pragma unroll
+                    for (int j = 0; j < 2; ++j) {
+                        float x0 = v0 ? kva__score(a, s[nt][j]) : -INFINITY;
+                        float x1 = v1 ? kva__score(a, s[nt][j + 2]) : -INFINITY;
+                        float mx = fmaxf(x0, x1);
+                        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+                        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
+                        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+                        const int h = nt * 2 + j; /* state slot of head nt*8 + 2*(lane%4) + j */
+                        const float m_new = fmaxf(m_st[h], mx);
+                        const float m_use = m_new == -INFINITY ? 0.0f : m_new;
+                        const float alpha = exp2f(m_st[h] - m_use);
+                        p[j] = exp2f(x0 - m_use);
+                        p[j + 2] = exp2f(x1 - m_use);
+                        l_st[h] = l_st[h] * alpha + p[j] + p[j + 2];
+                        m_st[h] = m_new;
+#pragma unroll
+                        for (int md = 0; md < D / 16; ++md) {
+                            o_acc[(md * NT + nt) * 4 + j] *= alpha;
+                            o_acc[(md * NT + nt) * 4 + j + 2] *= alpha;
+                        }
+                    }
+                    pb[nt][0] = kva__movmatrix_trans(kva__pack2<T>(p[0], p[1]));
+                    pb[nt][1] = kva__movmatrix_trans(kva__pack2<T>(p[2], p[3]));
+                }
+                /* O^T[d][head] += sum_key V[key][d] P[head][key] */
+#pragma unroll
+                for (int md = 0; md < D / 16; ++md) {
+                    uint32_t va[4];
+                    kva__ldmatrix_x4_trans(va, vs_s + kva__swz<RB>(((lane >> 4) << 3) + (lane & 7), 2 * md + ((lane >> 3) & 1)));
+#pragma unroll
+                    for (int nt = 0; nt < NT; ++nt)
+                        kva__mma16816<T>(&o_acc[(md * NT + nt) * 4], va, pb[nt][0], pb[nt][1]);
+                }
+            } else {
+                constexpr int VPL = D / 32;
+                const int nvalid = end - tstart < TOK ? end - tstart : TOK;
+                for (int t = 0; t < nvalid; ++t) {
+                    float kv[VPL], vv[VPL];
+                    kva__load_lane_f32<D>(ks, t, lane, kv);
+                    kva__load_lane_f32<D>(vs, t, lane, vv);
+#pragma unroll
+                    for (int h = 0; h < GM; ++h) {
+                        if (h < g) {
+                            float qq[VPL];
+                            kva__load_lane_f32<D>(q_smem, h, lane, qq);
+                            float dot = 0.0f;
+#pragma unroll
+                            for (int e = 0; e < VPL; ++e) dot = fmaf(qq[e], kv[e], dot);
+#pragma unroll
+                            for (int sh = 16; sh >= 1; sh >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, sh);
+                            const float x = kva__score(a, dot);
+                            const float m_new = fmaxf(m_st[h], x);
+                            const float alpha = exp2f(m_st[h] - m_new);
+                            const float p = exp2f(x - m_new);
+                            l_st[h] = l_st[h] * alpha + p;
+                            m_st[h] = m_new;
+#pragma unroll
+                            for (int e = 0; e < VPL; ++e)
+                                o_acc[h * VPL + e] = fmaf(p, vv[e], o_acc[h * VPL + e] * alpha);
+                        }
+                    }
+                }
+            }
+            __syncwarp(); /* every lane is done with this stage before it is refilled */
+        }
+
+        /* ---- this warp's ring is free: start the next unit's copies now ---- */
+#pragma unroll
+        for (int t = 0; t < STAGES - 1; ++t) {
+            if (t < nxt.my_n) issue(t, row_offset(n_pid[t], n_slot[t], n_ok[t]), nxt.kh);
+            kva__cp_async_commit();
+        }
+
+        /* ---- this warp's state -> its combine buffer ---- */
+        float *cw = combine + warp * G::WARP_COMBINE;
+        float *cm = cw + GM * G::OROW, *cl = cm + GM;
+        if constexpr (MMA) {
+#pragma unroll
+            for (int h = 0; h < 2 * NT; ++h) {
+                l_st[h] += __shfl_xor_sync(0xffffffffu, l_st[h], 4);
+                l_st[h] += __shfl_xor_sync(0xffffffffu, l_st[h], 8);
+                l_st[h] += __shfl_xor_sync(0xffffffffu, l_st[h], 16);
+            }
+#pragma unroll
+            for (int md = 0; md < D / 16; ++md)
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                    for (int j = 0; j < 2; ++j) {
+                        const int head = nt * 8 + 2 * (lane & 3) + j, d0 = md * 16 + (lane >> 2);
+                        cw[head * G::OROW + d0] = o_acc[(md * NT + nt) * 4 + j];
+                        cw[head * G::OROW + d0 + 8] = o_acc[(md * NT + nt) * 4 + j + 2];
+                    }
+            if (lane < 4) {
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                    for (int j = 0; j < 2; ++j) {
+                        cm[nt * 8 + 2 * lane + j] = m_st[nt * 2 + j];
+                        cl[nt * 8 + 2 * lane + j] = l_st[nt * 2 + j];
+                    }
+            }
+        } else {
+            constexpr int VPL = D / 32;
+#pragma unroll
+            for (int h = 0; h < GM; ++h)
+                if (h < g) {
+#pragma unroll
+                    for (int e = 0; e < VPL; ++e) cw[h * G::OROW + lane * VPL + e] = o_acc[h * VPL + e];
+                    if (lane == 0) { cm[h] = m_st[h]; cl[h] = l_st[h]; }
+                }
+        }
+        __syncthreads();
+
+        /* ---- combine the 4 warps; write o directly, or this chunk's partial state ---- */
+        const int n_items = cur.item_end - cur.item_beg;
+        const int E4 = g * D / 4;
+        const int b = cur.b, kh = cur.kh;
+        for (int i = tid; i < E4; i += KVA__DECODE_THREADS) {
+            const int h = (i * 4) / D, d = (i * 4) % D;
+            float M = -INFINITY;
+#pragma unroll
+            for (int wi = 0; wi < WARPS; ++wi) M = fmaxf(M, combine[wi * G::WARP_COMBINE + GM * G::OROW + h]);
+            const float m_use = M == -INFINITY ? 0.0f : M;
+            float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+            float L = 0.0f;
+#pragma unroll
+            for (int wi = 0; wi < WARPS; ++wi) {
+                const float *cww = combine + wi * G::WARP_COMBINE;
+                const float f = exp2f(cww[GM * G::OROW + h] - m_use);
+                const float4 x = *reinterpret_cast<const float4 *>(cww + h * G::OROW + d);
+                acc.x += f * x.x; acc.y += f * x.y; acc.z += f * x.z; acc.w += f * x.w;
+                L += f * cww[GM * G::OROW + GM + h];
+            }
+            const float inv = L > 0.0f ? 1.0f / L : 0.0f;
+            acc.x *= inv; acc.y *= inv; acc.z *= inv; acc.w *= inv;
+            const float lse = L > 0.0f ? (M + __log2f(L)) * KVA__LN2_F : -INFINITY;
+            const int qh = kh * g + h;
+            if (n_items == 1) {
+                kva__store4<T>((T *)a.o + (int64_t)b * a.o_st + (int64_t)qh * a.o_sh + d, acc);
+                if (a.lse && d == 0) a.lse[(int64_t)b * Hq + qh] = lse;
+            } else {
+                *reinterpret_cast<float4 *>(a.partial_o + ((int64_t)cur.w * Hq + qh) * D + d) = acc;
+                if (d == 0) a.partial_lse[(int64_t)cur.w * Hq + qh] = lse;
+            }
+        }
+
+        if (n_items > 1) {
+            /* ---- split request: the last block of (request, KV head) merges its chunks ---- */
+            __syncthreads(); /* the partial-state stores happen before thread 0's release fence */
+            if (tid == 0) {
+                __threadfence();
+                const unsigned prev = atomicAdd(a.counters + (int64_t)b * a.num_kv_heads + kh, 1u);
+                s_last = prev == (unsigned)(n_items - 1);
+                if (s_last) {
+                    __threadfence();
+                    a.counters[(int64_t)b * a.num_kv_heads + kh] = 0u; /* ready for the next run */
+                }
+            }
+            __syncthreads();
+            if (s_last && !has_next) {
+                /* The ring and combine buffers are idle (nothing of a next unit in flight): copy
+                 * the partial states (g rows of O and LSE per chunk, contiguous) into them with
+                 * cp.async, as many chunks per batch as fit -- one L2 round trip per batch. */
+                constexpr int EPT = (GM * D / 4 + KVA__DECODE_THREADS - 1) / KVA__DECODE_THREADS; /* float4 columns per thread */
+                const int gd = g * D;
+                const int batch_cap = (G::SMEM - G::RING_OFF) / (gd * 4 + g * 4);
+                float *st_o = reinterpret_cast<float *>(ring);
+                float *st_l = st_o + (size_t)batch_cap * gd;
+                float Mx[EPT], Lx[EPT];
+                float4 acc[EPT];
+#pragma unroll
+                for (int e = 0; e < EPT; ++e) {
+                    Mx[e] = -INFINITY;
+                    Lx[e] = 0.0f;
+                    acc[e] = make_float4(0.f, 0.f, 0.f, 0.f);
+                }
+                for (int s0 = cur.item_beg; s0 < cur.item_end; s0 += batch_cap) {
+                    const int nb = cur.item_end - s0 < batch_cap ? cur.item_end - s0 : batch_cap;
+                    for (int i = tid; i < nb * (gd / 4); i += KVA__DECODE_THREADS) {
+                        const int st = i / (gd / 4), e = i - st * (gd / 4);
+                        const float *src = a.partial_o + ((int64_t)(s0 + st) * Hq + kh * g) * D + e * 4;
+                        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(kva__smem_addr(st_o + (size_t)st * gd + e * 4)),
+                                     "l"(src)
+                                     : "memory");
+                    }
+                    kva__cp_async_commit();
+                    for (int i = tid; i < nb * g; i += KVA__DECODE_THREADS) {
+                        const int st = i / g, h = i - st * g;
+                        st_l[i] = __ldcg(a.partial_lse + (int64_t)(s0 + st) * Hq + kh * g + h) * KVA__LOG2E_F;
+                    }
+                    kva__cp_async_wait<0>();
+                    __syncthreads();
+#pragma unroll
+                    for (int e = 0; e < EPT; ++e) {
+                        const int i = tid + e * KVA__DECODE_THREADS;
+                        if (i < gd / 4) {
+                            const int h = (i * 4) / D;
+                            for (int st = 0; st < nb; ++st) {
+                                const float ls = st_l[st * g + h];
+                                const float4 x = *reinterpret_cast<const float4 *>(st_o + (size_t)st * gd + i * 4);
+                                const float m_new = fmaxf(Mx[e], ls);
+                                const float m_use = m_new == -INFINITY ? 0.0f : m_new;
+                                const float scale = exp2f(Mx[e] - m_use), f = exp2f(ls - m_use);
+                                acc[e].x = acc[e].x * scale + f * x.x;
+                                acc[e].y = acc[e].y * scale + f * x.y;
+                                acc[e].z = acc[e].z * scale + f * x.z;
+                                acc[e].w = acc[e].w * scale + f * x.w;
+                                Lx[e] = Lx[e] * scale + f;
+                                Mx[e] = m_new;
+                            }
+                        }
+                    }
+                    __syncthreads(); /* the batch buffer is refilled next */
+                }
+#pragma unroll
+                for (int e = 0; e < EPT; ++e) {
+                    const int i = tid + e * KVA__DECODE_THREADS;
+                    if (i < gd / 4) {
+                        const int h = (i * 4) / D, d = (i * 4) % D, qh = kh * g + h;
+                        const float inv = Lx[e] > 0.0f ? 1.0f / Lx[e] : 0.0f;
+                        float4 o4 = acc[e];
+                        o4.x *= inv; o4.y *= inv; o4.z *= inv; o4.w *= inv;
+                        kva__store4<T>((T *)a.o + (int64_t)b * a.o_st + (int64_t)qh * a.o_sh + d, o4);
+                        if (a.lse && d == 0)
+                            a.lse[(int64_t)b * Hq + qh] = Lx[e] > 0.0f ? (Mx[e] + __log2f(Lx[e])) * KVA__LN2_F : -INFINITY;
+                    }
+                }
+            } else if (s_last) {
+                /* A next unit's copies occupy the ring: merge straight from L2, MB states per
+                 * round trip. (Split plans give each block one unit, so this is rare.) */
+                for (int i = tid; i < E4; i += KVA__DECODE_THREADS) {
+                    const int h = (i * 4) / D, d = (i * 4) % D, qh = kh * g + h;
+                    float M = -INFINITY, L = 0.0f;
+                    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+                    /* States in batches of MB whose loads are all issued before any is used. */
+                    constexpr int MB = 8;
+                    for (int s0 = cur.item_beg; s0 < cur.item_end; s0 += MB) {
+                        float ls[MB];
+                        float4 x[MB];
+#pragma unroll
+                        for (int j = 0; j < MB; ++j) {
+                            const int st = s0 + j < cur.item_end ? s0 + j : cur.item_end - 1;
+                            ls[j] = __ldcg(a.partial_lse + (int64_t)st * Hq + qh) * KVA__LOG2E_F;
+                            x[j] = __ldcg(reinterpret_cast<const float4 *>(a.partial_o + ((int64_t)st * Hq + qh) * D + d));
+                            if (s0 + j >= cur.item_end) ls[j] = -INFINITY;
+                        }
+#pragma unroll
+                        for (int j = 0; j < MB; ++j) {
+                            const float m_new = fmaxf(M, ls[j]);
+                            const float m_use = m_new == -INFINITY ? 0.0f : m_new;
+                            const float scale = exp2f(M - m_use), f = exp2f(ls[j] - m_use);
+                            acc.x = acc.x * scale + f * x[j].x;
+                            acc.y = acc.y * scale + f * x[j].y;
+                            acc.z = acc.z * scale + f * x[j].z;
+                            acc.w = acc.w * scale + f * x[j].w;
+                            L = L * scale + f;
+                            M = m_new;
+                        }
+                    }
+                    const float inv = L > 0.0f ? 1.0f / L : 0.0f;
+                    acc.x *= inv; acc.y *= inv; acc.z *= inv; acc.w *= inv;
+                    kva__store4<T>((T *)a.o + (int64_t)b * a.o_st + (int64_t)qh * a.o_sh + d, acc);
+                    if (a.lse && d == 0)
+                        a.lse[(int64_t)b * Hq + qh] = L > 0.0f ? (M + __log2f(L)) * KVA__LN2_F : -INFINITY;
+                }
+            }
+        }
+        if (!has_next) break;
+        __syncthreads(); /* combine buffers and the query rows are rewritten for the next unit */
+        u = un;
+        cur = nxt;
+    }
+}
+
+/* Instantiates the kernels of one element type and head dim, and the lookups the launcher
+ * calls (declared in decode_kernels.h). */
+#define KVA__DECODE_INSTANTIATE(T, D, NAME)                                                    \
+    const void *NAME(int nt) {                                                                 \
+        return nt == 1 ? (const void *)kva__decode_kernel<T, D, 1>                              \
+                       : (const void *)kva__decode_kernel<T, D, 2>;                             \
+    }                                                                                          \
+    int NAME##_smem(int nt) {                                                                  \
+        return nt == 1 ? kva__decode_geom<T, D, 1>::SMEM : kva__decode_geom<T, D, 2>::SMEM;     \
+    }
+
+#endif /* KVA_DECODE_KERNEL_CUH */

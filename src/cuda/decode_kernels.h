@@ -1,0 +1,66 @@
+/*
+ * decode_kernels.h -- what the decode launcher (decode_launch.cu) needs from the kernel
+ * instantiation files: the kernel argument block and one lookup per (element type, head dim).
+ * C++ only (included by .cu files).
+ */
+#ifndef KVA_CUDA_DECODE_KERNELS_H
+#define KVA_CUDA_DECODE_KERNELS_H
+
+#include <stdint.h>
+#include "kvattn.h"
+#include "../plan/workspace_layout.h"
+
+/* Warps per decode block; each streams its own key tiles. */
+#define KVA__DECODE_WARPS 4
+#define KVA__DECODE_THREADS (32 * KVA__DECODE_WARPS)
+
+/* Everything a decode kernel reads that is fixed for a workspace and a layer (so a captured
+ * graph may bake it in). Whatever changes between plans is read from hdr / ints on the device. */
+typedef struct kva__decode_args {
+    const void *q;
+    int64_t q_st, q_sh;          /* elements */
+    void *o;
+    int64_t o_st, o_sh;
+    const void *k, *v;
+    int64_t p_sp, p_st, p_sh;    /* page, token, head strides of the pool (elements) */
+    float *lse;                  /* NULL or [batch][num_qo_heads] */
+    const kva__plan_header *hdr; /* device part: header */
+    const int32_t *ints;         /* device part: int section */
+    int64_t off_request, off_kv_tile, off_group_indptr, off_kv_indptr, off_page_indices,
+        off_kv_len;              /* int32 offsets into ints (fixed by the workspace's limits) */
+    float *partial_o;            /* f32 [work][num_qo_heads][D] */
+    float *partial_lse;          /* f32 [work][num_qo_heads] */
+    unsigned *counters;          /* u32 [batch][num_kv_heads], zero between runs */
+    int32_t num_qo_heads, num_kv_heads, group, page_size, window_left;
+    float scale_log2;            /* sm_scale * log2(e), used without a soft cap */
+    float cap_log2;              /* soft cap * log2(e), or 0 for none */
+    float cap_inv_scale;         /* sm_scale / soft cap */
+} kva__decode_args;
+
+/* Kernel for groups of up to 8 (nt = 1) or 16 (nt = 2) query heads per KV head, and the
+ * dynamic shared memory it needs. */
+const void *kva__decode_bf16_d64(int nt);
+const void *kva__decode_bf16_d128(int nt);
+const void *kva__decode_bf16_d256(int nt);
+const void *kva__decode_f16_d64(int nt);
+const void *kva__decode_f16_d128(int nt);
+const void *kva__decode_f16_d256(int nt);
+const void *kva__decode_f32_d64(int nt);
+const void *kva__decode_f32_d128(int nt);
+const void *kva__decode_f32_d256(int nt);
+int kva__decode_bf16_d64_smem(int nt);
+int kva__decode_bf16_d128_smem(int nt);
+int kva__decode_bf16_d256_smem(int nt);
+int kva__decode_f16_d64_smem(int nt);
+int kva__decode_f16_d128_smem(int nt);
+int kva__decode_f16_d256_smem(int nt);
+int kva__decode_f32_d64_smem(int nt);
+int kva__decode_f32_d128_smem(int nt);
+int kva__decode_f32_d256_smem(int nt);
+
+/* The decode kernel for (dtype, head_dim, nt) with its dynamic shared memory and the blocks of
+ * it one SM of ctx's device holds at once (cuda_context.cu); NULL if there is none. */
+const void *kva__decode_kernel_for(const kva_context *ctx, kva_dtype dtype, int head_dim, int nt,
+                                   int *smem, int *blocks_per_sm);
+
+#endif /* KVA_CUDA_DECODE_KERNELS_H */

@@ -1,0 +1,83 @@
+/*
+ * decode_launch.cu -- kva__cuda_decode_run: picks the decode kernel for (dtype, head dim, GQA
+ * group) and launches it once on the context stream (the split-KV merge is fused into it).
+ *
+ * The grid is persistent: min(padded_work x num_kv_heads, blocks resident at once), each block
+ * looping over (work item, KV head) units (decode_kernel.cuh). Kernel arguments hold only what is fixed
+ * for a workspace and a layer (pointers, strides, offsets of the workspace's int arrays, the
+ * attention variant); counts, lengths and page ids are read from the workspace's device part,
+ * so a run captured in a CUDA graph replays correctly after re-planning into the same workspace.
+ */
+#include "cuda_common.cuh"
+#include "decode_kernels.h"
+
+#include <math.h>
+
+extern "C" kva_status kva__cuda_decode_run(kva_context *ctx, const kva_plan *plan,
+                                           const kva_attn_params *params, kva_tensor q,
+                                           const kva_kv_pages *pages, kva_tensor o, float *lse) {
+    const int Hq = params->num_qo_heads, Hk = params->num_kv_heads, D = params->head_dim;
+    const int group = Hq / Hk;
+    int smem = 0, per_sm = 1;
+    const void *fn = kva__decode_kernel_for(ctx, pages->dtype, D, group <= 8 ? 1 : 2, &smem, &per_sm);
+    if (!fn)
+        return kva__fail(KVA_ERR_UNSUPPORTED, "decode on CUDA: %s with head_dim %d is not built",
+                         kva_dtype_name(pages->dtype), D);
+    /* Persistent grid: every block resident at once, each looping over (work item, KV head)
+     * units; never more blocks than the plan (padded for graphs) has units. */
+    const int64_t units = (int64_t)plan->padded_work * Hk;
+    if (units == 0) return KVA_OK;
+    if (units > 0x7fffffff)
+        return kva__fail(KVA_ERR_BAD_SHAPE, "decode on CUDA: %lld (work item, KV head) units exceed 2^31",
+                         (long long)units);
+    const int64_t resident = (int64_t)(ctx->num_sms > 0 ? ctx->num_sms : 1) * per_sm;
+    const int64_t blocks = units < resident ? units : resident;
+    KVA_TRY(kva__cuda_use_device(ctx));
+
+    const kva__plan_header *h = kva__plan_header_of(plan->workspace.host);
+    unsigned char *dev = (unsigned char *)plan->workspace.device;
+    kva__decode_args a;
+    a.q = q.data;
+    a.q_st = q.stride_token;
+    a.q_sh = q.stride_head;
+    a.o = o.data;
+    a.o_st = o.stride_token;
+    a.o_sh = o.stride_head;
+    a.k = pages->k_data;
+    a.v = pages->v_data;
+    a.p_sp = pages->stride_page;
+    a.p_st = pages->stride_token;
+    a.p_sh = pages->stride_head;
+    a.lse = lse;
+    a.hdr = (const kva__plan_header *)dev;
+    a.ints = kva__plan_ints(dev);
+    a.off_request = h->off_request;
+    a.off_kv_tile = h->off_kv_tile;
+    a.off_group_indptr = h->off_group_indptr;
+    a.off_kv_indptr = h->off_kv_indptr;
+    a.off_page_indices = h->off_page_indices;
+    a.off_kv_len = h->off_kv_len;
+    a.partial_o = (float *)(dev + h->off_partial_o);
+    a.partial_lse = (float *)(dev + h->off_partial_lse);
+    a.counters = (unsigned *)(dev + h->off_counters);
+    a.num_qo_heads = Hq;
+    a.num_kv_heads = Hk;
+    a.group = group;
+    a.page_size = h->page_size;
+    a.window_left = params->window_left < 0 ? -1 : params->window_left;
+    const float sm_scale = params->sm_scale > 0 ? params->sm_scale : 1.0f / sqrtf((float)D);
+    const float log2e = 1.4426950408889634f;
+    a.scale_log2 = sm_scale * log2e;
+    if (params->logits_soft_cap > 0) {
+        a.cap_log2 = params->logits_soft_cap * log2e;
+        a.cap_inv_scale = sm_scale / params->logits_soft_cap;
+    } else {
+        a.cap_log2 = 0.0f;
+        a.cap_inv_scale = 0.0f;
+    }
+
+    void *args[] = {&a};
+    KVA_CUDA_TRY(cudaLaunchKernel(fn, dim3((unsigned)blocks), dim3(KVA__DECODE_THREADS), args,
+                                  (size_t)smem, kva__stream(ctx)));
+    return KVA_OK;
+}

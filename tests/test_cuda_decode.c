@@ -1,0 +1,236 @@
+/*
+ * test_cuda_decode.c -- GPU batched paged decode against the float64 reference, through the
+ * public API: every dtype x head dim x page size (1, 3, 16, 64) x batch (1, 7, 37), with lengths
+ * 0 / 1 / odd / long, shuffled physical pages, all pool layouts, GQA groups 1..16, the attention
+ * variants (sliding window, soft cap, custom scale), split and unsplit plans, LSE, and poisoned
+ * outputs that must be fully written. KVA_TEST_QUICK=1 (sanitizer runs) shrinks the sweep.
+ */
+#include "harness.h"
+#include "test_cuda_util.h"
+#include "test_util.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct decode_case {
+    kva_dtype dtype;
+    int32_t head_dim, page_size, batch, num_qo_heads, num_kv_heads, layout, max_len;
+    int variant;   /* 0 plain, 1 sliding window, 2 soft cap, 3 causal + custom scale */
+    int plan_mode; /* 0 split by the planner, 1 KVA_PLAN_NO_SPLIT, 2 fixed chunk of 37 keys */
+    bool with_lse;
+} decode_case;
+
+static const char *variant_name(int v) {
+    static const char *n[] = {"plain", "window", "softcap", "causal+scale"};
+    return n[v & 3];
+}
+
+static bool quick(void) {
+    const char *e = getenv("KVA_TEST_QUICK");
+    return e && e[0] == '1';
+}
+
+/* Plans and runs one case; compares o (and lse) against the reference. */
+static void run_case(kva_context *ctx, kva_rng *rng, const decode_case *c, const int32_t *lens_in) {
+    const int failures_before = kva_test_failures;
+    const int32_t B = c->batch, Hq = c->num_qo_heads, Hk = c->num_kv_heads, D = c->head_dim;
+    int32_t *lens = kva_test_alloc(sizeof(int32_t) * (size_t)(B > 0 ? B : 1));
+    for (int32_t b = 0; b < B; ++b) lens[b] = lens_in ? lens_in[b] : cuda_test_pick_len(rng, c->max_len);
+
+    cuda_paged_batch pb;
+    cuda_test_workspace w = {0};
+    void *q_dev = NULL, *o_dev = NULL, *q_host = NULL, *o_host = NULL;
+    float *lse_dev = NULL, *lse_host = NULL;
+    double *o_ref = NULL, *lse_ref = NULL;
+    if (!cuda_paged_batch_make(ctx, rng, c->dtype, B, lens, Hk, D, c->page_size, c->layout, &pb))
+        goto done;
+
+    kva_attn_params p = kva_attn_params_default(Hq, Hk, D);
+    if (c->variant == 1) p.window_left = kva_rng_int(rng, 0, c->max_len);
+    if (c->variant == 2) p.logits_soft_cap = kva_rng_uniform(rng, 0.5f, 3.0f);
+    if (c->variant == 3) {
+        p.causal = 1;
+        p.sm_scale = kva_rng_uniform(rng, 0.05f, 0.4f);
+    }
+
+    kva_plan_limits lim = {0};
+    lim.max_batch = B + 2;
+    lim.max_total_pages = pb.indptr[B] + 5;
+    lim.num_qo_heads = Hq;
+    lim.num_kv_heads = Hk;
+    lim.head_dim = D;
+    lim.page_size = c->page_size;
+    if (!cuda_test_workspace_make(ctx, &lim, &w)) goto done;
+
+    const size_t es = kva_dtype_size(c->dtype);
+    const size_t q_elems = (size_t)(B > 0 ? B : 1) * Hq * D;
+    q_host = kva_test_alloc(q_elems * es);
+    kva_fill_random(rng, q_host, c->dtype, q_elems, -1.f, 1.f);
+    q_dev = cuda_test_upload(ctx, q_host, q_elems * es);
+    /* Padded layouts also get a padded output view. */
+    const int32_t o_pad = c->layout == CUDA_TEST_PADDED ? 8 : 0;
+    const size_t o_elems = (size_t)(B > 0 ? B : 1) * Hq * (D + o_pad);
+    o_dev = cuda_test_poisoned(ctx, o_elems * es);
+    if (c->with_lse) lse_dev = cuda_test_poisoned(ctx, sizeof(float) * (size_t)(B > 0 ? B : 1) * Hq);
+    if (!q_dev || !o_dev || (c->with_lse && !lse_dev)) goto done;
+    kva_tensor qt = kva_tensor_nhd(q_dev, c->dtype, Hq, D);
+    kva_tensor ot = {o_dev, c->dtype, (int64_t)Hq * (D + o_pad), D + o_pad};
+
+    kva_plan_options opt = {0, 0, KVA_DECODE_PARTIAL_ROWMAX};
+    if (c->plan_mode == 1) opt.flags = KVA_PLAN_NO_SPLIT;
+    if (c->plan_mode == 2) opt.fixed_chunk_size = 37;
+    kva_plan plan;
+    kva_status st = kva_decode_plan(ctx, &lim, &pb.table, pb.num_pages, &opt, w.ws, &plan);
+    if (st == KVA_ERR_WORKSPACE_TOO_SMALL && c->plan_mode == 2) {
+        /* More fixed chunks than the workspace holds (it is sized for the device's budget):
+         * documented; fall back to the planner's own split. */
+        opt.fixed_chunk_size = 0;
+        st = kva_decode_plan(ctx, &lim, &pb.table, pb.num_pages, &opt, w.ws, &plan);
+    }
+    CHECK_MSG(st == KVA_OK, "plan: %s (%s)", kva_status_str(st), kva_last_error());
+    if (st != KVA_OK) goto done;
+    st = kva_decode_run(ctx, &plan, &p, qt, &pb.dev_pages, ot, lse_dev);
+    CHECK_MSG(st == KVA_OK, "run: %s (%s)", kva_status_str(st), kva_last_error());
+    if (st != KVA_OK) goto done;
+    CHECK_OK(kva_synchronize(ctx));
+
+    o_host = cuda_test_download(ctx, o_dev, o_elems * es);
+    o_ref = kva_test_alloc(sizeof(double) * q_elems);
+    lse_ref = kva_test_alloc(sizeof(double) * (size_t)(B > 0 ? B : 1) * Hq);
+    cuda_ref_decode(&pb, &p, q_host, o_ref, lse_ref);
+    kva_tensor oh = {o_host, c->dtype, ot.stride_token, ot.stride_head};
+    kva_compare_tensor("decode o", oh, B, Hq, D, o_ref, kva_tol_for(c->dtype), NULL);
+    if (c->with_lse) {
+        lse_host = cuda_test_download(ctx, lse_dev, sizeof(float) * (size_t)(B > 0 ? B : 1) * Hq);
+        kva_compare_lse("decode lse", lse_host, lse_ref, (size_t)B * Hq, c->dtype, NULL);
+    }
+    if (kva_test_failures != failures_before)
+        printf("    case: %s D=%d page=%d batch=%d heads=%d/%d %s %s plan_mode=%d chunk=%d work=%d "
+               "split=%d\n",
+               kva_dtype_name(c->dtype), D, c->page_size, B, Hq, Hk, cuda_test_layout_name(c->layout),
+               variant_name(c->variant), c->plan_mode, plan.kv_chunk_size, plan.num_work,
+               plan.split_kv);
+
+done:
+    free(lens);
+    free(q_host);
+    free(o_host);
+    free(lse_host);
+    free(o_ref);
+    free(lse_ref);
+    kva_free(ctx, q_dev);
+    kva_free(ctx, o_dev);
+    kva_free(ctx, lse_dev);
+    cuda_test_workspace_free(ctx, &w);
+    cuda_paged_batch_free(ctx, &pb);
+}
+
+static const int32_t head_pairs[][2] = {{4, 4},  {8, 2},  {16, 2}, {16, 1}, {6, 2},
+                                        {10, 2}, {12, 1}, {32, 8}, {5, 1}};
+
+KVA_TEST(cuda_decode_sweep_matches_reference) {
+    kva_context *ctx = cuda_test_context();
+    if (!ctx) return;
+    kva_rng rng;
+    kva_rng_seed(&rng, kva_test_seed());
+    const kva_dtype dtypes[] = {KVA_BF16, KVA_F16, KVA_F32};
+    const int32_t dims[] = {64, 128, 256}, pages[] = {1, 3, 16, 64}, batches[] = {1, 7, 37};
+    int idx = 0;
+    for (int di = 0; di < 3; ++di)
+        for (int hi = 0; hi < 3; ++hi)
+            for (int pi = 0; pi < 4; ++pi)
+                for (int bi = 0; bi < 3; ++bi, ++idx) {
+                    if (quick() && (dims[hi] != 128 || (pages[pi] != 3 && pages[pi] != 16) || batches[bi] == 37))
+                        continue;
+                    decode_case c;
+                    c.dtype = dtypes[di];
+                    c.head_dim = dims[hi];
+                    c.page_size = pages[pi];
+                    c.batch = batches[bi];
+                    const int32_t *hp = head_pairs[idx % 9];
+                    c.num_qo_heads = hp[0];
+                    c.num_kv_heads = hp[1];
+                    c.layout = idx % CUDA_TEST_NUM_LAYOUTS;
+                    c.max_len = c.batch == 1 ? (idx % 2 ? 1000 : 301) : c.batch == 7 ? 200 : 90;
+                    c.variant = (idx / 5) % 4;
+                    c.plan_mode = c.batch <= 7 ? (idx / 3) % 3 : (idx / 3) % 2;
+                    c.with_lse = idx % 3 != 2;
+                    run_case(ctx, &rng, &c, NULL);
+                    if (kva_test_failures > 20) goto out;
+                }
+out:
+    kva_context_destroy(ctx);
+}
+
+/* Long contexts split into many chunks (fused merge across ~30 blocks per KV head). */
+KVA_TEST(cuda_decode_long_context_split_matches_reference) {
+    kva_context *ctx = cuda_test_context();
+    if (!ctx) return;
+    kva_rng rng;
+    kva_rng_seed(&rng, kva_test_seed());
+    const int32_t lens[] = {quick() ? 3001 : 30001, 4097, 0};
+    const kva_dtype dtypes[] = {KVA_BF16, KVA_F32};
+    for (int i = 0; i < 2; ++i) {
+        decode_case c = {dtypes[i], 128, 16, 3, 32, 8, i ? CUDA_TEST_HND : CUDA_TEST_NHD, 0, 0, 0, true};
+        run_case(ctx, &rng, &c, lens);
+    }
+    kva_context_destroy(ctx);
+}
+
+/* A batch whose requests are all empty: o = 0, lse = -inf, no NaN; an empty batch is a no-op. */
+KVA_TEST(cuda_decode_empty_requests_give_zero_and_neg_inf) {
+    kva_context *ctx = cuda_test_context();
+    if (!ctx) return;
+    kva_rng rng;
+    kva_rng_seed(&rng, kva_test_seed());
+    const int32_t lens[] = {0, 0, 0, 0, 0};
+    decode_case c = {KVA_F16, 64, 16, 5, 8, 2, CUDA_TEST_NHD, 0, 0, 0, true};
+    run_case(ctx, &rng, &c, lens);
+    decode_case e = {KVA_BF16, 128, 16, 0, 8, 2, CUDA_TEST_NHD, 0, 0, 0, true};
+    run_case(ctx, &rng, &e, lens);
+    kva_context_destroy(ctx);
+}
+
+/* One plan serves several layers (pools) and repeated runs give identical results, so the
+ * fused merge's counters are back at zero after every run. */
+KVA_TEST(cuda_decode_repeated_runs_are_identical) {
+    kva_context *ctx = cuda_test_context();
+    if (!ctx) return;
+    kva_rng rng;
+    kva_rng_seed(&rng, kva_test_seed());
+    const int32_t B = 4, Hq = 16, Hk = 4, D = 128, ps = 16;
+    int32_t lens[4] = {2000, 17, 0, 999};
+    cuda_paged_batch pb;
+    cuda_test_workspace w = {0};
+    if (!cuda_paged_batch_make(ctx, &rng, KVA_BF16, B, lens, Hk, D, ps, CUDA_TEST_NHD, &pb)) goto out;
+    kva_plan_limits lim = {B, pb.indptr[B], 0, 0, Hq, Hk, D, ps};
+    if (!cuda_test_workspace_make(ctx, &lim, &w)) goto out;
+    size_t n = (size_t)B * Hq * D * 2;
+    void *qh = kva_test_alloc(n);
+    kva_fill_random(&rng, qh, KVA_BF16, (size_t)B * Hq * D, -1.f, 1.f);
+    void *q = cuda_test_upload(ctx, qh, n), *o = cuda_test_poisoned(ctx, n);
+    kva_plan plan;
+    kva_attn_params p = kva_attn_params_default(Hq, Hk, D);
+    CHECK_OK(kva_decode_plan(ctx, &lim, &pb.table, pb.num_pages, NULL, w.ws, &plan));
+    CHECK(plan.split_kv == 1);
+    void *first = NULL;
+    for (int rep = 0; rep < 5; ++rep) {
+        CHECK_OK(kva_decode_run(ctx, &plan, &p, kva_tensor_nhd(q, KVA_BF16, Hq, D), &pb.dev_pages,
+                                kva_tensor_nhd(o, KVA_BF16, Hq, D), NULL));
+        void *got = cuda_test_download(ctx, o, n);
+        if (!first) first = got;
+        else {
+            CHECK_MSG(memcmp(first, got, n) == 0, "run %d differs from run 0", rep);
+            free(got);
+        }
+    }
+    free(first);
+    free(qh);
+    kva_free(ctx, q);
+    kva_free(ctx, o);
+out:
+    cuda_test_workspace_free(ctx, &w);
+    cuda_paged_batch_free(ctx, &pb);
+    kva_context_destroy(ctx);
+}

@@ -1,0 +1,106 @@
+/*
+ * test_cuda_errors.c -- bad inputs on a CUDA context fail with the documented status and leave
+ * the output untouched: unsupported head dims, GQA groups and score_mod callbacks, dtype and
+ * geometry mismatches, misaligned tensors, foreign plans, missing devices, CPU-only operations.
+ */
+#include "harness.h"
+#include "test_cuda_util.h"
+#include "test_util.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static float dummy_mod(float s, int32_t qp, int32_t kp, int32_t h, void *u) {
+    (void)qp; (void)kp; (void)h; (void)u;
+    return s;
+}
+
+KVA_TEST(cuda_errors_are_reported) {
+    kva_context *bad = NULL;
+    if (kva_cuda_available()) {
+        CHECK_STATUS(kva_context_create(KVA_DEVICE_CUDA, 4096, &bad), KVA_ERR_DEVICE);
+        CHECK(bad == NULL);
+    }
+    kva_context *ctx = cuda_test_context();
+    if (!ctx) return;
+    kva_rng rng;
+    kva_rng_seed(&rng, kva_test_seed());
+    const int32_t B = 3, Hq = 8, Hk = 2, D = 128, ps = 16;
+    int32_t lens[3] = {40, 0, 17};
+    cuda_paged_batch pb;
+    cuda_test_workspace w = {0};
+    void *q = NULL, *o = NULL;
+    if (!cuda_paged_batch_make(ctx, &rng, KVA_BF16, B, lens, Hk, D, ps, CUDA_TEST_NHD, &pb)) goto out;
+    kva_plan_limits lim = {B, pb.indptr[B], 0, 0, Hq, Hk, D, ps};
+    if (!cuda_test_workspace_make(ctx, &lim, &w)) goto out;
+    size_t n = (size_t)B * Hq * D * 2;
+    q = cuda_test_poisoned(ctx, n);
+    o = cuda_test_poisoned(ctx, n);
+    kva_plan plan;
+    kva_status st = kva_decode_plan(ctx, &lim, &pb.table, pb.num_pages, NULL, w.ws, &plan);
+    CHECK_OK(st);
+    if (st != KVA_OK) goto out;
+    kva_tensor qt = kva_tensor_nhd(q, KVA_BF16, Hq, D), ot = kva_tensor_nhd(o, KVA_BF16, Hq, D);
+    kva_attn_params p = kva_attn_params_default(Hq, Hk, D);
+
+    kva_attn_params bad_p = p;
+    bad_p.head_dim = 96;
+    CHECK_STATUS(kva_decode_run(ctx, &plan, &bad_p, qt, &pb.dev_pages, ot, NULL), KVA_ERR_UNSUPPORTED);
+    bad_p = p;
+    bad_p.num_qo_heads = 64; /* group 32 */
+    CHECK_STATUS(kva_decode_run(ctx, &plan, &bad_p, qt, &pb.dev_pages, ot, NULL), KVA_ERR_UNSUPPORTED);
+    bad_p = p;
+    bad_p.score_mod = dummy_mod;
+    CHECK_STATUS(kva_decode_run(ctx, &plan, &bad_p, qt, &pb.dev_pages, ot, NULL), KVA_ERR_UNSUPPORTED);
+
+    kva_tensor q16 = qt;
+    q16.dtype = KVA_F16;
+    CHECK_STATUS(kva_decode_run(ctx, &plan, &p, q16, &pb.dev_pages, ot, NULL), KVA_ERR_BAD_SHAPE);
+    kva_tensor qmis = qt;
+    qmis.data = (unsigned char *)q + 2;
+    CHECK_STATUS(kva_decode_run(ctx, &plan, &p, qmis, &pb.dev_pages, ot, NULL), KVA_ERR_BAD_SHAPE);
+    kva_kv_pages pages2 = pb.dev_pages;
+    pages2.page_size = 32;
+    CHECK_STATUS(kva_decode_run(ctx, &plan, &p, qt, &pages2, ot, NULL), KVA_ERR_BAD_SHAPE);
+    pages2 = pb.dev_pages;
+    pages2.num_pages = 1;
+    CHECK_STATUS(kva_decode_run(ctx, &plan, &p, qt, &pages2, ot, NULL), KVA_ERR_OUT_OF_RANGE);
+    kva_plan forged = plan;
+    forged.magic = 0;
+    CHECK_STATUS(kva_decode_run(ctx, &forged, &p, qt, &pb.dev_pages, ot, NULL), KVA_ERR_BAD_STATE);
+
+    /* A page id outside the pool is caught by the plan. */
+    int32_t saved = pb.indices[0];
+    pb.indices[0] = pb.num_pages;
+    kva_plan plan2;
+    CHECK_STATUS(kva_decode_plan(ctx, &lim, &pb.table, pb.num_pages, NULL, w.ws, &plan2),
+                 KVA_ERR_OUT_OF_RANGE);
+    pb.indices[0] = saved;
+
+    /* The global-rowmax algorithm and dense/prefill attention are CPU only. */
+    kva_plan_options opt = {0, 0, KVA_DECODE_GLOBAL_ROWMAX};
+    CHECK_STATUS(kva_decode_plan(ctx, &lim, &pb.table, pb.num_pages, &opt, w.ws, &plan2),
+                 KVA_ERR_UNSUPPORTED);
+    CHECK_STATUS(kva_attention(ctx, &p, 1, 1, qt, qt, qt, ot, NULL), KVA_ERR_UNSUPPORTED);
+    CHECK_STATUS(kva_merge_states(ctx, 4, 2, 0, KVA_BF16, q, (const float *)q, o, NULL), KVA_ERR_BAD_SHAPE);
+
+    /* None of the failed calls wrote o: it is still all poison. */
+    CHECK_OK(kva_synchronize(ctx));
+    unsigned char *oh = cuda_test_download(ctx, o, n);
+    size_t untouched = 0;
+    for (size_t i = 0; i < n; ++i) untouched += oh[i] == 0xFF;
+    CHECK_MSG(untouched == n, "%zu of %zu output bytes changed by failing calls", n - untouched, n);
+    free(oh);
+
+    /* A failed plan leaves the workspace holding no plan; after re-planning a run works. */
+    CHECK_STATUS(kva_decode_run(ctx, &plan, &p, qt, &pb.dev_pages, ot, NULL), KVA_ERR_BAD_STATE);
+    CHECK_OK(kva_decode_plan(ctx, &lim, &pb.table, pb.num_pages, NULL, w.ws, &plan));
+    CHECK_OK(kva_decode_run(ctx, &plan, &p, qt, &pb.dev_pages, ot, NULL));
+    CHECK_OK(kva_synchronize(ctx));
+out:
+    kva_free(ctx, q);
+    kva_free(ctx, o);
+    cuda_test_workspace_free(ctx, &w);
+    cuda_paged_batch_free(ctx, &pb);
+    kva_context_destroy(ctx);
+}
