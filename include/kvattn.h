@@ -22,6 +22,10 @@
  * natural-log, f32, one per (query token, query head). An empty key range gives output 0 and
  * LSE = -INFINITY, never NaN.
  *
+ * Threads: a context (and a cache) must not be used by two threads at once (a CPU context's
+ * scratch is shared by its calls); use one context per calling thread. Different contexts are
+ * independent.
+ *
  * Memory: the library allocates only in *_create() functions and in the kva_malloc family. All
  * tensors, workspaces and outputs are owned by the caller. "device memory" below means memory of
  * the context's device: ordinary host memory for a CPU context, cudaMalloc'd memory for CUDA.
@@ -354,7 +358,8 @@ kva_status kva_decode_plan(kva_context *ctx, const kva_plan_limits *limits,
 kva_status kva_decode_run(kva_context *ctx, const kva_plan *plan, const kva_attn_params *params,
                           kva_tensor q, const kva_kv_pages *pages, kva_tensor o, float *lse);
 
-/* Workspace bytes for prefill plans within `limits`. */
+/* Workspace bytes for prefill plans within `limits`. limits->page_size = 0 sizes for ragged
+ * (kv_indptr) plans only; a page size sizes for both kinds. */
 kva_status kva_prefill_workspace_size(const kva_context *ctx, const kva_plan_limits *limits,
                                       size_t *device_bytes, size_t *host_bytes);
 
@@ -400,6 +405,17 @@ kva_status kva_merge_states(kva_context *ctx, int32_t num_rows, int32_t num_stat
 /* ------------------------------------------------------------------------------------------ */
 
 typedef struct kva_cache kva_cache;
+
+/* Errors shared by every kva_cache_* call; each check runs before the first change, so a failing
+ * call changes nothing (no page, refcount, length or stored K/V):
+ *   KVA_ERR_BAD_STATE     sequence id outside 0..max_sequences-1 or not live; an append that
+ *                         would write into a page shared with another sequence
+ *   KVA_ERR_INVALID_ARG   NULL pointers, negative counts, one id named twice in a reserve/append
+ *   KVA_ERR_OUT_OF_RANGE  layer out of range, num_new > sequence length, length overflow
+ *   KVA_ERR_BAD_SHAPE     k/v dtype or alignment wrong, more than max_append_tokens
+ *   KVA_ERR_NO_SPACE      not enough free pages (reserve) or sequence slots (add, fork)
+ *   KVA_ERR_WORKSPACE_TOO_SMALL  a caller array (page table) is too small
+ * A cache is not thread-safe: serialise calls on one cache. */
 
 typedef struct kva_cache_config {
     int32_t num_layers;

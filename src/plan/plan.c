@@ -25,12 +25,18 @@ kva_status kva_prefill_workspace_size(const kva_context *ctx, const kva_plan_lim
                                       size_t *device_bytes, size_t *host_bytes) {
     KVA_CHECK_NULL(device_bytes);
     KVA_CHECK_NULL(host_bytes);
-    kva__workspace_layout L;
-    KVA_TRY(kva__compute_layout(ctx, limits, KVA__PLAN_PREFILL_PAGED, &L));
+    KVA_CHECK_NULL(limits);
     kva__workspace_layout R;
     KVA_TRY(kva__compute_layout(ctx, limits, KVA__PLAN_PREFILL_RAGGED, &R));
-    *device_bytes = L.device_bytes > R.device_bytes ? L.device_bytes : R.device_bytes;
-    *host_bytes = L.host_bytes > R.host_bytes ? L.host_bytes : R.host_bytes;
+    *device_bytes = R.device_bytes;
+    *host_bytes = R.host_bytes;
+    /* page_size 0 means "ragged plans only"; otherwise size for paged plans too */
+    if (limits->page_size > 0 || limits->max_total_pages > 0) {
+        kva__workspace_layout L;
+        KVA_TRY(kva__compute_layout(ctx, limits, KVA__PLAN_PREFILL_PAGED, &L));
+        if (L.device_bytes > *device_bytes) *device_bytes = L.device_bytes;
+        if (L.host_bytes > *host_bytes) *host_bytes = L.host_bytes;
+    }
     return KVA_OK;
 }
 
