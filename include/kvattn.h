@@ -261,7 +261,8 @@ kva_attn_params kva_attn_params_default(int32_t num_qo_heads, int32_t num_kv_hea
 /* ------------------------------------------------------------------------------------------ */
 
 /* q, o: [qo_len, num_qo_heads, head_dim]; k, v: [kv_len, num_kv_heads, head_dim]; all of one
- * dtype; lse: NULL or f32 [qo_len, num_qo_heads]. Needs qo_len <= kv_len when causal.
+ * dtype; lse: NULL or f32 [qo_len, num_qo_heads]. With causal and qo_len > kv_len the first
+ * queries sit at negative positions, see no key, and get output 0 and LSE -inf.
  * Synchronous on the CPU; enqueued on the stream on CUDA. CPU only in this version. */
 kva_status kva_attention(kva_context *ctx, const kva_attn_params *params, int32_t qo_len,
                          int32_t kv_len, kva_tensor q, kva_tensor k, kva_tensor v, kva_tensor o,
@@ -345,8 +346,9 @@ kva_status kva_decode_workspace_size(const kva_context *ctx, const kva_plan_limi
  * page table (indptr shape, last_page_len range, page ids < num_pages), copies it into the
  * workspace (on CUDA: host part, then one async copy to the device part on the context stream),
  * chooses the split and writes the work arrays.
- * @return KVA_ERR_OUT_OF_RANGE for a page id outside 0..num_pages-1,
- *         KVA_ERR_BAD_SHAPE for a broken indptr / last_page_len, KVA_ERR_WORKSPACE_TOO_SMALL. */
+ * @return KVA_ERR_OUT_OF_RANGE for a page id outside 0..num_pages-1 or last_page_len outside
+ *         1..page_size, KVA_ERR_BAD_SHAPE for a broken indptr (first entry not 0, decreasing),
+ *         KVA_ERR_WORKSPACE_TOO_SMALL when the batch exceeds the limits the workspace was sized for. */
 kva_status kva_decode_plan(kva_context *ctx, const kva_plan_limits *limits,
                            const kva_page_table *page_table, int32_t num_pages,
                            const kva_plan_options *options, kva_workspace workspace,
@@ -367,7 +369,7 @@ kva_status kva_prefill_workspace_size(const kva_context *ctx, const kva_plan_lim
  * qo_indptr[b] .. qo_indptr[b+1]-1 of q. Keys come from exactly one of
  *   - kv_indptr [batch+1] (host): rows kv_indptr[b] .. of ragged contiguous k/v tensors, or
  *   - page_table (+ num_pages of the pool): a paged cache (chunked prefill over a cached prefix).
- * Pass NULL for the other. Causal attention needs qo_len <= kv_len per request. */
+ * Pass NULL for the other. (Causal with qo_len > kv_len: see kva_attention.) */
 kva_status kva_prefill_plan(kva_context *ctx, const kva_plan_limits *limits, int32_t batch_size,
                             const int32_t *qo_indptr, const int32_t *kv_indptr,
                             const kva_page_table *page_table, int32_t num_pages,

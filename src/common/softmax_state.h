@@ -9,6 +9,7 @@
 #define KVA_SOFTMAX_STATE_H
 
 #include <math.h>
+#include <stdint.h>
 
 #define KVA_LOG2E 1.4426950408889634f
 #define KVA_LN2 0.6931471805599453f
@@ -24,5 +25,34 @@ static inline float kva__lse_weight(float lse_part, float lse_total) {
     if (lse_part == -INFINITY) return 0.0f;
     return expf(lse_part - lse_total);
 }
+
+/* Factor exp2(m_old - m_new) that rescales a running state when its max (log2 units) grows
+ * from m_old to m_new >= m_old: 0 for an empty state (m_old = -inf), 1 while both are -inf. */
+static inline float kva__rescale_log2(float m_old, float m_new) {
+    if (m_old == m_new) return 1.0f;
+    if (m_old == -INFINITY) return 0.0f;
+    return exp2f(m_old - m_new);
+}
+
+/* LSE of a union of n disjoint states, log(sum_i exp(lse[i * stride])): the normaliser of the
+ * merged state. -inf when every state is empty (or n == 0); max-subtracted, so no overflow. */
+static inline float kva__lse_combine(const float *lse, int64_t stride, int32_t n) {
+    float m = -INFINITY;
+    for (int32_t i = 0; i < n; ++i)
+        if (lse[i * stride] > m) m = lse[i * stride];
+    if (m == -INFINITY) return -INFINITY;
+    float sum = 0.0f;
+    for (int32_t i = 0; i < n; ++i) {
+        float x = lse[i * stride];
+        if (x != -INFINITY) sum += expf(x - m);
+    }
+    return m + logf(sum);
+}
+
+/* Merging states (v_i, lse_i) -- each v_i normalised over its own keys -- is
+ *     lse = kva__lse_combine(lse_i),   v = sum_i kva__lse_weight(lse_i, lse) * v_i,
+ * where states with weight 0 (lse_i = -inf) must be skipped rather than multiplied, so that
+ * whatever an empty state holds never turns into NaN. A row whose states are all empty gets
+ * v = 0, lse = -inf. */
 
 #endif /* KVA_SOFTMAX_STATE_H */

@@ -1,0 +1,59 @@
+/*
+ * cpu_merge.c -- kva_merge_states on the CPU: rows in parallel, each row's states combined with
+ * the shared primitive of softmax_state.h (lse = log sum exp, weights exp(lse_i - lse)), in f32.
+ * Memory traffic: every input state read once, every output row written once.
+ */
+#include "cpu_backend.h"
+#include "decode_vec.h"
+#include "../common/dtype_convert.h"
+#include "../common/internal.h"
+#include "../common/softmax_state.h"
+
+#include <omp.h>
+
+/* acc[e] += w * row[e], e < D; dtype constant after inlining. */
+KVA_AI void accumulate_row(int dtype, float w, const void *row, float *acc, int32_t D) {
+    const size_t es = dtype == KVA_F32 ? 4 : 2;
+    int32_t e = 0;
+    for (; e + 16 <= D; e += 16) {
+        v16f x = kva__load16(dtype, (const unsigned char *)row + (size_t)e * es);
+        kva__storef(acc + e, kva__fma(kva__splat(w), x, kva__loadf(acc + e)));
+    }
+    for (; e < D; ++e) acc[e] += w * kva__load_f32(row, dtype, e);
+}
+
+static void merge_row(kva_dtype dtype, int32_t num_states, int32_t D, const void *v_in,
+                      const float *lse_in, void *v_out, float *lse_out) {
+    float acc[1024]; /* head_dim <= 1024 (checked by the API) */
+    const size_t es = kva_dtype_size(dtype);
+    float total = kva__lse_combine(lse_in, 1, num_states);
+    for (int32_t e = 0; e < D; ++e) acc[e] = 0.0f;
+    for (int32_t s = 0; s < num_states; ++s) {
+        float w = kva__lse_weight(lse_in[s], total);
+        if (w == 0.0f) continue; /* empty state: whatever it holds must not leak in */
+        const unsigned char *row = (const unsigned char *)v_in + (size_t)s * (size_t)D * es;
+        if (dtype == KVA_F32) accumulate_row(KVA_F32, w, row, acc, D);
+        else if (dtype == KVA_F16) accumulate_row(KVA_F16, w, row, acc, D);
+        else accumulate_row(KVA_BF16, w, row, acc, D);
+    }
+    for (int32_t e = 0; e < D; ++e) kva__store_f32(v_out, dtype, e, acc[e]);
+    if (lse_out) *lse_out = total;
+}
+
+kva_status kva__cpu_merge_states(kva_context *ctx, int32_t num_rows, int32_t num_states,
+                                 int32_t head_dim, kva_dtype dtype, const void *v_in,
+                                 const float *lse_in, void *v_out, float *lse_out) {
+    const size_t es = kva_dtype_size(dtype);
+    /* Threads pay off only past a few hundred KB of input. */
+    const int64_t elems = (int64_t)num_rows * ((int64_t)num_states + 1) * head_dim;
+#pragma omp parallel for num_threads(ctx->num_threads) schedule(static) if (elems > (1 << 16))
+    for (int32_t r = 0; r < num_rows; ++r) {
+        size_t in_row = (size_t)r * (size_t)num_states;
+        merge_row(dtype, num_states, head_dim,
+                  v_in ? (const unsigned char *)v_in + in_row * (size_t)head_dim * es : NULL,
+                  lse_in ? lse_in + in_row : NULL,
+                  (unsigned char *)v_out + (size_t)r * (size_t)head_dim * es,
+                  lse_out ? lse_out + r : NULL);
+    }
+    return KVA_OK;
+}

@@ -1,0 +1,369 @@
+/*
+ * test_planner.c -- the split-KV planner (src/plan/planner.c) and the plan functions, pure host
+ * arithmetic, no run: the chunk-size search returns the smallest chunk within the budget, the
+ * flattened work items cover every (request, query tile, key position) exactly once, no-split
+ * gives one item per request, KVA_PLAN_GRAPH keeps the launch size fixed across re-plans, and
+ * workspaces that are too small are refused.
+ */
+#include "harness.h"
+#include "test_util.h"
+#include "../src/plan/planner.h"
+#include "../src/plan/workspace_layout.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static int32_t max_len_of(const int32_t *lens, int32_t n) {
+    int32_t m = 1;
+    for (int32_t i = 0; i < n; ++i)
+        if (lens[i] > m) m = lens[i];
+    return m;
+}
+
+KVA_TEST(planner_chunk_search_is_minimal) {
+    kva_rng rng;
+    kva_rng_seed(&rng, kva_test_seed());
+    int32_t lens[64], qlens[64];
+    for (int it = 0; it < 3000; ++it) {
+        kva__split_problem p;
+        memset(&p, 0, sizeof p);
+        p.batch_size = kva_rng_int(&rng, 1, 64);
+        for (int32_t b = 0; b < p.batch_size; ++b) {
+            lens[b] = kva_rng_int(&rng, 0, 3) == 0 ? kva_rng_int(&rng, 0, 3) : kva_rng_int(&rng, 0, 20000);
+            qlens[b] = kva_rng_int(&rng, 1, 300);
+        }
+        p.kv_len = lens;
+        p.qo_len = it % 2 ? qlens : NULL;
+        p.qo_tile = it % 2 ? kva_rng_int(&rng, 1, 128) : 1;
+        p.num_kv_heads = kva_rng_int(&rng, 1, 16);
+        p.max_blocks = kva_rng_int(&rng, 1, 2048);
+        p.min_chunk = kva_rng_int(&rng, 0, 512);
+        int32_t maxkv = max_len_of(lens, p.batch_size);
+        int32_t c = kva__search_chunk_size(&p);
+        CHECK(c >= 1);
+        int64_t heads = p.num_kv_heads;
+        int64_t need = kva__count_work(&p, c) * heads;
+        int32_t low = p.min_chunk > 0 ? p.min_chunk : 1;
+        if (low >= maxkv || kva__count_work(&p, maxkv) * heads > p.max_blocks) {
+            /* nothing to gain from splitting (or the budget cannot be met): one chunk each */
+            CHECK_MSG(c == maxkv, "iteration %d: chunk %d, expected the longest request %d", it, c, maxkv);
+        } else {
+            CHECK_MSG(need <= p.max_blocks, "iteration %d: chunk %d needs %lld blocks > %lld", it,
+                      c, (long long)need, (long long)p.max_blocks);
+            CHECK_MSG(c >= low, "iteration %d: chunk %d below min_chunk %d", it, c, low);
+            /* minimal: one key less would exceed the budget, or we are at the floor */
+            CHECK_MSG(c == low || kva__count_work(&p, c - 1) * heads > p.max_blocks,
+                      "iteration %d: chunk %d is not minimal", it, c);
+        }
+        /* fixed and no-split override the search */
+        p.fixed_chunk = kva_rng_int(&rng, 1, 999);
+        CHECK(kva__search_chunk_size(&p) == p.fixed_chunk);
+        p.fixed_chunk = 0;
+        p.no_split = 1;
+        CHECK(kva__search_chunk_size(&p) == maxkv);
+    }
+}
+
+/* Every (request, query tile, key position) in exactly one work item; groups in order. */
+static void check_coverage(const kva__split_problem *p, int32_t chunk, const int32_t *req,
+                           const int32_t *qt, const int32_t *kt, int64_t n, const int32_t *gi) {
+    int64_t total = 0;
+    for (int32_t b = 0; b < p->batch_size; ++b) {
+        int32_t ql = p->qo_len ? p->qo_len[b] : 1;
+        total += (int64_t)((ql + p->qo_tile - 1) / p->qo_tile) * (p->kv_len[b] > 0 ? p->kv_len[b] : 1);
+    }
+    unsigned char *seen = calloc((size_t)total + 1, 1);
+    int64_t *base = malloc(sizeof(int64_t) * (size_t)(p->batch_size + 1));
+    int64_t acc = 0;
+    for (int32_t b = 0; b < p->batch_size; ++b) {
+        base[b] = acc;
+        int32_t ql = p->qo_len ? p->qo_len[b] : 1;
+        acc += (int64_t)((ql + p->qo_tile - 1) / p->qo_tile) * (p->kv_len[b] > 0 ? p->kv_len[b] : 1);
+    }
+    int64_t g = 0;
+    for (int64_t w = 0; w < n; ++w) {
+        int32_t b = req[w], len = p->kv_len[b];
+        CHECK_MSG(w == 0 || req[w] > req[w - 1] || (req[w] == req[w - 1] && qt[w] >= qt[w - 1]),
+                  "work items out of order at %lld", (long long)w);
+        while (gi[g + 1] <= w) ++g;
+        CHECK_MSG(gi[g] <= w && w < gi[g + 1], "work item %lld outside its group", (long long)w);
+        int64_t k0 = (int64_t)kt[w] * chunk, k1 = k0 + chunk < len ? k0 + chunk : len;
+        int64_t row = base[b] + (int64_t)qt[w] * (len > 0 ? len : 1);
+        if (len == 0) { /* the empty request's single item */
+            CHECK_MSG(kt[w] == 0, "empty request %d has chunk %d", b, kt[w]);
+            seen[row]++;
+            continue;
+        }
+        CHECK_MSG(k0 < len, "work item %lld starts at key %lld of %d", (long long)w, (long long)k0, len);
+        for (int64_t k = k0; k < k1; ++k) seen[row + k]++;
+    }
+    int64_t bad = 0;
+    for (int64_t i = 0; i < total; ++i) bad += seen[i] != 1;
+    CHECK_MSG(bad == 0, "%lld (request, tile, key) positions not covered exactly once", (long long)bad);
+    free(seen);
+    free(base);
+}
+
+KVA_TEST(planner_work_covers_every_key_once) {
+    kva_rng rng;
+    kva_rng_seed(&rng, kva_test_seed());
+    int32_t lens[40], qlens[40];
+    for (int it = 0; it < 400; ++it) {
+        kva__split_problem p;
+        memset(&p, 0, sizeof p);
+        p.batch_size = kva_rng_int(&rng, 0, 40);
+        for (int32_t b = 0; b < p.batch_size; ++b) {
+            lens[b] = kva_rng_int(&rng, 0, 4) == 0 ? 0 : kva_rng_int(&rng, 1, 3000);
+            qlens[b] = kva_rng_int(&rng, 1, 200);
+        }
+        p.kv_len = lens;
+        p.qo_len = it % 3 == 0 ? qlens : NULL;
+        p.qo_tile = p.qo_len ? kva_rng_int(&rng, 1, 64) : 1;
+        p.num_kv_heads = kva_rng_int(&rng, 1, 8);
+        p.max_blocks = kva_rng_int(&rng, 1, 512);
+        p.min_chunk = kva_rng_int(&rng, 1, 300);
+        int32_t chunk = it % 4 == 0 ? kva_rng_int(&rng, 1, 500) : kva__search_chunk_size(&p);
+        int64_t n = kva__count_work(&p, chunk);
+        int32_t *req = malloc(sizeof(int32_t) * (size_t)(n + 1));
+        int32_t *qt = malloc(sizeof(int32_t) * (size_t)(n + 1));
+        int32_t *kt = malloc(sizeof(int32_t) * (size_t)(n + 1));
+        int64_t groups = 0;
+        for (int32_t b = 0; b < p.batch_size; ++b)
+            groups += p.qo_len ? (qlens[b] + p.qo_tile - 1) / p.qo_tile : 1;
+        int32_t *gi = malloc(sizeof(int32_t) * (size_t)(groups + 1));
+        int64_t got = kva__flatten_work(&p, chunk, req, qt, kt, n, gi, groups + 1);
+        CHECK_MSG(got == n, "flatten gave %lld items, count_work %lld", (long long)got, (long long)n);
+        if (got == n) {
+            CHECK(gi[0] == 0 && gi[groups] == n);
+            check_coverage(&p, chunk, req, qt, kt, n, gi);
+        }
+        /* one item short, or one group short: refused */
+        if (n > 0) CHECK(kva__flatten_work(&p, chunk, req, qt, kt, n - 1, gi, groups + 1) == -1);
+        if (groups > 0) CHECK(kva__flatten_work(&p, chunk, req, qt, kt, n, gi, groups) == -1);
+        free(req);
+        free(qt);
+        free(kt);
+        free(gi);
+    }
+}
+
+/* ---- kva_decode_plan / kva_prefill_plan ------------------------------------------------------- */
+
+typedef struct table {
+    int32_t indptr[65], indices[4096], last[64];
+    kva_page_table pt;
+} table;
+
+static void random_table(kva_rng *rng, table *t, int32_t batch, int32_t page_size,
+                         int32_t max_pages_each, int32_t num_pages) {
+    t->indptr[0] = 0;
+    for (int32_t b = 0; b < batch; ++b) {
+        int32_t np = kva_rng_int(rng, 0, max_pages_each);
+        t->indptr[b + 1] = t->indptr[b] + np;
+        t->last[b] = np ? kva_rng_int(rng, 1, page_size) : 0;
+    }
+    for (int32_t i = 0; i < t->indptr[batch]; ++i) t->indices[i] = kva_rng_int(rng, 0, num_pages - 1);
+    t->pt.batch_size = batch;
+    t->pt.indptr = t->indptr;
+    t->pt.indices = t->indices;
+    t->pt.last_page_len = t->last;
+}
+
+static int32_t table_len(const table *t, int32_t b, int32_t page_size) {
+    int32_t np = t->indptr[b + 1] - t->indptr[b];
+    return np ? (np - 1) * page_size + t->last[b] : 0;
+}
+
+/* The plan's work items, read back from the plan struct, cover every key once. */
+static void check_decode_plan(const kva_plan *plan, const table *t, int32_t page_size) {
+    int32_t B = t->pt.batch_size;
+    int32_t lens[64];
+    for (int32_t b = 0; b < B; ++b) lens[b] = table_len(t, b, page_size);
+    kva__split_problem p;
+    memset(&p, 0, sizeof p);
+    p.batch_size = B;
+    p.kv_len = lens;
+    p.qo_tile = 1;
+    CHECK(plan->merge_indptr[0] == 0 && plan->merge_indptr[B] == plan->num_work);
+    check_coverage(&p, plan->kv_chunk_size, plan->request_indices, plan->qo_tile_indices,
+                   plan->kv_tile_indices, plan->num_work, plan->merge_indptr);
+    int split = 0;
+    for (int32_t b = 0; b < B; ++b) split |= plan->merge_indptr[b + 1] - plan->merge_indptr[b] > 1;
+    CHECK(plan->split_kv == split);
+}
+
+KVA_TEST(planner_decode_plans) {
+    kva_rng rng;
+    kva_rng_seed(&rng, kva_test_seed());
+    kva_context *ctx;
+    REQUIRE_OK(kva_context_create(KVA_DEVICE_CPU, 0, &ctx));
+    const int32_t page_size = 16, num_pages = 500;
+    kva_plan_limits lim = {64, 4096, 0, 0, 32, 8, 128, page_size};
+    size_t db, hb;
+    REQUIRE_OK(kva_decode_workspace_size(ctx, &lim, &db, &hb));
+    kva_workspace ws = {kva_test_alloc(db), db, kva_test_alloc(hb), hb};
+    kva__workspace_layout layout;
+    REQUIRE_OK(kva__compute_layout(ctx, &lim, KVA__PLAN_DECODE, &layout));
+    table t;
+    for (int it = 0; it < 200; ++it) {
+        int32_t B = kva_rng_int(&rng, 0, 64);
+        random_table(&rng, &t, B, page_size, 60, num_pages);
+        kva_plan plan;
+        uint32_t flags = it % 3 == 0 ? KVA_PLAN_NO_SPLIT : (it % 3 == 1 ? KVA_PLAN_GRAPH : 0);
+        kva_plan_options opt = {flags, 0, (kva_decode_algo)(it % 2)};
+        kva_status st = kva_decode_plan(ctx, &lim, &t.pt, num_pages, &opt, ws, &plan);
+        CHECK_MSG(st == KVA_OK, "plan %d: %s (%s)", it, kva_status_str(st), kva_last_error());
+        if (st != KVA_OK) continue;
+        CHECK(plan.batch_size == B && plan.qo_tile_size == 1 && plan.kind == KVA__PLAN_DECODE);
+        check_decode_plan(&plan, &t, page_size);
+        int32_t maxkv = 1;
+        for (int32_t b = 0; b < B; ++b) { int32_t len = table_len(&t, b, page_size); if (len > maxkv) maxkv = len; }
+        if (flags & KVA_PLAN_NO_SPLIT) {
+            CHECK(plan.num_work == B && !plan.split_kv && plan.kv_chunk_size >= maxkv);
+            CHECK(plan.padded_work == plan.num_work);
+        } else if (flags & KVA_PLAN_GRAPH) {
+            /* the launch shape is the workspace's capacity, whatever the batch */
+            CHECK_MSG(plan.padded_work == layout.cap_work && plan.num_work <= plan.padded_work,
+                      "graph plan %d: padded_work %d, capacity %lld, num_work %d", it,
+                      plan.padded_work, (long long)layout.cap_work, plan.num_work);
+        } else {
+            CHECK(plan.padded_work == plan.num_work);
+        }
+    }
+    /* fixed chunks: exactly ceil(len / chunk) items per request */
+    random_table(&rng, &t, 5, page_size, 10, num_pages);
+    kva_plan_options fixed = {0, 37, KVA_DECODE_PARTIAL_ROWMAX};
+    kva_plan plan;
+    REQUIRE_OK(kva_decode_plan(ctx, &lim, &t.pt, num_pages, &fixed, ws, &plan));
+    CHECK(plan.kv_chunk_size == 37);
+    for (int32_t b = 0; b < 5; ++b) {
+        int32_t len = table_len(&t, b, page_size), n = len ? (len + 36) / 37 : 1;
+        CHECK(plan.merge_indptr[b + 1] - plan.merge_indptr[b] == n);
+    }
+    check_decode_plan(&plan, &t, page_size);
+    free(ws.device);
+    free(ws.host);
+    kva_context_destroy(ctx);
+}
+
+KVA_TEST(planner_workspace_too_small) {
+    kva_rng rng;
+    kva_rng_seed(&rng, kva_test_seed());
+    kva_context *ctx;
+    REQUIRE_OK(kva_context_create(KVA_DEVICE_CPU, 0, &ctx));
+    kva_plan_limits lim = {8, 64, 0, 0, 8, 2, 64, 16};
+    size_t db, hb;
+    REQUIRE_OK(kva_decode_workspace_size(ctx, &lim, &db, &hb));
+    CHECK(db > 0 && hb > 0);
+    kva_workspace ws = {kva_test_alloc(db), db, kva_test_alloc(hb), hb};
+    table t;
+    random_table(&rng, &t, 4, 16, 8, 100);
+    kva_plan plan;
+    kva_workspace small = ws;
+    small.device_bytes = db - 1;
+    CHECK_STATUS(kva_decode_plan(ctx, &lim, &t.pt, 100, NULL, small, &plan), KVA_ERR_WORKSPACE_TOO_SMALL);
+    small = ws;
+    small.host_bytes = hb - 1;
+    CHECK_STATUS(kva_decode_plan(ctx, &lim, &t.pt, 100, NULL, small, &plan), KVA_ERR_WORKSPACE_TOO_SMALL);
+    /* more pages than the limits allow */
+    t.indptr[4] = t.indptr[3] + 64;
+    for (int32_t i = t.indptr[3]; i < t.indptr[4]; ++i) t.indices[i] = 0;
+    t.last[3] = 1;
+    CHECK_STATUS(kva_decode_plan(ctx, &lim, &t.pt, 100, NULL, ws, &plan), KVA_ERR_WORKSPACE_TOO_SMALL);
+    /* fixed chunks that need more work items than the workspace holds */
+    random_table(&rng, &t, 8, 16, 8, 100);
+    t.indptr[1] = 8; /* request 0: 8 full pages = 128 keys, at chunk 1 that is 128 items */
+    for (int32_t b = 1; b <= 8; ++b) t.indptr[b] = 8 * b;
+    for (int32_t b = 0; b < 8; ++b) t.last[b] = 16;
+    for (int32_t i = 0; i < 64; ++i) t.indices[i] = i;
+    kva_plan_options tiny = {0, 1, KVA_DECODE_PARTIAL_ROWMAX};
+    CHECK_STATUS(kva_decode_plan(ctx, &lim, &t.pt, 100, &tiny, ws, &plan), KVA_ERR_WORKSPACE_TOO_SMALL);
+    /* global rowmax needs its score scratch: more keys than max_total_kv */
+    kva_plan_limits lim_kv = lim;
+    lim_kv.max_total_kv = 100;
+    REQUIRE_OK(kva_decode_workspace_size(ctx, &lim_kv, &db, &hb));
+    kva_workspace ws_kv = {kva_test_alloc(db), db, kva_test_alloc(hb), hb};
+    kva_plan_options alg2 = {0, 0, KVA_DECODE_GLOBAL_ROWMAX};
+    CHECK_STATUS(kva_decode_plan(ctx, &lim_kv, &t.pt, 100, &alg2, ws_kv, &plan), KVA_ERR_WORKSPACE_TOO_SMALL);
+    CHECK(kva_last_error()[0] != 0);
+    free(ws_kv.device);
+    free(ws_kv.host);
+    free(ws.device);
+    free(ws.host);
+    kva_context_destroy(ctx);
+}
+
+/* Re-planning into one workspace: a new plan replaces the old one, and the old plan object is
+ * refused (it would read the new plan's arrays) when its work count no longer matches. */
+KVA_TEST(planner_replan_same_workspace) {
+    kva_rng rng;
+    kva_rng_seed(&rng, kva_test_seed());
+    kva_context *ctx;
+    REQUIRE_OK(kva_context_create(KVA_DEVICE_CPU, 0, &ctx));
+    kva_plan_limits lim = {16, 512, 0, 0, 4, 2, 32, 8};
+    size_t db, hb;
+    REQUIRE_OK(kva_decode_workspace_size(ctx, &lim, &db, &hb));
+    kva_workspace ws = {kva_test_alloc(db), db, kva_test_alloc(hb), hb};
+    table t1, t2;
+    random_table(&rng, &t1, 3, 8, 20, 50);
+    random_table(&rng, &t2, 11, 8, 20, 50);
+    kva_plan_options graph = {KVA_PLAN_GRAPH, 0, KVA_DECODE_PARTIAL_ROWMAX};
+    kva_plan p1, p2;
+    REQUIRE_OK(kva_decode_plan(ctx, &lim, &t1.pt, 50, &graph, ws, &p1));
+    int32_t padded = p1.padded_work;
+    REQUIRE_OK(kva_decode_plan(ctx, &lim, &t2.pt, 50, &graph, ws, &p2));
+    CHECK(p2.padded_work == padded);
+    check_decode_plan(&p2, &t2, 8);
+    if (p1.num_work != p2.num_work) {
+        kva_attn_params prm = kva_attn_params_default(4, 2, 32);
+        float q[3 * 4 * 32], o[3 * 4 * 32];
+        static float pool[50 * 8 * 2 * 32];
+        kva_kv_pages pages = kva_kv_pages_separate(pool, pool, KVA_F32, 50, 8, 2, 32, KVA_LAYOUT_NHD);
+        CHECK_STATUS(kva_decode_run(ctx, &p1, &prm, kva_tensor_nhd(q, KVA_F32, 4, 32), &pages,
+                                    kva_tensor_nhd(o, KVA_F32, 4, 32), NULL),
+                     KVA_ERR_BAD_STATE);
+    }
+    free(ws.device);
+    free(ws.host);
+    kva_context_destroy(ctx);
+}
+
+KVA_TEST(planner_prefill_plans_cover_queries_and_keys) {
+    kva_rng rng;
+    kva_rng_seed(&rng, kva_test_seed());
+    kva_context *ctx;
+    REQUIRE_OK(kva_context_create(KVA_DEVICE_CPU, 0, &ctx));
+    kva_plan_limits lim = {20, 2048, 40000, 8000, 8, 2, 64, 16};
+    size_t db, hb;
+    REQUIRE_OK(kva_prefill_workspace_size(ctx, &lim, &db, &hb));
+    kva_workspace ws = {kva_test_alloc(db), db, kva_test_alloc(hb), hb};
+    for (int it = 0; it < 60; ++it) {
+        int32_t B = kva_rng_int(&rng, 1, 20);
+        int32_t qo_indptr[21], kv_indptr[21], qlens[20], klens[20];
+        qo_indptr[0] = kv_indptr[0] = 0;
+        for (int32_t b = 0; b < B; ++b) {
+            qlens[b] = kva_rng_int(&rng, 1, 300);
+            klens[b] = qlens[b] + kva_rng_int(&rng, 0, 1500);
+            qo_indptr[b + 1] = qo_indptr[b] + qlens[b];
+            kv_indptr[b + 1] = kv_indptr[b] + klens[b];
+        }
+        kva_plan plan;
+        kva_plan_options opt = {it % 2 ? KVA_PLAN_NO_SPLIT : 0, 0, KVA_DECODE_PARTIAL_ROWMAX};
+        kva_status st = kva_prefill_plan(ctx, &lim, B, qo_indptr, kv_indptr, NULL, 0, &opt, ws, &plan);
+        CHECK_MSG(st == KVA_OK, "prefill plan %d: %s (%s)", it, kva_status_str(st), kva_last_error());
+        if (st != KVA_OK) continue;
+        kva__split_problem p;
+        memset(&p, 0, sizeof p);
+        p.batch_size = B;
+        p.kv_len = klens;
+        p.qo_len = qlens;
+        p.qo_tile = plan.qo_tile_size;
+        CHECK(plan.qo_tile_size >= 1);
+        check_coverage(&p, plan.kv_chunk_size, plan.request_indices, plan.qo_tile_indices,
+                       plan.kv_tile_indices, plan.num_work, plan.merge_indptr);
+        if (opt.flags & KVA_PLAN_NO_SPLIT) CHECK(!plan.split_kv);
+    }
+    free(ws.device);
+    free(ws.host);
+    kva_context_destroy(ctx);
+}
