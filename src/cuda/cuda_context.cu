@@ -230,10 +230,11 @@ extern "C" kva_status kva__cuda_plan_upload(kva_context *ctx, void *device_part,
 extern "C" kva_status kva__cuda_split_policy(const kva_context *ctx, const kva_plan_limits *limits,
                                              int kind, kva__split_policy *policy) {
     const kva__cuda_private *priv = (const kva__cuda_private *)ctx->cuda_private;
-    /* bf16 with 16-head groups at the nearest head dim (the limits carry no dtype; f16 is the
-     * same kernel, f32 holds as many or fewer). */
+    /* bf16 kernel of the limits' GQA group at the nearest head dim (the limits carry no dtype;
+     * f16 is the same kernel, f32 holds as many or fewer). */
     const int idx = limits->head_dim <= 64 ? 0 : limits->head_dim <= 128 ? 1 : 2;
-    int per_sm = priv ? priv->decode_blocks_per_sm[idx][1] : 1;
+    const int nt = limits->num_kv_heads > 0 && limits->num_qo_heads / limits->num_kv_heads <= 8 ? 1 : 2;
+    int per_sm = priv ? priv->decode_blocks_per_sm[idx][nt - 1] : 1;
     /* Split requests into at most 2 blocks per SM: one SM streams at about its share of the
      * memory bandwidth with 1 to 2 blocks (bench/NOTES.md), and more chunks only add merge work.
      * Residency beyond that still helps unsplit batches, whose next blocks start while others

@@ -4,9 +4,10 @@
  * decode_f32.cu, which instantiate it per head dim so the builds run in parallel.
  *
  * Work split
- *   unit  = one (work item, KV head): work item w is (request b, key chunk c) from the plan, read
- *           from the device part of the workspace (graph-safe: nothing that changes between
- *           plans is a kernel argument). All g = num_qo_heads / num_kv_heads query heads of the
+ *   unit  = one (work item, KV head): work item w is (request b, key chunk c), one 32-byte plan
+ *           record (request, key range, kv_len, first page, merge range) in the workspace, read
+ *           from the device part of the workspace (graph-safe: for graph plans nothing that
+ *           changes between plans is a kernel argument; other plans pass their work count). All g = num_qo_heads / num_kv_heads query heads of the
  *           KV head are served together, so each K/V byte is read from memory exactly once.
  *   grid  = persistent: min(padded_work * num_kv_heads, blocks resident at once); block i runs
  *           units i, i + grid, i + 2*grid, ... < num_work * num_kv_heads. While a block streams
@@ -132,25 +133,32 @@ __device__ __forceinline__ void kva__store4(T *dst, float4 v) {
     }
 }
 
-/* Plan entries of unit u (two dependent rounds of small loads, normally L2 hits). */
+/* The plan record of unit u's work item (workspace_layout.h: 32 bytes, two independent 16-byte
+ * loads, one round trip; normally L2 hits). u must be < a.max_units. */
+__device__ __forceinline__ void kva__load_record(const kva__decode_args &a, int u, int4 &r0, int4 &r1) {
+    const int w = u / a.num_kv_heads;
+    r0 = __ldg(a.records + 2 * w);
+    r1 = __ldg(a.records + 2 * w + 1);
+}
+
+/* Unit u from its record: no further plan loads. */
 template <int TOK>
-__device__ __forceinline__ void kva__load_unit(const kva__decode_args &a, int u, int chunk, int warp,
-                                               kva__unit &m) {
+__device__ __forceinline__ void kva__unit_from_record(const kva__decode_args &a, int u, const int4 &r0,
+                                                      const int4 &r1, int warp, kva__unit &m) {
     const int H = a.num_kv_heads;
     m.w = u / H;
     m.kh = u - m.w * H;
-    m.b = __ldg(a.ints + a.off_request + m.w);
-    const int chunk_idx = __ldg(a.ints + a.off_kv_tile + m.w);
-    const int kv_len = __ldg(a.ints + a.off_kv_len + m.b);
-    m.page_beg = __ldg(a.ints + a.off_kv_indptr + m.b);
-    m.item_beg = __ldg(a.ints + a.off_group_indptr + m.b);
-    m.item_end = __ldg(a.ints + a.off_group_indptr + m.b + 1);
+    m.b = r0.x; /* KVA__UR_REQUEST */
     /* decode's query sits at kv_len-1, so causality never hides a key; a sliding window hides
      * the oldest ones */
-    const int64_t lo = a.window_left >= 0 ? (int64_t)kv_len - 1 - a.window_left : 0;
-    const int64_t c0 = (int64_t)chunk_idx * chunk;
+    const int64_t kv_len = r0.w; /* KVA__UR_KV_LEN */
+    const int64_t lo = a.window_left >= 0 ? kv_len - 1 - a.window_left : 0;
+    const int64_t c0 = r0.y; /* KVA__UR_KEY_BEG */
     m.start = (int)(c0 > lo ? c0 : (lo > 0 ? lo : 0));
-    m.end = (int)(c0 + chunk < kv_len ? c0 + chunk : kv_len);
+    m.end = r0.z; /* KVA__UR_KEY_END */
+    m.page_beg = r1.x;
+    m.item_beg = r1.y;
+    m.item_end = r1.z;
     const int tiles = m.end > m.start ? (m.end - m.start + TOK - 1) / TOK : 0;
     m.my_n = tiles > warp ? (tiles - warp + KVA__DECODE_WARPS - 1) / KVA__DECODE_WARPS : 0;
 }
@@ -167,10 +175,15 @@ __global__ void __launch_bounds__(KVA__DECODE_THREADS)
     __shared__ int s_last;
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int num_work = __ldg(&a.hdr->num_work);
-    const int chunk = __ldg(&a.hdr->kv_chunk_size);
-    const int num_units = num_work * a.num_kv_heads;
     int u = blockIdx.x;
+    /* The records of this block's first two units (they exist: u < grid <= max_units) are
+     * loaded together with the unit count (graph plans), all in one round trip. From then on a
+     * record is loaded two units ahead, so no unit start waits for plan data. */
+    int4 rec0, rec1, rn0 = make_int4(0, 0, 0, 0), rn1 = make_int4(0, 0, 0, 0);
+    kva__load_record(a, u, rec0, rec1);
+    if (u + (int)gridDim.x < a.max_units) kva__load_record(a, u + (int)gridDim.x, rn0, rn1);
+    const int num_work = a.num_work >= 0 ? a.num_work : __ldg(&a.hdr->num_work);
+    const int num_units = num_work * a.num_kv_heads;
     if (u >= num_units) return;
 
     const int g = a.group, Hq = a.num_qo_heads;
@@ -237,7 +250,7 @@ __global__ void __launch_bounds__(KVA__DECODE_THREADS)
     bool n_ok[STAGES - 1 + PFQ];
 
     kva__unit cur;
-    kva__load_unit<TOK>(a, u, chunk, warp, cur);
+    kva__unit_from_record<TOK>(a, u, rec0, rec1, warp, cur);
     load_q(cur);
 #pragma unroll
     for (int t = 0; t < STAGES - 1 + PFQ; ++t) load_pid(cur, t, n_pid[t], n_slot[t], n_ok[t]);
@@ -262,18 +275,19 @@ __global__ void __launch_bounds__(KVA__DECODE_THREADS)
         }
         __syncthreads();
 
-        /* The next unit's plan entries, page ids and query: waited for here, while this unit's
-         * first copies are in flight. */
+        /* The next unit's page ids and query (its record arrived a unit ago): issued here and
+         * not waited for until this unit's epilogue issues the next unit's first copies. */
         const int un = u + (int)gridDim.x;
         const bool has_next = un < num_units;
         kva__unit nxt;
         nxt.my_n = 0;
         if (has_next) {
-            kva__load_unit<TOK>(a, un, chunk, warp, nxt);
+            kva__unit_from_record<TOK>(a, un, rn0, rn1, warp, nxt);
 #pragma unroll
             for (int t = 0; t < STAGES - 1 + PFQ; ++t) load_pid(nxt, t, n_pid[t], n_slot[t], n_ok[t]);
             load_q(nxt);
         }
+        if (un + (int)gridDim.x < num_units) kva__load_record(a, un + (int)gridDim.x, rn0, rn1);
 
         /* Online-softmax state. f16/bf16: per thread, head nt*8 + 2*(lane%4) + j in slot
          * nt*2 + j, l summed over this lane's keys only (reduced across the warp at the end).

@@ -28,6 +28,10 @@ typedef struct kva__decode_args {
     const int32_t *ints;         /* device part: int section */
     int64_t off_request, off_kv_tile, off_group_indptr, off_kv_indptr, off_page_indices,
         off_kv_len;              /* int32 offsets into ints (fixed by the workspace's limits) */
+    const int4 *records;         /* device part: unit records, 2 int4 per work item (workspace_layout.h) */
+    int32_t num_work;            /* >= 0: the plan's work items (non-graph plans); -1: read hdr
+                                  * (graph plans: a replay must see the current plan's count) */
+    int32_t max_units;           /* padded_work * num_kv_heads: records that exist (>= grid) */
     float *partial_o;            /* f32 [work][num_qo_heads][D] */
     float *partial_lse;          /* f32 [work][num_qo_heads] */
     unsigned *counters;          /* u32 [batch][num_kv_heads], zero between runs */

@@ -5,7 +5,8 @@
  * The grid is persistent: min(padded_work x num_kv_heads, blocks resident at once), each block
  * looping over (work item, KV head) units (decode_kernel.cuh). Kernel arguments hold only what is fixed
  * for a workspace and a layer (pointers, strides, offsets of the workspace's int arrays, the
- * attention variant); counts, lengths and page ids are read from the workspace's device part,
+ * attention variant, and the work count of a non-graph plan); per-unit records, lengths and page
+ * ids -- and the work count of a KVA_PLAN_GRAPH plan -- are read from the workspace's device part,
  * so a run captured in a CUDA graph replays correctly after re-planning into the same workspace.
  */
 #include "cuda_common.cuh"
@@ -57,6 +58,11 @@ extern "C" kva_status kva__cuda_decode_run(kva_context *ctx, const kva_plan *pla
     a.off_kv_indptr = h->off_kv_indptr;
     a.off_page_indices = h->off_page_indices;
     a.off_kv_len = h->off_kv_len;
+    a.records = (const int4 *)(a.ints + h->off_unit_records);
+    /* A graph replays after re-planning: it must read the count from the device; otherwise the
+     * count travels with the launch and the kernel starts one round trip earlier. */
+    a.num_work = (plan->flags & KVA_PLAN_GRAPH) ? -1 : plan->num_work;
+    a.max_units = (int32_t)units;
     a.partial_o = (float *)(dev + h->off_partial_o);
     a.partial_lse = (float *)(dev + h->off_partial_lse);
     a.counters = (unsigned *)(dev + h->off_counters);

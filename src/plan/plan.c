@@ -149,6 +149,8 @@ static kva_status make_plan(kva_context *ctx, const kva_plan_limits *limits, con
     h->off_qo_indptr = off; off += L.cap_batch + 1;
     h->off_kv_len = off; off += L.cap_batch;
     h->off_qo_len = off; off += L.cap_batch;
+    off = (off + 7) / 8 * 8; /* the int section starts 64-byte aligned: records are 32-byte aligned */
+    h->off_unit_records = off; off += KVA__UNIT_RECORD_INTS * L.cap_work;
 
     int32_t *kv_len = ints + h->off_kv_len;
     int32_t *qo_indptr = ints + h->off_qo_indptr;
@@ -245,6 +247,22 @@ static kva_status make_plan(kva_context *ctx, const kva_plan_limits *limits, con
     h->off_scores = (int64_t)L.off_scores;
     h->rows_per_work = L.rows_per_work;
     h->cap_work = L.cap_work;
+    if (in->kind == KVA__PLAN_DECODE) {
+        /* one record per work item: what a GPU block needs before streaming, in one load */
+        int32_t *rec = ints + h->off_unit_records;
+        for (int64_t i = 0; i < w; ++i, rec += KVA__UNIT_RECORD_INTS) {
+            const int32_t b = req[i], len = kv_len[b];
+            const int64_t beg = (int64_t)kt[i] * chunk;
+            rec[KVA__UR_REQUEST] = b;
+            rec[KVA__UR_KEY_BEG] = (int32_t)(beg < len ? beg : len);
+            rec[KVA__UR_KEY_END] = (int32_t)(beg + chunk < len ? beg + chunk : len);
+            rec[KVA__UR_KV_LEN] = len;
+            rec[KVA__UR_PAGE_BEG] = kv_indptr[b];
+            rec[KVA__UR_ITEM_BEG] = gi[b];
+            rec[KVA__UR_ITEM_END] = gi[b + 1];
+            rec[KVA__UR_PAD] = 0;
+        }
+    }
 
     if (ctx->device == KVA_DEVICE_CUDA) {
         KVA_TRY(kva__cuda_plan_upload(ctx, ws.device, ws.host, L.host_bytes));

@@ -61,6 +61,7 @@ kva_status kva__compute_layout(const kva_context *ctx, const kva_plan_limits *li
 
     L.header_bytes = kva__align_up(sizeof(kva__plan_header), 64);
     int64_t ints = 3 * L.cap_work + (L.cap_groups + 1) + (B + 1) + L.cap_pages + B + (B + 1) + B + B;
+    ints += 8 + (int64_t)KVA__UNIT_RECORD_INTS * L.cap_work; /* unit records, 32-byte aligned */
     L.int_section_bytes = kva__align_up((size_t)ints * sizeof(int32_t), 256);
     L.host_bytes = L.header_bytes + L.int_section_bytes;
 

@@ -66,7 +66,25 @@ typedef struct kva__plan_header {
     int64_t off_scores;        /* f32 global-rowmax scratch (CPU decode) */
     int64_t rows_per_work;     /* qo_tile * num_qo_heads (decode: num_qo_heads) */
     int64_t cap_work;          /* capacity of the work arrays (= padded_work with GRAPH) */
+    /* int32 offset (a multiple of 8: 32-byte aligned) of the decode unit records: per work item
+     * KVA__UNIT_RECORD_INTS int32 (see below), [cap_work]; filled for decode plans only */
+    int64_t off_unit_records;
 } kva__plan_header;
+
+/* One decode work item's facts in one 32-byte record, so a GPU block learns everything it
+ * needs before streaming from one round trip instead of a chain of dependent loads
+ * (request -> kv_len / indptrs -> ...). Redundant with the CSR arrays, which stay. */
+#define KVA__UNIT_RECORD_INTS 8
+enum kva__unit_record_field {
+    KVA__UR_REQUEST = 0,   /* request b */
+    KVA__UR_KEY_BEG = 1,   /* first key of the chunk (chunk index * chunk size) */
+    KVA__UR_KEY_END = 2,   /* one past its last key: min(key_beg + chunk, kv_len) */
+    KVA__UR_KV_LEN = 3,    /* keys of request b (sliding windows count from its end) */
+    KVA__UR_PAGE_BEG = 4,  /* request b's first entry in the page-index array */
+    KVA__UR_ITEM_BEG = 5,  /* request b's work items (merge range) */
+    KVA__UR_ITEM_END = 6,
+    KVA__UR_PAD = 7
+};
 
 /* Capacities and byte offsets derived from limits + policy; identical at sizing and planning. */
 typedef struct kva__workspace_layout {
