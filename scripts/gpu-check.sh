@@ -67,6 +67,14 @@ if [ "${GPU_CHECK_SANITIZE:-1}" != 0 ]; then
     grep -E "RACECHECK SUMMARY|ERROR SUMMARY" "$OUT/racecheck.log" | tail -1
 fi
 
+# End to end through the command: one shape against the float64 reference, then a short
+# serving simulation (continuous batching, preemption, sampled verification) on the GPU.
+if [ "${GPU_CHECK_E2E:-1}" != 0 ]; then
+    run_tests "kvattn check" check.log "./$BUILD/kvattn" check --device cuda
+    run_tests "kvattn run" run.log "./$BUILD/kvattn" run --device cuda --requests 48 --pages 600
+    tail -25 "$OUT/run.log"
+fi
+
 if [ "${GPU_CHECK_BENCH:-1}" != 0 ]; then
     t=$(date +%s)
     # shellcheck disable=SC2086
