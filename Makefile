@@ -3,11 +3,12 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: all build test test-asan cuda-build clean run bench
+.PHONY: all build test test-asan clean run bench
 
 all: build
 
 build:
+	@command -v cmake >/dev/null 2>&1 || bash scripts/install-deps.sh
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS) >/dev/null
 	cmake --build $(BUILD) -j $(JOBS)
 
@@ -16,6 +17,7 @@ test: build
 
 # CPU tests under AddressSanitizer + UndefinedBehaviorSanitizer (no CUDA in this build).
 test-asan:
+	@command -v cmake >/dev/null 2>&1 || bash scripts/install-deps.sh
 	cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DKVA_SANITIZE=ON -DKVA_CUDA=OFF >/dev/null
 	cmake --build build-asan -j $(JOBS)
 	KVA_TEST_QUICK=1 ./build-asan/kvattn_tests
