@@ -348,7 +348,10 @@ kva_status kva_decode_workspace_size(const kva_context *ctx, const kva_plan_limi
  * chooses the split and writes the work arrays.
  * @return KVA_ERR_OUT_OF_RANGE for a page id outside 0..num_pages-1 or last_page_len outside
  *         1..page_size, KVA_ERR_BAD_SHAPE for a broken indptr (first entry not 0, decreasing),
- *         KVA_ERR_WORKSPACE_TOO_SMALL when the batch exceeds the limits the workspace was sized for. */
+ *         KVA_ERR_BAD_SHAPE for batch_size > limits->max_batch, KVA_ERR_WORKSPACE_TOO_SMALL when
+ *         the pages or work items exceed what the workspace was sized for. A failing plan call
+ *         leaves no valid plan in the workspace (runs with an older plan then fail with
+ *         KVA_ERR_BAD_STATE); re-plan before running. */
 kva_status kva_decode_plan(kva_context *ctx, const kva_plan_limits *limits,
                            const kva_page_table *page_table, int32_t num_pages,
                            const kva_plan_options *options, kva_workspace workspace,

@@ -80,7 +80,14 @@ kva_status kva__check_plan(const kva_plan *plan, int kind, const kva_attn_params
     if (plan->magic != KVA__PLAN_MAGIC || !plan->workspace.host)
         return kva__fail(KVA_ERR_BAD_STATE, "plan: not made by kva_*_plan (or zeroed)");
     const kva__plan_header *h = kva__plan_header_of(plan->workspace.host);
-    if (h->magic != KVA__PLAN_MAGIC || h->num_work != plan->num_work)
+    /* A re-plan into the same workspace replaces the header; compare every fact a run reads
+     * from it, since tensors are checked against the struct but kernels use the header. */
+    if (h->magic != KVA__PLAN_MAGIC || h->num_work != plan->num_work || h->kind != plan->kind ||
+        h->batch_size != plan->batch_size || h->kv_chunk_size != plan->kv_chunk_size ||
+        h->qo_tile_size != plan->qo_tile_size || h->page_size != plan->page_size ||
+        h->num_qo_heads != plan->num_qo_heads || h->num_kv_heads != plan->num_kv_heads ||
+        h->head_dim != plan->head_dim || h->padded_work != plan->padded_work ||
+        h->split_kv != plan->split_kv || h->algo != (int32_t)plan->algo)
         return kva__fail(KVA_ERR_BAD_STATE,
                          "plan: its workspace now holds another plan (re-plan before running)");
     if (plan->kind != kind)

@@ -31,7 +31,7 @@ kva_status kva_prefill_workspace_size(const kva_context *ctx, const kva_plan_lim
     *device_bytes = R.device_bytes;
     *host_bytes = R.host_bytes;
     /* page_size 0 means "ragged plans only"; otherwise size for paged plans too */
-    if (limits->page_size > 0 || limits->max_total_pages > 0) {
+    if (limits->page_size != 0) {
         kva__workspace_layout L;
         KVA_TRY(kva__compute_layout(ctx, limits, KVA__PLAN_PREFILL_PAGED, &L));
         if (L.device_bytes > *device_bytes) *device_bytes = L.device_bytes;
@@ -133,8 +133,9 @@ static kva_status make_plan(kva_context *ctx, const kva_plan_limits *limits, con
 
     if (ctx->device == KVA_DEVICE_CUDA) KVA_TRY(kva__cuda_plan_begin(ctx, ws.host));
 
-    /* Everything is written into the host part; nothing else changes until all checks pass,
-     * except that part itself. */
+    /* Everything is written into the host part. A failure below leaves it without a valid plan
+     * (the header is cleared first), so a stale plan can never run against half-written arrays;
+     * nothing outside the workspace changes. */
     kva__plan_header *h = kva__plan_header_of(ws.host);
     int32_t *ints = kva__plan_ints(ws.host);
     memset(h, 0, sizeof *h);
@@ -219,7 +220,7 @@ static kva_status make_plan(kva_context *ctx, const kva_plan_limits *limits, con
                          "plan: %lld work items (chunk %d) exceed the workspace's %lld",
                          (long long)kva__count_work(&p, chunk), chunk, (long long)L.cap_work);
     int64_t g = 0;
-    for (int32_t b = 0; b < B; ++b) g += (qo_len[b] + p.qo_tile - 1) / p.qo_tile;
+    for (int32_t b = 0; b < B; ++b) g += ((int64_t)qo_len[b] + p.qo_tile - 1) / p.qo_tile;
     bool split = w > g;
     if (split && w > L.cap_split_work)
         return kva__fail(KVA_ERR_WORKSPACE_TOO_SMALL,

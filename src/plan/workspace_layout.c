@@ -21,7 +21,25 @@ static kva_status check_limits(const kva_plan_limits *l, int kind) {
         return kva__fail(KVA_ERR_INVALID_ARG, "plan limits: max_total_qo < 0");
     if (l->max_total_kv < 0)
         return kva__fail(KVA_ERR_INVALID_ARG, "plan limits: max_total_kv < 0");
+    /* The CSR totals are int32, so larger limits can never be used; refusing them also keeps
+     * the int-section arithmetic below far from overflow. */
+    if (l->max_total_pages > INT32_MAX || l->max_total_kv > INT32_MAX || l->max_total_qo > INT32_MAX)
+        return kva__fail(KVA_ERR_INVALID_ARG,
+                         "plan limits: max_total_pages / kv / qo (%lld / %lld / %lld) exceed 2^31 - 1",
+                         (long long)l->max_total_pages, (long long)l->max_total_kv,
+                         (long long)l->max_total_qo);
     return KVA_OK;
+}
+
+/* Appends a region of a * b * c 4-byte elements (f32 or u32; rounded to 256 bytes) at *off;
+ * false if its size or the running offset would overflow. */
+static bool add_f32_region(size_t *off, uint64_t a, uint64_t b, uint64_t c) {
+    uint64_t bytes;
+    if (__builtin_mul_overflow(a, b, &bytes) || __builtin_mul_overflow(bytes, c, &bytes) ||
+        __builtin_mul_overflow(bytes, (uint64_t)4, &bytes) || bytes > (uint64_t)PTRDIFF_MAX)
+        return false;
+    bytes = kva__align_up(bytes, 256);
+    return !__builtin_add_overflow(*off, (size_t)bytes, off) && *off <= (size_t)PTRDIFF_MAX;
 }
 
 kva_status kva__compute_layout(const kva_context *ctx, const kva_plan_limits *limits, int kind,
@@ -66,20 +84,26 @@ kva_status kva__compute_layout(const kva_context *ctx, const kva_plan_limits *li
     L.host_bytes = L.header_bytes + L.int_section_bytes;
 
     size_t off = L.host_bytes;
-    size_t D = (size_t)limits->head_dim;
+    uint64_t D = (uint64_t)limits->head_dim;
+    bool fits = true;
     L.off_partial_o = off;
-    off += kva__align_up((size_t)L.cap_split_work * (size_t)L.rows_per_work * D * 4, 256);
+    fits = fits && add_f32_region(&off, (uint64_t)L.cap_split_work, (uint64_t)L.rows_per_work, D);
     L.off_partial_lse = off;
-    off += kva__align_up((size_t)L.cap_split_work * (size_t)L.rows_per_work * 4, 256);
+    fits = fits && add_f32_region(&off, (uint64_t)L.cap_split_work, (uint64_t)L.rows_per_work, 1);
     L.off_counters = off;
-    off += kva__align_up((size_t)L.cap_groups * (size_t)limits->num_kv_heads * 4, 256);
+    fits = fits && add_f32_region(&off, (uint64_t)L.cap_groups, (uint64_t)limits->num_kv_heads, 1);
     L.off_scores = off;
     if (kind == KVA__PLAN_DECODE && ctx->device == KVA_DEVICE_CPU) {
         int64_t total_kv = limits->max_total_kv > 0
                                ? limits->max_total_kv
                                : limits->max_total_pages * (int64_t)limits->page_size;
-        off += kva__align_up((size_t)limits->num_qo_heads * (size_t)total_kv * 4, 256);
+        fits = fits && add_f32_region(&off, (uint64_t)limits->num_qo_heads, (uint64_t)total_kv, 1);
     }
+    if (!fits)
+        return kva__fail(KVA_ERR_INVALID_ARG,
+                         "plan limits: a workspace for batch %d, %d query heads x head_dim %d is "
+                         "too large to address",
+                         limits->max_batch, limits->num_qo_heads, limits->head_dim);
     L.device_bytes = off;
     *out = L;
     return KVA_OK;
