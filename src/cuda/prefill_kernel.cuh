@@ -1,0 +1,371 @@
+/*
+ * prefill_kernel.cuh -- FlashAttention-2-style prefill on tensor cores (f16/bf16 in, f32
+ * accumulate), for ragged or paged K/V, from a host plan or for one dense sequence. Included by
+ * prefill_bf16.cu and prefill_f16.cu, which instantiate it per head dim and tile.
+ *
+ * Work split
+ *   grid  = (work items, KV heads). Work item w is one (request, query tile, key chunk) of the
+ *           plan (its 32-byte record) or, for a dense call, query tile w of the one sequence.
+ *           Blocks run work items last-first: later query tiles of a causal request see more
+ *           keys, so the longest blocks start first and short ones fill the tail. Blocks of one
+ *           KV head launch together and share its K/V through L2.
+ *   block = ROWS = 64 * MT packed query rows: row r is token r / group, query head
+ *           kh * group + r % group, so every K/V tile loaded serves the whole GQA group.
+ *           4 warps; warp i owns rows 16*MT*i .. +16*MT (FA2 split: no cross-warp softmax).
+ *   loop  = key tiles of BN = 64 keys through a 2-stage cp.async ring in swizzled shared
+ *           memory, K and V in separate commit groups so S = Q K^T starts while V lands:
+ *             iteration j: issue K[j+1]; wait K[j]; S = Q K[j]^T (ldmatrix Q and K,
+ *             mma.m16n8k16); mask (diagonal / window / chunk-end tiles only); online softmax
+ *             in registers with exp2 (log2 e folded into the scale); issue V[j+1]; wait V[j];
+ *             O += P V[j] (P re-packed from S's accumulators, V by ldmatrix.trans).
+ *           Causal: tiles right of the tile's last query are never loaded; window: tiles left
+ *           of its first query's window are never loaded.
+ *   out   = O / l in the output dtype and LSE (natural log) when the work item covers all of
+ *           its request's keys; otherwise f32 partial O and LSE into the workspace, merged by
+ *           prefill_merge.cu. A row that sees no key gets 0 and LSE -inf.
+ *
+ * Per key tile and block: bytes = 2 * BN * D * 2 (K and V; 32 KB at D = 128) from L2/DRAM;
+ * FLOPs = 4 * ROWS * BN * D (4.2 MFLOP at ROWS = 128, D = 128); shared-memory reads per warp =
+ * (16*MT*D + 2*BN*D) * 2 bytes (Q re-read per tile, K and V once per warp).
+ * Registers per thread: O = MT * D / 2 floats, S = MT * BN / 4 floats.
+ */
+#ifndef KVA_PREFILL_KERNEL_CUH
+#define KVA_PREFILL_KERNEL_CUH
+
+#include "cuda_common.cuh"
+#include "prefill_kernels.h"
+
+#define KVA__PF_LN2 0.6931471805599453f
+
+template <typename T, int D, int MT>
+struct kva__prefill_geom {
+    static constexpr int ROWS = 16 * MT * KVA__PREFILL_WARPS;
+    static constexpr int BN = 64;
+    static constexpr int RB = D * 2;            /* bytes of a row */
+    static constexpr int CPR = RB / 16;         /* 16-byte chunks per row */
+    static constexpr int Q_BYTES = ROWS * RB;
+    static constexpr int TILE_BYTES = BN * RB;  /* K or V of one tile */
+    static constexpr int STAGES = 2;
+    static constexpr int SMEM = Q_BYTES + STAGES * 2 * TILE_BYTES;
+    static_assert(CPR >= 8, "the swizzle needs 8 chunks per row");
+};
+
+/* Byte offset of 16-byte chunk c of row r in a swizzled tile (chunk index XOR row mod 8), so the
+ * 8 row addresses of one ldmatrix hit 8 different bank groups. */
+template <int RB>
+__device__ __forceinline__ uint32_t kva__pf_swz(int r, int c) {
+    return (uint32_t)(r * RB + ((c ^ (r & 7)) << 4));
+}
+
+/* 16-byte global -> shared copy (L2 only); zero-filled when !valid. K/V keep the default L2
+ * policy: every query tile of a request re-reads them. */
+__device__ __forceinline__ void kva__pf_cp16(uint32_t dst, const void *src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+                 "r"(valid ? 16 : 0)
+                 : "memory");
+}
+
+/* tanh to ~1e-7 absolute (tanhf under --use_fast_math is too coarse). */
+__device__ __forceinline__ float kva__pf_tanh(float x) {
+    const float e = exp2f(fabsf(x) * 2.8853900817779268f);
+    return copysignf(1.0f - __fdividef(2.0f, e + 1.0f), x);
+}
+
+/* What a block learns about its work item before streaming. */
+typedef struct kva__pf_item {
+    int w, b;
+    int key_beg, key_end, kv_len, kv_beg;
+    int q_row0, q_tokens, q_pos0;
+} kva__pf_item;
+
+/* Reads work item `i` (in launch order) of the plan or of the dense call; false past the end. */
+__device__ __forceinline__ bool kva__pf_load_item(const kva__prefill_args &a, int i, kva__pf_item &it) {
+    const int num_work = a.num_work >= 0 ? a.num_work : __ldg(a.num_work_dev);
+    if (i >= num_work) return false;
+    it.w = num_work - 1 - i;
+    if (a.records) {
+        const int4 r0 = __ldg(a.records + 2 * it.w), r1 = __ldg(a.records + 2 * it.w + 1);
+        it.b = r0.x;
+        it.key_beg = r0.y;
+        it.key_end = r0.z;
+        it.kv_len = r0.w;
+        it.kv_beg = r1.x;
+        it.q_row0 = r1.y;
+        it.q_tokens = r1.z;
+        it.q_pos0 = r1.w;
+    } else {
+        it.b = 0;
+        it.key_beg = 0;
+        it.key_end = a.dense_kv_len;
+        it.kv_len = a.dense_kv_len;
+        it.kv_beg = 0;
+        it.q_row0 = it.w * a.qo_tile;
+        const int left = a.dense_qo_len - it.q_row0;
+        it.q_tokens = left < a.qo_tile ? left : a.qo_tile;
+        it.q_pos0 = a.dense_kv_len - a.dense_qo_len + it.q_row0;
+    }
+    return true;
+}
+
+template <typename T, int D, int MT>
+__global__ void __launch_bounds__(KVA__PREFILL_THREADS, 1)
+    kva__prefill_kernel(const __grid_constant__ kva__prefill_args a) {
+    using G = kva__prefill_geom<T, D, MT>;
+    constexpr int BN = G::BN, RB = G::RB, CPR = G::CPR, ROWS = G::ROWS;
+    constexpr int NT = BN / 8;   /* n8 tiles of S per m16 tile */
+    constexpr int DT = D / 8;    /* n8 tiles of O per m16 tile */
+    extern __shared__ __align__(128) unsigned char smem[];
+
+    kva__pf_item it;
+    if (!kva__pf_load_item(a, blockIdx.x, it)) return;
+    const int kh = blockIdx.y;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = a.group;
+    const int rows = it.q_tokens * g;
+    const bool split = it.key_beg > 0 || it.key_end < it.kv_len;
+
+    /* Keys any row of the tile may see. */
+    int lo = it.key_beg, hi = it.key_end;
+    const int q_last = it.q_pos0 + it.q_tokens - 1;
+    if (a.causal && hi > q_last + 1) hi = q_last + 1;
+    if (a.window_left >= 0 && lo < it.q_pos0 - a.window_left) lo = it.q_pos0 - a.window_left;
+    const int n_tiles = hi > lo ? (hi - lo + BN - 1) / BN : 0;
+
+    const uint32_t q_s = kva__smem_addr(smem);
+    const uint32_t kv_s = q_s + G::Q_BYTES; /* stage s: K at kv_s + s*2*TILE, V after it */
+
+    /* ---- Q tile -> shared (rows past the tile are zero) ---- */
+    {
+        const T *qb = (const T *)a.q;
+#pragma unroll
+        for (int j = 0; j < ROWS * CPR / KVA__PREFILL_THREADS; ++j) {
+            const int i = tid + j * KVA__PREFILL_THREADS, r = i / CPR, c = i % CPR;
+            const bool ok = r < rows;
+            const int t = ok ? r / g : 0, hh = ok ? r - t * g : 0;
+            const T *src = qb + (int64_t)(it.q_row0 + t) * a.q_st + (int64_t)(kh * g + hh) * a.q_sh + c * 8;
+            kva__pf_cp16(q_s + kva__pf_swz<RB>(r, c), ok ? (const void *)src : a.q, ok);
+        }
+    }
+
+    /* ---- K/V tile copies: thread tid copies chunk tid % CPR of rows tid / CPR + k * RSTEP ---- */
+    constexpr int RSTEP = KVA__PREFILL_THREADS / CPR; /* rows covered per pass (CPR <= 32) */
+    constexpr int PASSES = BN / RSTEP;
+    const int my_c = tid % CPR, my_r = tid / CPR;
+    const T *kbase = (const T *)a.k + (int64_t)kh * a.k_sh + my_c * 8;
+    const T *vbase = (const T *)a.v + (int64_t)kh * a.v_sh + my_c * 8;
+    /* Copies my rows of key tile j of K or V (token stride st) into dst; keys past the visible
+     * range are zero-filled, never read. Page ids are looked up per copy (L1 hits) rather than
+     * kept in registers across the tile. */
+    auto issue = [&](const T *base, int64_t st, int j, uint32_t dst) {
+        const int key0 = lo + j * BN;
+#pragma unroll
+        for (int p = 0; p < PASSES; ++p) {
+            const int key = key0 + my_r + p * RSTEP;
+            const bool ok = key < hi;
+            int64_t off = 0;
+            if (ok) {
+                if (a.page_indices) {
+                    const int pg = key / a.page_size, slot = key - pg * a.page_size;
+                    off = (int64_t)__ldg(a.page_indices + it.kv_beg + pg) * a.page_stride + (int64_t)slot * st;
+                } else {
+                    off = (int64_t)(it.kv_beg + key) * st;
+                }
+            }
+            kva__pf_cp16(dst + kva__pf_swz<RB>(my_r + p * RSTEP, my_c), ok ? (const void *)(base + off) : a.k, ok);
+        }
+    };
+    auto k_stage = [&](int s) { return kv_s + s * 2 * G::TILE_BYTES; };
+    auto v_stage = [&](int s) { return kv_s + s * 2 * G::TILE_BYTES + G::TILE_BYTES; };
+
+    if (n_tiles > 0) issue(kbase, a.k_st, 0, k_stage(0));
+    kva__cp_async_commit(); /* group: Q + K[0] */
+    if (n_tiles > 0) issue(vbase, a.v_st, 0, v_stage(0));
+    kva__cp_async_commit(); /* group: V[0] */
+
+    /* ---- per-thread state: rows lane/4 and lane/4 + 8 of each of my m16 tiles ---- */
+    float o_acc[MT][DT][4];
+    float m_st[MT][2], l_st[MT][2];
+    int pos[MT][2]; /* query position of each of my rows */
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+        for (int dt = 0; dt < DT; ++dt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) o_acc[mt][dt][e] = 0.0f;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            m_st[mt][h] = -INFINITY;
+            l_st[mt][h] = 0.0f;
+            const int r = warp * 16 * MT + mt * 16 + (lane >> 2) + 8 * h;
+            pos[mt][h] = it.q_pos0 + r / g;
+        }
+    }
+    const int row_base = warp * 16 * MT;
+
+    for (int j = 0; j < n_tiles; ++j) {
+        const int s = j & 1;
+        const int key0 = lo + j * BN;
+        if (j + 1 < n_tiles) issue(kbase, a.k_st, j + 1, k_stage(s ^ 1));
+        kva__cp_async_commit(); /* K[j+1] */
+        kva__cp_async_wait<2>(); /* K[j] (and Q) landed for this thread */
+        __syncthreads();
+
+        /* ---- S = Q K^T ---- */
+        float sc[MT][NT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) sc[mt][nt][e] = 0.0f;
+        const uint32_t ks = k_stage(s);
+#pragma unroll
+        for (int kd = 0; kd < D / 16; ++kd) {
+            uint32_t qa[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+                kva__ldmatrix_x4(qa[mt], q_s + kva__pf_swz<RB>(row_base + mt * 16 + (lane & 15), 2 * kd + (lane >> 4)));
+#pragma unroll
+            for (int np = 0; np < NT / 2; ++np) {
+                uint32_t kb[4];
+                kva__ldmatrix_x4(kb, ks + kva__pf_swz<RB>(np * 16 + ((lane >> 4) << 3) + (lane & 7), 2 * kd + ((lane >> 3) & 1)));
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+                    kva__mma16816<T>(sc[mt][2 * np], qa[mt], kb[0], kb[1]);
+                    kva__mma16816<T>(sc[mt][2 * np + 1], qa[mt], kb[2], kb[3]);
+                }
+            }
+        }
+
+        /* ---- scores in log2 units; masks only where a tile crosses a boundary ---- */
+        const bool need_mask = key0 + BN > hi || (a.causal && key0 + BN - 1 > it.q_pos0) ||
+                               (a.window_left >= 0 && key0 < q_last - a.window_left);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    float x = sc[mt][nt][e];
+                    x = a.cap_log2 > 0.0f ? a.cap_log2 * kva__pf_tanh(x * a.cap_inv_scale) : x * a.scale_log2;
+                    if (need_mask) {
+                        const int key = key0 + nt * 8 + 2 * (lane & 3) + (e & 1);
+                        const int p = pos[mt][e >> 1];
+                        if (key >= hi || (a.causal && key > p) || (a.window_left >= 0 && key < p - a.window_left))
+                            x = -INFINITY;
+                    }
+                    sc[mt][nt][e] = x;
+                }
+
+        /* ---- online softmax (a row lives in the 4 lanes of a quad) ---- */
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                float mx = -INFINITY;
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt) mx = fmaxf(mx, fmaxf(sc[mt][nt][2 * h], sc[mt][nt][2 * h + 1]));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                const float m_new = fmaxf(m_st[mt][h], mx);
+                const float m_use = m_new == -INFINITY ? 0.0f : m_new;
+                const float alpha = exp2f(m_st[mt][h] - m_use);
+                m_st[mt][h] = m_new;
+                float sum = 0.0f;
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt) {
+                    const float p0 = exp2f(sc[mt][nt][2 * h] - m_use);
+                    const float p1 = exp2f(sc[mt][nt][2 * h + 1] - m_use);
+                    sc[mt][nt][2 * h] = p0;
+                    sc[mt][nt][2 * h + 1] = p1;
+                    sum += p0 + p1;
+                }
+                l_st[mt][h] = l_st[mt][h] * alpha + sum;
+#pragma unroll
+                for (int dt = 0; dt < DT; ++dt) {
+                    o_acc[mt][dt][2 * h] *= alpha;
+                    o_acc[mt][dt][2 * h + 1] *= alpha;
+                }
+            }
+
+        if (j + 1 < n_tiles) issue(vbase, a.v_st, j + 1, v_stage(s ^ 1));
+        kva__cp_async_commit(); /* V[j+1] */
+        kva__cp_async_wait<2>(); /* V[j] landed */
+        __syncthreads();
+
+        /* ---- O += P V ---- */
+        const uint32_t vs = v_stage(s);
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; ++kk) {
+            uint32_t pa[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+                pa[mt][0] = kva__pack2<T>(sc[mt][2 * kk][0], sc[mt][2 * kk][1]);
+                pa[mt][1] = kva__pack2<T>(sc[mt][2 * kk][2], sc[mt][2 * kk][3]);
+                pa[mt][2] = kva__pack2<T>(sc[mt][2 * kk + 1][0], sc[mt][2 * kk + 1][1]);
+                pa[mt][3] = kva__pack2<T>(sc[mt][2 * kk + 1][2], sc[mt][2 * kk + 1][3]);
+            }
+#pragma unroll
+            for (int dp = 0; dp < D / 16; ++dp) {
+                uint32_t vb[4];
+                kva__ldmatrix_x4_trans(vb, vs + kva__pf_swz<RB>(kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3), 2 * dp + (lane >> 4)));
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+                    kva__mma16816<T>(o_acc[mt][2 * dp], pa[mt], vb[0], vb[1]);
+                    kva__mma16816<T>(o_acc[mt][2 * dp + 1], pa[mt], vb[2], vb[3]);
+                }
+            }
+        }
+        /* No barrier here: stage s is refilled only after the next iteration's first barrier,
+         * which every warp reaches after finishing this tile. */
+    }
+    kva__cp_async_wait<0>();
+
+    /* ---- epilogue: normalise, write o + lse, or the partial state ---- */
+    const int Hq = a.num_qo_heads;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            float l = l_st[mt][h];
+            l += __shfl_xor_sync(0xffffffffu, l, 1);
+            l += __shfl_xor_sync(0xffffffffu, l, 2);
+            const int r = row_base + mt * 16 + (lane >> 2) + 8 * h;
+            if (r >= rows) continue;
+            const int t = r / g, qh = kh * g + (r - t * g);
+            const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+            const float lse = l > 0.0f ? (m_st[mt][h] + __log2f(l)) * KVA__PF_LN2 : -INFINITY;
+            const int d0 = 2 * (lane & 3);
+            if (!split) {
+                T *orow = (T *)a.o + (int64_t)(it.q_row0 + t) * a.o_st + (int64_t)qh * a.o_sh + d0;
+#pragma unroll
+                for (int dt = 0; dt < DT; ++dt)
+                    *reinterpret_cast<uint32_t *>(orow + dt * 8) =
+                        kva__pack2<T>(o_acc[mt][dt][2 * h] * inv, o_acc[mt][dt][2 * h + 1] * inv);
+                if (a.lse && (lane & 3) == 0) a.lse[(int64_t)(it.q_row0 + t) * Hq + qh] = lse;
+            } else {
+                const int64_t prow = (int64_t)it.w * a.rows_per_work + (int64_t)t * Hq + qh;
+                float *orow = a.partial_o + prow * D + d0;
+#pragma unroll
+                for (int dt = 0; dt < DT; ++dt)
+                    *reinterpret_cast<float2 *>(orow + dt * 8) =
+                        make_float2(o_acc[mt][dt][2 * h] * inv, o_acc[mt][dt][2 * h + 1] * inv);
+                if ((lane & 3) == 0) a.partial_lse[prow] = lse;
+            }
+        }
+}
+
+/* Instantiates the kernels of one 16-bit element type and the lookup the chooser calls. */
+#define KVA__PREFILL_INSTANTIATE(T, NAME)                                                      \
+    const void *NAME(int head_dim, int rows, int *smem) {                                      \
+        switch (head_dim * 1000 + rows) {                                                      \
+        case 64128: *smem = kva__prefill_geom<T, 64, 2>::SMEM; return (const void *)kva__prefill_kernel<T, 64, 2>;   \
+        case 64064: *smem = kva__prefill_geom<T, 64, 1>::SMEM; return (const void *)kva__prefill_kernel<T, 64, 1>;   \
+        case 128128: *smem = kva__prefill_geom<T, 128, 2>::SMEM; return (const void *)kva__prefill_kernel<T, 128, 2>; \
+        case 128064: *smem = kva__prefill_geom<T, 128, 1>::SMEM; return (const void *)kva__prefill_kernel<T, 128, 1>; \
+        case 256064: *smem = kva__prefill_geom<T, 256, 1>::SMEM; return (const void *)kva__prefill_kernel<T, 256, 1>; \
+        default: return NULL;                                                                  \
+        }                                                                                      \
+    }
+
+#endif /* KVA_PREFILL_KERNEL_CUH */
