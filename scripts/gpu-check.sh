@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
 # gpu-check.sh -- everything a GPU machine run needs, in one go, from the repository root:
 #   1. build for sm_90a (KVA_CUDA_ARCHS=90a) into $BUILD (default build-gpu),
-#   2. the GPU tests (kvattn_tests cuda*: decode sweep, graphs, merge, cache, errors) against
-#      the float64 reference,
+#   2. the GPU tests (kvattn_tests cuda*: decode sweep, prefill (cuda_prefill*), graphs, merge,
+#      cache, errors) against the float64 reference,
 #   3. the same under compute-sanitizer memcheck, and racecheck, on the small sweep
-#      (KVA_TEST_QUICK=1),
-#   4. the benchmark (bench/bench_torch.py: read ceiling, ours vs PyTorch SDPA, graph replays),
+#      (KVA_TEST_QUICK=1; prefill: the cuda_prefill_quick subset),
+#   4. the benchmark (bench/bench_torch.py: decode table -- read ceiling, ours vs PyTorch SDPA,
+#      graph replays -- and prefill table -- bf16 GEMM ceiling, ours ragged / paged / dense vs
+#      SDPA flash and cuDNN; both tables printed at the end, numbers in bench.json),
 #   5. a summary, printed last.
 # Full logs go to $OUT (default ./gpu-check-out). Knobs: GPU_CHECK_SANITIZE=0 skips step 3,
 # GPU_CHECK_BENCH=0 skips step 4, GPU_CHECK_BENCH_ARGS passes options to bench_torch.py
-# (e.g. "--quick --shapes 1x8192,64x4096"), GPU_CHECK_TESTS selects tests (default "cuda").
+# (e.g. "--quick --shapes 1x8192,64x4096", "--prefill-only", "--decode-only"), GPU_CHECK_TESTS
+# selects tests (default "cuda", which includes the cuda_prefill* tests).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-check-out}
@@ -32,6 +35,9 @@ if cmake -S . -B "$BUILD" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DKVA_CUDA=ON -
     note "build: ok ($(( $(date +%s) - t0 )) s)"
     grep -A2 "Compiling entry function '_Z18kva__decode_kernel" "$OUT/build.log" \
         | grep -E "registers|spill" | sort | uniq -c >"$OUT/ptxas.txt" || true
+    # prefill kernels (any entry function with "prefill" in its mangled name)
+    grep -A3 -E "Compiling entry function '[^']*prefill" "$OUT/build.log" \
+        | grep -E "registers|spill" | sort | uniq -c | sed 's/^/prefill: /' >>"$OUT/ptxas.txt" || true
 else
     tail -40 "$OUT/build.log"
     note "build: FAILED (see build.log)"
@@ -60,10 +66,12 @@ run_tests "tests" tests.log "./$BUILD/kvattn_tests" $TESTS
 
 if [ "${GPU_CHECK_SANITIZE:-1}" != 0 ]; then
     run_tests "memcheck" memcheck.log env KVA_TEST_QUICK=1 compute-sanitizer --tool memcheck \
-        --leak-check no --error-exitcode 9 "./$BUILD/kvattn_tests" cuda_decode cuda_merge cuda_cache cuda_graph
+        --leak-check no --error-exitcode 9 "./$BUILD/kvattn_tests" cuda_decode cuda_merge cuda_cache cuda_graph \
+        cuda_prefill_quick
     grep -E "ERROR SUMMARY" "$OUT/memcheck.log" | tail -1
     run_tests "racecheck" racecheck.log env KVA_TEST_QUICK=1 compute-sanitizer --tool racecheck \
-        --error-exitcode 9 "./$BUILD/kvattn_tests" cuda_decode_sweep cuda_decode_long
+        --error-exitcode 9 "./$BUILD/kvattn_tests" cuda_decode_sweep cuda_decode_long \
+        cuda_prefill_quick
     grep -E "RACECHECK SUMMARY|ERROR SUMMARY" "$OUT/racecheck.log" | tail -1
 fi
 
@@ -75,16 +83,18 @@ if [ "${GPU_CHECK_E2E:-1}" != 0 ]; then
     tail -25 "$OUT/run.log"
 fi
 
+# Both tables (decode, then prefill; ~2-3 minutes); the prefill rows say "unsupported" where
+# kvattn has no CUDA prefill yet.
 if [ "${GPU_CHECK_BENCH:-1}" != 0 ]; then
     t=$(date +%s)
     # shellcheck disable=SC2086
     if PYTHONUNBUFFERED=1 python3 bench/bench_torch.py --build "$BUILD" --json "$OUT/bench.json" \
             ${GPU_CHECK_BENCH_ARGS:-} >"$OUT/bench.log" 2>&1; then
-        note "bench: ok ($(( $(date +%s) - t )) s)"
+        note "bench: ok ($(( $(date +%s) - t )) s) $(grep -E '^prefill rows:' "$OUT/bench.log" | tail -1)"
     else
         status=1
         tail -20 "$OUT/bench.log"
-        note "bench: FAILED (see bench.log)"
+        note "bench: FAILED (see bench.log) $(grep -E '^prefill rows:' "$OUT/bench.log" | tail -1)"
     fi
     sed -n '/^## kvattn/,$p' "$OUT/bench.log"
 fi
