@@ -67,7 +67,7 @@ run_tests "tests" tests.log "./$BUILD/kvattn_tests" $TESTS
 if [ "${GPU_CHECK_SANITIZE:-1}" != 0 ]; then
     run_tests "memcheck" memcheck.log env KVA_TEST_QUICK=1 compute-sanitizer --tool memcheck \
         --leak-check no --error-exitcode 9 "./$BUILD/kvattn_tests" cuda_decode cuda_merge cuda_cache cuda_graph \
-        cuda_prefill_quick
+        cuda_prefill
     grep -E "ERROR SUMMARY" "$OUT/memcheck.log" | tail -1
     run_tests "racecheck" racecheck.log env KVA_TEST_QUICK=1 compute-sanitizer --tool racecheck \
         --error-exitcode 9 "./$BUILD/kvattn_tests" cuda_decode_sweep cuda_decode_long \

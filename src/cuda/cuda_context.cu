@@ -249,7 +249,7 @@ extern "C" kva_status kva__cuda_plan_upload(kva_context *ctx, void *device_part,
 
 /* ---- split policy ---------------------------------------------------------------------------- */
 
-/* Prefill: query tiles of the largest kernel's rows (128 packed rows, 64 at head_dim 256) or,
+/* Prefill: query tiles of the largest kernel's rows (128 packed rows) or,
  * for batches of short query runs, of the 64-row kernel; keys split only while the batch's
  * (work item x KV head) blocks are fewer than one wave, in chunks of at least 4 key tiles. */
 static kva_status prefill_policy(const kva_context *ctx, const kva_plan_limits *limits, int dim_idx,

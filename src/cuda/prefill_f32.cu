@@ -147,8 +147,9 @@ __global__ void __launch_bounds__(KVA__PREFILL_THREADS)
     }
 }
 
-const void *kva__prefill_f32(int head_dim, int rows, int *smem) {
+const void *kva__prefill_f32(int head_dim, int rows, int *smem, int *threads) {
     (void)rows; /* one kernel serves any row count: it takes rows 32 at a time */
+    *threads = KVA__PREFILL_THREADS;
     switch (head_dim) {
     case 64: *smem = kva__pf32_geom<64>::SMEM; return (const void *)kva__prefill_f32_kernel<64>;
     case 128: *smem = kva__pf32_geom<128>::SMEM; return (const void *)kva__prefill_f32_kernel<128>;

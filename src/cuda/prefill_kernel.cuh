@@ -37,16 +37,19 @@
 
 #define KVA__PF_LN2 0.6931471805599453f
 
-template <typename T, int D, int MT>
+template <typename T, int D, int MT, int WARPS, int BN_ = 64>
 struct kva__prefill_geom {
-    static constexpr int ROWS = 16 * MT * KVA__PREFILL_WARPS;
-    static constexpr int BN = 64;
+    static constexpr int THREADS = 32 * WARPS;
+    static constexpr int ROWS = 16 * MT * WARPS;
+    static constexpr int BN = BN_;
     static constexpr int RB = D * 2;            /* bytes of a row */
     static constexpr int CPR = RB / 16;         /* 16-byte chunks per row */
     static constexpr int Q_BYTES = ROWS * RB;
     static constexpr int TILE_BYTES = BN * RB;  /* K or V of one tile */
     static constexpr int STAGES = 2;
-    static constexpr int SMEM = Q_BYTES + STAGES * 2 * TILE_BYTES;
+    /* row offsets (elements) of the keys of two tiles, K and V: [2 tiles][2][BN] int64 */
+    static constexpr int OFF_BYTES = 2 * 2 * BN * 8;
+    static constexpr int SMEM = Q_BYTES + STAGES * 2 * TILE_BYTES + OFF_BYTES;
     static_assert(CPR >= 8, "the swizzle needs 8 chunks per row");
 };
 
@@ -107,10 +110,11 @@ __device__ __forceinline__ bool kva__pf_load_item(const kva__prefill_args &a, in
     return true;
 }
 
-template <typename T, int D, int MT>
-__global__ void __launch_bounds__(KVA__PREFILL_THREADS, 1)
+template <typename T, int D, int MT, int WARPS, int BN_>
+__global__ void __launch_bounds__(32 * WARPS, 1)
     kva__prefill_kernel(const __grid_constant__ kva__prefill_args a) {
-    using G = kva__prefill_geom<T, D, MT>;
+    using G = kva__prefill_geom<T, D, MT, WARPS, BN_>;
+    constexpr int THREADS = G::THREADS;
     constexpr int BN = G::BN, RB = G::RB, CPR = G::CPR, ROWS = G::ROWS;
     constexpr int NT = BN / 8;   /* n8 tiles of S per m16 tile */
     constexpr int DT = D / 8;    /* n8 tiles of O per m16 tile */
@@ -138,8 +142,8 @@ __global__ void __launch_bounds__(KVA__PREFILL_THREADS, 1)
     {
         const T *qb = (const T *)a.q;
 #pragma unroll
-        for (int j = 0; j < ROWS * CPR / KVA__PREFILL_THREADS; ++j) {
-            const int i = tid + j * KVA__PREFILL_THREADS, r = i / CPR, c = i % CPR;
+        for (int j = 0; j < ROWS * CPR / THREADS; ++j) {
+            const int i = tid + j * THREADS, r = i / CPR, c = i % CPR;
             const bool ok = r < rows;
             const int t = ok ? r / g : 0, hh = ok ? r - t * g : 0;
             const T *src = qb + (int64_t)(it.q_row0 + t) * a.q_st + (int64_t)(kh * g + hh) * a.q_sh + c * 8;
@@ -147,45 +151,81 @@ __global__ void __launch_bounds__(KVA__PREFILL_THREADS, 1)
         }
     }
 
-    /* ---- K/V tile copies: thread tid copies chunk tid % CPR of rows tid / CPR + k * RSTEP ---- */
-    constexpr int RSTEP = KVA__PREFILL_THREADS / CPR; /* rows covered per pass (CPR <= 32) */
+    /* ---- K/V tile copies ----
+     * The element offsets of a tile's key rows are computed once per key, by thread `key % BN`
+     * (a page-id load and a division by the page size done with a multiply), into a table in
+     * shared memory two tiles deep; every thread then copies chunk tid % CPR of rows
+     * tid / CPR + p * RSTEP from the table. The page id of tile j + 2 is loaded at the start of
+     * iteration j and stored after the softmax, so its latency hides behind QK^T. */
+    constexpr int RSTEP = THREADS / CPR; /* rows covered per pass (CPR <= 32) */
     constexpr int PASSES = BN / RSTEP;
     const int my_c = tid % CPR, my_r = tid / CPR;
     const T *kbase = (const T *)a.k + (int64_t)kh * a.k_sh + my_c * 8;
     const T *vbase = (const T *)a.v + (int64_t)kh * a.v_sh + my_c * 8;
-    /* Copies my rows of key tile j of K or V (token stride st) into dst; keys past the visible
-     * range are zero-filled, never read. Page ids are looked up per copy (L1 hits) rather than
-     * kept in registers across the tile. */
-    auto issue = [&](const T *base, int64_t st, int j, uint32_t dst) {
-        const int key0 = lo + j * BN;
+    int64_t *offs = reinterpret_cast<int64_t *>(smem + G::Q_BYTES + G::STAGES * 2 * G::TILE_BYTES);
+    const bool paged = a.page_indices != NULL;
+    /* key -> (page entry, slot) with the planner's magic divisor; the page id is loaded here */
+    auto row_source = [&](int key, int &pid, int &slot) {
+        const int pg = (int)(((uint64_t)(uint32_t)key * a.page_div_m) >> a.page_div_s);
+        slot = key - pg * a.page_size;
+        pid = __ldg(a.page_indices + it.kv_beg + pg);
+    };
+    /* writes the table entries of key `key` of the tile in table slot `ts` */
+    auto put_offsets = [&](int ts, int key, int pid, int slot) {
+        int64_t ko = -1, vo = -1;
+        if (key < hi) {
+            if (paged) {
+                const int64_t base = (int64_t)pid * a.page_stride;
+                ko = base + (int64_t)slot * a.k_st;
+                vo = base + (int64_t)slot * a.v_st;
+            } else {
+                ko = (int64_t)(it.kv_beg + key) * a.k_st;
+                vo = (int64_t)(it.kv_beg + key) * a.v_st;
+            }
+        }
+        offs[(ts * 2) * BN + tid] = ko;
+        offs[(ts * 2 + 1) * BN + tid] = vo;
+    };
+    auto fill_now = [&](int j) { /* synchronous fill of tile j (prologue) */
+        if (tid < BN) {
+            const int key = lo + j * BN + tid;
+            int pid = 0, slot = 0;
+            if (paged && key < hi) row_source(key, pid, slot);
+            put_offsets(j & 1, key, pid, slot);
+        }
+    };
+    /* dst offsets of my chunks: rows my_r + p*RSTEP, swizzled (compile-time per p) */
+    auto issue = [&](const T *base, int which, int j, uint32_t dst) {
+        const int64_t *tab = offs + ((j & 1) * 2 + which) * BN;
 #pragma unroll
         for (int p = 0; p < PASSES; ++p) {
-            const int key = key0 + my_r + p * RSTEP;
-            const bool ok = key < hi;
-            int64_t off = 0;
-            if (ok) {
-                if (a.page_indices) {
-                    const int pg = key / a.page_size, slot = key - pg * a.page_size;
-                    off = (int64_t)__ldg(a.page_indices + it.kv_beg + pg) * a.page_stride + (int64_t)slot * st;
-                } else {
-                    off = (int64_t)(it.kv_beg + key) * st;
-                }
-            }
-            kva__pf_cp16(dst + kva__pf_swz<RB>(my_r + p * RSTEP, my_c), ok ? (const void *)(base + off) : a.k, ok);
+            const int r = my_r + p * RSTEP;
+            const int64_t off = tab[r];
+            const bool ok = off >= 0;
+            kva__pf_cp16(dst + kva__pf_swz<RB>(r, my_c), ok ? (const void *)(base + off) : a.k, ok);
         }
     };
     auto k_stage = [&](int s) { return kv_s + s * 2 * G::TILE_BYTES; };
     auto v_stage = [&](int s) { return kv_s + s * 2 * G::TILE_BYTES + G::TILE_BYTES; };
 
-    if (n_tiles > 0) issue(kbase, a.k_st, 0, k_stage(0));
+    if (n_tiles > 0) fill_now(0);
+    if (n_tiles > 1) fill_now(1);
+    __syncthreads();
+    if (n_tiles > 0) issue(kbase, 0, 0, k_stage(0));
     kva__cp_async_commit(); /* group: Q + K[0] */
-    if (n_tiles > 0) issue(vbase, a.v_st, 0, v_stage(0));
+    if (n_tiles > 0) issue(vbase, 1, 0, v_stage(0));
     kva__cp_async_commit(); /* group: V[0] */
+
+    /* ldmatrix lane addresses: rows of a fragment are 8-aligned, so row & 7 == lane & 7 and the
+     * swizzled chunk of k-step kd is (lane's chunk ^ row & 7) ^ 2*kd: one XOR per load. */
+    const int l7 = lane & 7;
+    const uint32_t q_lane = (uint32_t)((lane & 15) * RB + ((((lane >> 4) & 1) ^ l7) << 4));
+    const uint32_t k_lane = (uint32_t)((((lane >> 4) << 3) + l7) * RB + ((((lane >> 3) & 1) ^ l7) << 4));
+    const uint32_t v_lane = (uint32_t)((l7 + (((lane >> 3) & 1) << 3)) * RB + (((lane >> 4) ^ l7) << 4));
 
     /* ---- per-thread state: rows lane/4 and lane/4 + 8 of each of my m16 tiles ---- */
     float o_acc[MT][DT][4];
     float m_st[MT][2], l_st[MT][2];
-    int pos[MT][2]; /* query position of each of my rows */
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
@@ -196,8 +236,6 @@ __global__ void __launch_bounds__(KVA__PREFILL_THREADS, 1)
         for (int h = 0; h < 2; ++h) {
             m_st[mt][h] = -INFINITY;
             l_st[mt][h] = 0.0f;
-            const int r = warp * 16 * MT + mt * 16 + (lane >> 2) + 8 * h;
-            pos[mt][h] = it.q_pos0 + r / g;
         }
     }
     const int row_base = warp * 16 * MT;
@@ -205,8 +243,13 @@ __global__ void __launch_bounds__(KVA__PREFILL_THREADS, 1)
     for (int j = 0; j < n_tiles; ++j) {
         const int s = j & 1;
         const int key0 = lo + j * BN;
-        if (j + 1 < n_tiles) issue(kbase, a.k_st, j + 1, k_stage(s ^ 1));
+        if (j + 1 < n_tiles) issue(kbase, 0, j + 1, k_stage(s ^ 1));
         kva__cp_async_commit(); /* K[j+1] */
+        /* tile j+2's page id: loaded now, used after the softmax */
+        const int fkey = lo + (j + 2) * BN + tid;
+        const bool filler = tid < BN && j + 2 < n_tiles;
+        int f_pid = 0, f_slot = 0;
+        if (filler && paged && fkey < hi) row_source(fkey, f_pid, f_slot);
         kva__cp_async_wait<2>(); /* K[j] (and Q) landed for this thread */
         __syncthreads();
 
@@ -224,11 +267,11 @@ __global__ void __launch_bounds__(KVA__PREFILL_THREADS, 1)
             uint32_t qa[MT][4];
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt)
-                kva__ldmatrix_x4(qa[mt], q_s + kva__pf_swz<RB>(row_base + mt * 16 + (lane & 15), 2 * kd + (lane >> 4)));
+                kva__ldmatrix_x4(qa[mt], q_s + (row_base + mt * 16) * RB + (q_lane ^ (kd << 5)));
 #pragma unroll
             for (int np = 0; np < NT / 2; ++np) {
                 uint32_t kb[4];
-                kva__ldmatrix_x4(kb, ks + kva__pf_swz<RB>(np * 16 + ((lane >> 4) << 3) + (lane & 7), 2 * kd + ((lane >> 3) & 1)));
+                kva__ldmatrix_x4(kb, ks + np * 16 * RB + (k_lane ^ (kd << 5)));
 #pragma unroll
                 for (int mt = 0; mt < MT; ++mt) {
                     kva__mma16816<T>(sc[mt][2 * np], qa[mt], kb[0], kb[1]);
@@ -237,27 +280,38 @@ __global__ void __launch_bounds__(KVA__PREFILL_THREADS, 1)
             }
         }
 
-        /* ---- scores in log2 units; masks only where a tile crosses a boundary ---- */
+        /* ---- masks only where a tile crosses a boundary; raw scores stay unscaled (the scale
+         * is positive, so the row max commutes with it) and exp2(s * scale - m) is one FFMA ---- */
         const bool need_mask = key0 + BN > hi || (a.causal && key0 + BN - 1 > it.q_pos0) ||
                                (a.window_left >= 0 && key0 < q_last - a.window_left);
+        const bool capped = a.cap_log2 > 0.0f;
+        const float mul = capped ? 1.0f : a.scale_log2;
+        if (capped || need_mask) {
 #pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
+            for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-            for (int nt = 0; nt < NT; ++nt)
+                for (int h = 0; h < 2; ++h) {
+                    /* query position of this row (recomputed here: registers are scarce) */
+                    const int p = it.q_pos0 + (row_base + mt * 16 + (lane >> 2) + 8 * h) / g;
 #pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    float x = sc[mt][nt][e];
-                    x = a.cap_log2 > 0.0f ? a.cap_log2 * kva__pf_tanh(x * a.cap_inv_scale) : x * a.scale_log2;
-                    if (need_mask) {
-                        const int key = key0 + nt * 8 + 2 * (lane & 3) + (e & 1);
-                        const int p = pos[mt][e >> 1];
-                        if (key >= hi || (a.causal && key > p) || (a.window_left >= 0 && key < p - a.window_left))
-                            x = -INFINITY;
+                for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                    for (int e = 2 * h; e < 2 * h + 2; ++e) {
+                        float x = sc[mt][nt][e];
+                        if (capped) x = a.cap_log2 * kva__pf_tanh(x * a.cap_inv_scale);
+                        if (need_mask) {
+                            const int key = key0 + nt * 8 + 2 * (lane & 3) + (e & 1);
+                            if (key >= hi || (a.causal && key > p) || (a.window_left >= 0 && key < p - a.window_left))
+                                x = -INFINITY;
+                        }
+                        sc[mt][nt][e] = x;
                     }
-                    sc[mt][nt][e] = x;
                 }
+        }
 
-        /* ---- online softmax (a row lives in the 4 lanes of a quad) ---- */
+        /* ---- online softmax in log2 units (a row lives in the 4 lanes of a quad) ---- */
+        float alpha_r[MT][2];
+        bool rescale = false;
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -267,28 +321,39 @@ __global__ void __launch_bounds__(KVA__PREFILL_THREADS, 1)
                 for (int nt = 0; nt < NT; ++nt) mx = fmaxf(mx, fmaxf(sc[mt][nt][2 * h], sc[mt][nt][2 * h + 1]));
                 mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
                 mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-                const float m_new = fmaxf(m_st[mt][h], mx);
+                const float m_new = fmaxf(m_st[mt][h], mx * mul);
                 const float m_use = m_new == -INFINITY ? 0.0f : m_new;
                 const float alpha = exp2f(m_st[mt][h] - m_use);
                 m_st[mt][h] = m_new;
                 float sum = 0.0f;
 #pragma unroll
                 for (int nt = 0; nt < NT; ++nt) {
-                    const float p0 = exp2f(sc[mt][nt][2 * h] - m_use);
-                    const float p1 = exp2f(sc[mt][nt][2 * h + 1] - m_use);
+                    const float p0 = exp2f(fmaf(sc[mt][nt][2 * h], mul, -m_use));
+                    const float p1 = exp2f(fmaf(sc[mt][nt][2 * h + 1], mul, -m_use));
                     sc[mt][nt][2 * h] = p0;
                     sc[mt][nt][2 * h + 1] = p1;
                     sum += p0 + p1;
                 }
                 l_st[mt][h] = l_st[mt][h] * alpha + sum;
+                alpha_r[mt][h] = alpha;
+                rescale |= alpha != 1.0f;
+            }
+        /* O is rescaled only when some row's max moved: after the first tiles of a long row it
+         * rarely does, and skipping is exact (alpha == 1). */
+        if (__any_sync(0xffffffffu, rescale)) {
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
                 for (int dt = 0; dt < DT; ++dt) {
-                    o_acc[mt][dt][2 * h] *= alpha;
-                    o_acc[mt][dt][2 * h + 1] *= alpha;
+                    o_acc[mt][dt][0] *= alpha_r[mt][0];
+                    o_acc[mt][dt][1] *= alpha_r[mt][0];
+                    o_acc[mt][dt][2] *= alpha_r[mt][1];
+                    o_acc[mt][dt][3] *= alpha_r[mt][1];
                 }
-            }
+        }
+        if (filler) put_offsets(j & 1, fkey, f_pid, f_slot);
 
-        if (j + 1 < n_tiles) issue(vbase, a.v_st, j + 1, v_stage(s ^ 1));
+        if (j + 1 < n_tiles) issue(vbase, 1, j + 1, v_stage(s ^ 1));
         kva__cp_async_commit(); /* V[j+1] */
         kva__cp_async_wait<2>(); /* V[j] landed */
         __syncthreads();
@@ -308,7 +373,7 @@ __global__ void __launch_bounds__(KVA__PREFILL_THREADS, 1)
 #pragma unroll
             for (int dp = 0; dp < D / 16; ++dp) {
                 uint32_t vb[4];
-                kva__ldmatrix_x4_trans(vb, vs + kva__pf_swz<RB>(kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3), 2 * dp + (lane >> 4)));
+                kva__ldmatrix_x4_trans(vb, vs + kk * 16 * RB + (v_lane ^ (dp << 5)));
 #pragma unroll
                 for (int mt = 0; mt < MT; ++mt) {
                     kva__mma16816<T>(o_acc[mt][2 * dp], pa[mt], vb[0], vb[1]);
@@ -316,8 +381,9 @@ __global__ void __launch_bounds__(KVA__PREFILL_THREADS, 1)
                 }
             }
         }
-        /* No barrier here: stage s is refilled only after the next iteration's first barrier,
-         * which every warp reaches after finishing this tile. */
+        /* No barrier here: stage s (and table slot j & 1, rewritten before the next iteration's
+         * second barrier) is refilled only after the next iteration's first barrier, which every
+         * warp reaches after finishing this tile. */
     }
     kva__cp_async_wait<0>();
 
@@ -355,15 +421,23 @@ __global__ void __launch_bounds__(KVA__PREFILL_THREADS, 1)
         }
 }
 
-/* Instantiates the kernels of one 16-bit element type and the lookup the chooser calls. */
+/* Instantiates the kernels of one 16-bit element type and the lookup the chooser calls:
+ * (head dim, rows) -> (MT, WARPS). 128 rows: 4 warps x 32 rows at d <= 128 (26 FLOP per shared
+ * byte); 8 warps x 16 rows at d = 256, where 32 rows of O do not fit in registers and 4 warps
+ * alone cannot hide the latency. 64 rows: 4 warps x 16 rows. */
+#define KVA__PF_CASE(T, D, MT, W, BN)                                                          \
+    *smem = kva__prefill_geom<T, D, MT, W, BN>::SMEM;                                          \
+    *threads = 32 * W;                                                                         \
+    return (const void *)kva__prefill_kernel<T, D, MT, W, BN>;
 #define KVA__PREFILL_INSTANTIATE(T, NAME)                                                      \
-    const void *NAME(int head_dim, int rows, int *smem) {                                      \
+    const void *NAME(int head_dim, int rows, int *smem, int *threads) {                        \
         switch (head_dim * 1000 + rows) {                                                      \
-        case 64128: *smem = kva__prefill_geom<T, 64, 2>::SMEM; return (const void *)kva__prefill_kernel<T, 64, 2>;   \
-        case 64064: *smem = kva__prefill_geom<T, 64, 1>::SMEM; return (const void *)kva__prefill_kernel<T, 64, 1>;   \
-        case 128128: *smem = kva__prefill_geom<T, 128, 2>::SMEM; return (const void *)kva__prefill_kernel<T, 128, 2>; \
-        case 128064: *smem = kva__prefill_geom<T, 128, 1>::SMEM; return (const void *)kva__prefill_kernel<T, 128, 1>; \
-        case 256064: *smem = kva__prefill_geom<T, 256, 1>::SMEM; return (const void *)kva__prefill_kernel<T, 256, 1>; \
+        case 64128: KVA__PF_CASE(T, 64, 2, 4, 64)                                              \
+        case 64064: KVA__PF_CASE(T, 64, 1, 4, 64)                                              \
+        case 128128: KVA__PF_CASE(T, 128, 2, 4, 64)                                            \
+        case 128064: KVA__PF_CASE(T, 128, 1, 4, 64)                                            \
+        case 256128: KVA__PF_CASE(T, 256, 1, 8, 64)                                            \
+        case 256064: KVA__PF_CASE(T, 256, 1, 4, 64)                                            \
         default: return NULL;                                                                  \
         }                                                                                      \
     }

@@ -10,11 +10,10 @@
 #include "kvattn.h"
 #include "../plan/workspace_layout.h"
 
-#define KVA__PREFILL_WARPS 4
-#define KVA__PREFILL_THREADS (32 * KVA__PREFILL_WARPS)
+/* threads of the f32 kernel (the tensor-core kernels report theirs through the chooser) */
+#define KVA__PREFILL_THREADS 128
 /* Packed query rows ((token, query head of the group) pairs) per block: the 128-row kernel for
- * long query runs, the 64-row kernel for short ones (and for head_dim 256, whose 128-row tile
- * would not fit in registers). */
+ * long query runs, the 64-row kernel for short ones. */
 #define KVA__PREFILL_ROWS_LARGE 128
 #define KVA__PREFILL_ROWS_SMALL 64
 
@@ -31,6 +30,8 @@ typedef struct kva__prefill_args {
     int64_t page_stride;          /* paged: elements between physical pages */
     const int32_t *page_indices;  /* paged: the plan's page ids; NULL: contiguous key rows */
     int32_t page_size;
+    int32_t page_div_s;           /* key / page_size == (key * page_div_m) >> page_div_s */
+    uint64_t page_div_m;
     float *lse;                   /* NULL or f32 [rows][num_qo_heads] */
     const int4 *records;          /* plan records, 2 int4 per work item; NULL: dense call */
     const int32_t *num_work_dev;  /* graph plans: the work count in the device header */
@@ -67,9 +68,9 @@ static inline int32_t kva__prefill_tile_tokens_for(int rows, int group) {
 }
 
 /* Instantiation lookups (prefill_bf16.cu, prefill_f16.cu, prefill_f32.cu): kernel for a row count, or NULL. */
-const void *kva__prefill_bf16(int head_dim, int rows, int *smem);
-const void *kva__prefill_f16(int head_dim, int rows, int *smem);
-const void *kva__prefill_f32(int head_dim, int rows, int *smem);
+const void *kva__prefill_bf16(int head_dim, int rows, int *smem, int *threads);
+const void *kva__prefill_f16(int head_dim, int rows, int *smem, int *threads);
+const void *kva__prefill_f32(int head_dim, int rows, int *smem, int *threads);
 
 /* The merge of split prefill work items (prefill_merge.cu). */
 typedef struct kva__prefill_merge_args {

@@ -13,28 +13,27 @@
 #include "prefill_kernels.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 bool kva__prefill_choose(kva_dtype dtype, int head_dim, int rows_wanted, kva__prefill_choice *k) {
     memset(k, 0, sizeof *k);
-    int rows, smem = 0;
+    int rows, smem = 0, threads = 0;
     const void *fn = NULL;
     if (dtype == KVA_F32) {
         rows = rows_wanted > KVA__PREFILL_ROWS_SMALL ? KVA__PREFILL_ROWS_LARGE : KVA__PREFILL_ROWS_SMALL;
-        fn = kva__prefill_f32(head_dim, rows, &smem);
+        fn = kva__prefill_f32(head_dim, rows, &smem, &threads);
     } else {
-        /* 128 rows keep twice the rows per K/V tile (half the shared-memory reads per FLOP);
-         * head_dim 256 has room in registers for 64 only. */
-        rows = rows_wanted > KVA__PREFILL_ROWS_SMALL && head_dim <= 128 ? KVA__PREFILL_ROWS_LARGE
-                                                                        : KVA__PREFILL_ROWS_SMALL;
-        if (dtype == KVA_BF16) fn = kva__prefill_bf16(head_dim, rows, &smem);
-        else if (dtype == KVA_F16) fn = kva__prefill_f16(head_dim, rows, &smem);
+        /* 128 rows share each K/V tile between twice the rows of the 64-row kernel */
+        rows = rows_wanted > KVA__PREFILL_ROWS_SMALL ? KVA__PREFILL_ROWS_LARGE : KVA__PREFILL_ROWS_SMALL;
+        if (dtype == KVA_BF16) fn = kva__prefill_bf16(head_dim, rows, &smem, &threads);
+        else if (dtype == KVA_F16) fn = kva__prefill_f16(head_dim, rows, &smem, &threads);
     }
     if (!fn) return false;
     k->fn = fn;
     k->rows = rows;
     k->smem = smem;
-    k->threads = KVA__PREFILL_THREADS;
+    k->threads = threads;
     return true;
 }
 
@@ -106,6 +105,12 @@ extern "C" kva_status kva__cuda_prefill_run(kva_context *ctx, const kva_plan *pl
         a.page_stride = pages->stride_page;
         a.page_indices = ints_dev + h->off_page_indices;
         a.page_size = pages->page_size;
+        /* key / page_size as a multiply-shift (exact for keys < 2^31): the smallest l with
+         * page_size <= 2^l, m = ceil(2^(31+l) / page_size) */
+        int l = 0;
+        while ((1ll << l) < (long long)pages->page_size) ++l;
+        a.page_div_s = 31 + l;
+        a.page_div_m = ((1ull << a.page_div_s) + (uint64_t)pages->page_size - 1) / (uint64_t)pages->page_size;
     } else {
         a.k = k.data;
         a.v = v.data;
