@@ -21,6 +21,8 @@ test-asan:
 	cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DKVA_SANITIZE=ON -DKVA_CUDA=OFF >/dev/null
 	cmake --build build-asan -j $(JOBS)
 	KVA_TEST_QUICK=1 ./build-asan/kvattn_tests
+	@echo "== the GPU prefill sweep on the CPU backend (checks the sweep itself; ASan + UBSan) =="
+	KVA_TEST_QUICK=1 KVA_TEST_PREFILL_DEVICE=cpu ./build-asan/kvattn_tests cuda_prefill
 
 run: build
 	./$(BUILD)/kvattn run
