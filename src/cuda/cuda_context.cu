@@ -81,18 +81,19 @@ static kva_status prepare_kernels(kva__cuda_private *priv) {
      * bf16 tile's occupancy sets the prefill split budget. */
     const kva_dtype dts[3] = {KVA_BF16, KVA_F16, KVA_F32};
     const int dims[3] = {64, 128, 256};
+    for (int path = KVA__PREFILL_MMA; path <= priv->prefill_path; ++path)
     for (int di = 0; di < 3; ++di)
         for (int ti = 0; ti < 3; ++ti)
             for (int rows = KVA__PREFILL_ROWS_SMALL; rows <= KVA__PREFILL_ROWS_LARGE; rows *= 2) {
                 kva__prefill_choice k;
-                if (!kva__prefill_choose(dts[ti], dims[di], rows, &k)) continue;
+                if (!kva__prefill_choose(dts[ti], dims[di], rows, (kva__prefill_path)path, &k)) continue;
                 cudaError_t err = cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, k.smem);
                 if (err != cudaSuccess)
                     return kva__fail(KVA_ERR_DEVICE,
                                      "CUDA context: preparing the prefill kernel (%s, head_dim %d, %d rows, %d B "
                                      "shared memory) failed: %s",
                                      kva_dtype_name(dts[ti]), dims[di], k.rows, k.smem, cudaGetErrorString(err));
-                if (dts[ti] == KVA_BF16 && rows == KVA__PREFILL_ROWS_LARGE) {
+                if (dts[ti] == KVA_BF16 && rows == KVA__PREFILL_ROWS_LARGE && path == priv->prefill_path) {
                     int blocks = 0;
                     KVA_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, k.fn, k.threads, (size_t)k.smem));
                     priv->prefill_blocks_per_sm[di] = blocks > 0 ? blocks : 1;
@@ -129,6 +130,11 @@ extern "C" kva_status kva__cuda_context_init(kva_context *ctx) {
         if (e != cudaSuccess)
             st = kva__fail(KVA_ERR_DEVICE, "kva_context_create: cudaEventCreate: %s", cudaGetErrorString(e));
     }
+    /* Hopper's wgmma path where the device has it (this build's sm_90a code), unless
+     * KVA_PREFILL_PATH=mma asks for the mma.sync kernels (tests and comparisons). */
+    const char *path = getenv("KVA_PREFILL_PATH");
+    priv->prefill_path = prop.major == 9 && !(path && strcmp(path, "mma") == 0) ? KVA__PREFILL_HOPPER
+                                                                                : KVA__PREFILL_MMA;
     if (st == KVA_OK) st = prepare_kernels(priv);
     if (st != KVA_OK) kva__cuda_context_destroy(ctx);
     return st;
@@ -257,8 +263,9 @@ static kva_status prefill_policy(const kva_context *ctx, const kva_plan_limits *
     const kva__cuda_private *priv = (const kva__cuda_private *)ctx->cuda_private;
     const int group = limits->num_qo_heads / limits->num_kv_heads;
     kva__prefill_choice large, small;
-    if (!kva__prefill_choose(KVA_BF16, limits->head_dim, KVA__PREFILL_ROWS_LARGE, &large) ||
-        !kva__prefill_choose(KVA_BF16, limits->head_dim, KVA__PREFILL_ROWS_SMALL, &small) ||
+    const kva__prefill_path path = kva__cuda_prefill_path(ctx);
+    if (!kva__prefill_choose(KVA_BF16, limits->head_dim, KVA__PREFILL_ROWS_LARGE, path, &large) ||
+        !kva__prefill_choose(KVA_BF16, limits->head_dim, KVA__PREFILL_ROWS_SMALL, path, &small) ||
         kva__prefill_tile_tokens_for(large.rows, group) < 1)
         return kva__fail(KVA_ERR_UNSUPPORTED,
                          "plan limits: prefill on CUDA supports head_dim 64, 128, 256 with GQA groups up to %d "

@@ -34,10 +34,11 @@
 
 #include "cuda_common.cuh"
 #include "prefill_kernels.h"
+#include "wgmma.cuh"
 
 #define KVA__PF_LN2 0.6931471805599453f
 
-template <typename T, int D, int MT, int WARPS, int BN_ = 64>
+template <typename T, int D, int MT, int WARPS, int BN_ = 64, bool WG = false>
 struct kva__prefill_geom {
     static constexpr int THREADS = 32 * WARPS;
     static constexpr int ROWS = 16 * MT * WARPS;
@@ -49,7 +50,9 @@ struct kva__prefill_geom {
     static constexpr int STAGES = 2;
     /* row offsets (elements) of the keys of two tiles, K and V: [2 tiles][2][BN] int64 */
     static constexpr int OFF_BYTES = 2 * 2 * BN * 8;
-    static constexpr int SMEM = Q_BYTES + STAGES * 2 * TILE_BYTES + OFF_BYTES;
+    /* wgmma reads 128-byte-swizzled tiles whose 8-row groups must be 1024-byte aligned */
+    static constexpr int ALIGN_SLACK = WG ? 1024 : 0;
+    static constexpr int SMEM = Q_BYTES + STAGES * 2 * TILE_BYTES + OFF_BYTES + ALIGN_SLACK;
     static_assert(CPR >= 8, "the swizzle needs 8 chunks per row");
 };
 
@@ -58,6 +61,17 @@ struct kva__prefill_geom {
 template <int RB>
 __device__ __forceinline__ uint32_t kva__pf_swz(int r, int c) {
     return (uint32_t)(r * RB + ((c ^ (r & 7)) << 4));
+}
+
+/* Byte offset of 16-byte chunk c of row r in a tile of NROWS rows. The mma.sync kernels use
+ * whole rows with the XOR swizzle above; the wgmma kernels store the tile as column blocks of
+ * 64 elements (128-byte rows, 8-row groups of 1024 bytes) with the same XOR inside each block:
+ * the 128-byte-swizzle layout the wgmma descriptors describe (K-major for Q and K, N-major for
+ * V). */
+template <int RB, int NROWS, bool WG>
+__device__ __forceinline__ uint32_t kva__pf_tile_off(int r, int c) {
+    if constexpr (WG) return (uint32_t)((c >> 3) * (NROWS * 128) + r * 128 + (((c & 7) ^ (r & 7)) << 4));
+    else return kva__pf_swz<RB>(r, c);
 }
 
 /* 16-byte global -> shared copy (L2 only); zero-filled when !valid. K/V keep the default L2
@@ -73,6 +87,28 @@ __device__ __forceinline__ float kva__pf_tanh(float x) {
     const float e = exp2f(fabsf(x) * 2.8853900817779268f);
     return copysignf(1.0f - __fdividef(2.0f, e + 1.0f), x);
 }
+
+/* Register fences: an empty asm that claims to read and write each value, so the compiler
+ * keeps accesses to wgmma accumulators and operands on the right side of the wait. */
+template <int N>
+__device__ __forceinline__ void kva__pf_fence_regs(float *r) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+template <int N>
+__device__ __forceinline__ void kva__pf_fence_regs_u(uint32_t *r) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) asm volatile("" : "+r"(r[i])::"memory");
+}
+/* V's descriptor offsets (N-major, 128-byte swizzle): LBO between 64-dim blocks, SBO between
+ * 8-key groups. */
+#ifndef KVA__PF_V_SWAP
+#define KVA__PF_V_LBO(BN) ((BN) * 128)
+#define KVA__PF_V_SBO(BN) 1024
+#else
+#define KVA__PF_V_LBO(BN) 1024
+#define KVA__PF_V_SBO(BN) ((BN) * 128)
+#endif
 
 /* What a block learns about its work item before streaming. */
 typedef struct kva__pf_item {
@@ -110,10 +146,12 @@ __device__ __forceinline__ bool kva__pf_load_item(const kva__prefill_args &a, in
     return true;
 }
 
-template <typename T, int D, int MT, int WARPS, int BN_>
-__global__ void __launch_bounds__(32 * WARPS, 1)
+/* wgmma kernels at head_dim <= 128 fit two blocks (16 warps) per SM in 128 registers */
+template <typename T, int D, int MT, int WARPS, int BN_, bool WG>
+__global__ void __launch_bounds__(32 * WARPS, (WG && D <= 128) ? 2 : 1)
     kva__prefill_kernel(const __grid_constant__ kva__prefill_args a) {
-    using G = kva__prefill_geom<T, D, MT, WARPS, BN_>;
+    using G = kva__prefill_geom<T, D, MT, WARPS, BN_, WG>;
+    static_assert(!WG || MT == 1, "a warpgroup's 64 rows are 16 per warp");
     constexpr int THREADS = G::THREADS;
     constexpr int BN = G::BN, RB = G::RB, CPR = G::CPR, ROWS = G::ROWS;
     constexpr int NT = BN / 8;   /* n8 tiles of S per m16 tile */
@@ -135,7 +173,9 @@ __global__ void __launch_bounds__(32 * WARPS, 1)
     if (a.window_left >= 0 && lo < it.q_pos0 - a.window_left) lo = it.q_pos0 - a.window_left;
     const int n_tiles = hi > lo ? (hi - lo + BN - 1) / BN : 0;
 
-    const uint32_t q_s = kva__smem_addr(smem);
+    const uint32_t smem_raw = kva__smem_addr(smem);
+    const uint32_t q_s = WG ? (smem_raw + 1023u) & ~1023u : smem_raw;
+    unsigned char *smem_base = smem + (q_s - smem_raw);
     const uint32_t kv_s = q_s + G::Q_BYTES; /* stage s: K at kv_s + s*2*TILE, V after it */
 
     /* ---- Q tile -> shared (rows past the tile are zero) ---- */
@@ -147,7 +187,7 @@ __global__ void __launch_bounds__(32 * WARPS, 1)
             const bool ok = r < rows;
             const int t = ok ? r / g : 0, hh = ok ? r - t * g : 0;
             const T *src = qb + (int64_t)(it.q_row0 + t) * a.q_st + (int64_t)(kh * g + hh) * a.q_sh + c * 8;
-            kva__pf_cp16(q_s + kva__pf_swz<RB>(r, c), ok ? (const void *)src : a.q, ok);
+            kva__pf_cp16(q_s + kva__pf_tile_off<RB, ROWS, WG>(r, c), ok ? (const void *)src : a.q, ok);
         }
     }
 
@@ -162,7 +202,7 @@ __global__ void __launch_bounds__(32 * WARPS, 1)
     const int my_c = tid % CPR, my_r = tid / CPR;
     const T *kbase = (const T *)a.k + (int64_t)kh * a.k_sh + my_c * 8;
     const T *vbase = (const T *)a.v + (int64_t)kh * a.v_sh + my_c * 8;
-    int64_t *offs = reinterpret_cast<int64_t *>(smem + G::Q_BYTES + G::STAGES * 2 * G::TILE_BYTES);
+    int64_t *offs = reinterpret_cast<int64_t *>(smem_base + G::Q_BYTES + G::STAGES * 2 * G::TILE_BYTES);
     const bool paged = a.page_indices != NULL;
     /* key -> (page entry, slot) with the planner's magic divisor; the page id is loaded here */
     auto row_source = [&](int key, int &pid, int &slot) {
@@ -202,7 +242,7 @@ __global__ void __launch_bounds__(32 * WARPS, 1)
             const int r = my_r + p * RSTEP;
             const int64_t off = tab[r];
             const bool ok = off >= 0;
-            kva__pf_cp16(dst + kva__pf_swz<RB>(r, my_c), ok ? (const void *)(base + off) : a.k, ok);
+            kva__pf_cp16(dst + kva__pf_tile_off<RB, BN, WG>(r, my_c), ok ? (const void *)(base + off) : a.k, ok);
         }
     };
     auto k_stage = [&](int s) { return kv_s + s * 2 * G::TILE_BYTES; };
@@ -251,6 +291,7 @@ __global__ void __launch_bounds__(32 * WARPS, 1)
         int f_pid = 0, f_slot = 0;
         if (filler && paged && fkey < hi) row_source(fkey, f_pid, f_slot);
         kva__cp_async_wait<2>(); /* K[j] (and Q) landed for this thread */
+        if constexpr (WG) kva__fence_proxy_async(); /* ... and is visible to the tensor cores */
         __syncthreads();
 
         /* ---- S = Q K^T ---- */
@@ -262,22 +303,39 @@ __global__ void __launch_bounds__(32 * WARPS, 1)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) sc[mt][nt][e] = 0.0f;
         const uint32_t ks = k_stage(s);
+        if constexpr (WG) {
+            /* one m64n64k16 per 16 dims: A = this warpgroup's 64 Q rows, B = the 64 keys */
+            const uint32_t q_wg = q_s + (uint32_t)(warp >> 2) * 64 * 128;
+            kva__wgmma_fence();
 #pragma unroll
-        for (int kd = 0; kd < D / 16; ++kd) {
-            uint32_t qa[MT][4];
+            for (int kd = 0; kd < D / 16; ++kd) {
+                const uint32_t blk = (uint32_t)(kd >> 2); /* 64-dim block; 16 dims = 32 bytes in it */
+                const uint64_t da = kva__wgmma_desc(q_wg + blk * ROWS * 128 + (kd & 3) * 32, 16, 1024);
+                const uint64_t db = kva__wgmma_desc(ks + blk * BN * 128 + (kd & 3) * 32, 16, 1024);
+                kva__wgmma_ss<T, BN>(&sc[0][0][0], da, db, kd > 0);
+            }
+            kva__wgmma_commit();
+            kva__wgmma_wait<0>();
+            kva__pf_fence_regs<MT * NT * 4>(&sc[0][0][0]);
+        } else {
 #pragma unroll
-            for (int mt = 0; mt < MT; ++mt)
-                kva__ldmatrix_x4(qa[mt], q_s + (row_base + mt * 16) * RB + (q_lane ^ (kd << 5)));
+            for (int kd = 0; kd < D / 16; ++kd) {
+                uint32_t qa[MT][4];
 #pragma unroll
-            for (int np = 0; np < NT / 2; ++np) {
-                uint32_t kb[4];
-                kva__ldmatrix_x4(kb, ks + np * 16 * RB + (k_lane ^ (kd << 5)));
+                for (int mt = 0; mt < MT; ++mt)
+                    kva__ldmatrix_x4(qa[mt], q_s + (row_base + mt * 16) * RB + (q_lane ^ (kd << 5)));
 #pragma unroll
-                for (int mt = 0; mt < MT; ++mt) {
-                    kva__mma16816<T>(sc[mt][2 * np], qa[mt], kb[0], kb[1]);
-                    kva__mma16816<T>(sc[mt][2 * np + 1], qa[mt], kb[2], kb[3]);
+                for (int np = 0; np < NT / 2; ++np) {
+                    uint32_t kb[4];
+                    kva__ldmatrix_x4(kb, ks + np * 16 * RB + (k_lane ^ (kd << 5)));
+#pragma unroll
+                    for (int mt = 0; mt < MT; ++mt) {
+                        kva__mma16816<T>(sc[mt][2 * np], qa[mt], kb[0], kb[1]);
+                        kva__mma16816<T>(sc[mt][2 * np + 1], qa[mt], kb[2], kb[3]);
+                    }
                 }
             }
+
         }
 
         /* ---- masks only where a tile crosses a boundary; raw scores stay unscaled (the scale
@@ -356,28 +414,53 @@ __global__ void __launch_bounds__(32 * WARPS, 1)
         if (j + 1 < n_tiles) issue(vbase, 1, j + 1, v_stage(s ^ 1));
         kva__cp_async_commit(); /* V[j+1] */
         kva__cp_async_wait<2>(); /* V[j] landed */
+        if constexpr (WG) kva__fence_proxy_async();
         __syncthreads();
 
         /* ---- O += P V ---- */
         const uint32_t vs = v_stage(s);
+        if constexpr (WG) {
+            /* P from registers (the accumulator layout of S is the A-fragment layout), V as an
+             * N-major operand: 16 keys x D dims per instruction, 64-dim blocks BN*128 bytes apart */
+            uint32_t pa[BN / 16][4];
 #pragma unroll
-        for (int kk = 0; kk < BN / 16; ++kk) {
-            uint32_t pa[MT][4];
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt) {
-                pa[mt][0] = kva__pack2<T>(sc[mt][2 * kk][0], sc[mt][2 * kk][1]);
-                pa[mt][1] = kva__pack2<T>(sc[mt][2 * kk][2], sc[mt][2 * kk][3]);
-                pa[mt][2] = kva__pack2<T>(sc[mt][2 * kk + 1][0], sc[mt][2 * kk + 1][1]);
-                pa[mt][3] = kva__pack2<T>(sc[mt][2 * kk + 1][2], sc[mt][2 * kk + 1][3]);
+            for (int kk = 0; kk < BN / 16; ++kk) {
+                pa[kk][0] = kva__pack2<T>(sc[0][2 * kk][0], sc[0][2 * kk][1]);
+                pa[kk][1] = kva__pack2<T>(sc[0][2 * kk][2], sc[0][2 * kk][3]);
+                pa[kk][2] = kva__pack2<T>(sc[0][2 * kk + 1][0], sc[0][2 * kk + 1][1]);
+                pa[kk][3] = kva__pack2<T>(sc[0][2 * kk + 1][2], sc[0][2 * kk + 1][3]);
             }
+            kva__pf_fence_regs<MT * DT * 4>(&o_acc[0][0][0]);
+            kva__wgmma_fence();
 #pragma unroll
-            for (int dp = 0; dp < D / 16; ++dp) {
-                uint32_t vb[4];
-                kva__ldmatrix_x4_trans(vb, vs + kk * 16 * RB + (v_lane ^ (dp << 5)));
+            for (int kk = 0; kk < BN / 16; ++kk) {
+                const uint64_t db = kva__wgmma_desc(vs + kk * 16 * 128, KVA__PF_V_LBO(BN), KVA__PF_V_SBO(BN));
+                kva__wgmma_rs<T, D>(&o_acc[0][0][0], pa[kk], db);
+            }
+            kva__wgmma_commit();
+            kva__wgmma_wait<0>();
+            kva__pf_fence_regs<MT * DT * 4>(&o_acc[0][0][0]);
+            kva__pf_fence_regs_u<BN / 4>(&pa[0][0]);
+        } else {
+#pragma unroll
+            for (int kk = 0; kk < BN / 16; ++kk) {
+                uint32_t pa[MT][4];
 #pragma unroll
                 for (int mt = 0; mt < MT; ++mt) {
-                    kva__mma16816<T>(o_acc[mt][2 * dp], pa[mt], vb[0], vb[1]);
-                    kva__mma16816<T>(o_acc[mt][2 * dp + 1], pa[mt], vb[2], vb[3]);
+                    pa[mt][0] = kva__pack2<T>(sc[mt][2 * kk][0], sc[mt][2 * kk][1]);
+                    pa[mt][1] = kva__pack2<T>(sc[mt][2 * kk][2], sc[mt][2 * kk][3]);
+                    pa[mt][2] = kva__pack2<T>(sc[mt][2 * kk + 1][0], sc[mt][2 * kk + 1][1]);
+                    pa[mt][3] = kva__pack2<T>(sc[mt][2 * kk + 1][2], sc[mt][2 * kk + 1][3]);
+                }
+#pragma unroll
+                for (int dp = 0; dp < D / 16; ++dp) {
+                    uint32_t vb[4];
+                    kva__ldmatrix_x4_trans(vb, vs + kk * 16 * RB + (v_lane ^ (dp << 5)));
+#pragma unroll
+                    for (int mt = 0; mt < MT; ++mt) {
+                        kva__mma16816<T>(o_acc[mt][2 * dp], pa[mt], vb[0], vb[1]);
+                        kva__mma16816<T>(o_acc[mt][2 * dp + 1], pa[mt], vb[2], vb[3]);
+                    }
                 }
             }
         }
@@ -425,19 +508,23 @@ __global__ void __launch_bounds__(32 * WARPS, 1)
  * (head dim, rows) -> (MT, WARPS). 128 rows: 4 warps x 32 rows at d <= 128 (26 FLOP per shared
  * byte); 8 warps x 16 rows at d = 256, where 32 rows of O do not fit in registers and 4 warps
  * alone cannot hide the latency. 64 rows: 4 warps x 16 rows. */
-#define KVA__PF_CASE(T, D, MT, W, BN)                                                          \
-    *smem = kva__prefill_geom<T, D, MT, W, BN>::SMEM;                                          \
+#define KVA__PF_CASE(T, D, MT, W, BN, WG)                                                      \
+    *smem = kva__prefill_geom<T, D, MT, W, BN, WG>::SMEM;                                      \
     *threads = 32 * W;                                                                         \
-    return (const void *)kva__prefill_kernel<T, D, MT, W, BN>;
+    return (const void *)kva__prefill_kernel<T, D, MT, W, BN, WG>;
 #define KVA__PREFILL_INSTANTIATE(T, NAME)                                                      \
     const void *NAME(int head_dim, int rows, int *smem, int *threads) {                        \
         switch (head_dim * 1000 + rows) {                                                      \
-        case 64128: KVA__PF_CASE(T, 64, 2, 4, 64)                                              \
-        case 64064: KVA__PF_CASE(T, 64, 1, 4, 64)                                              \
-        case 128128: KVA__PF_CASE(T, 128, 2, 4, 64)                                            \
-        case 128064: KVA__PF_CASE(T, 128, 1, 4, 64)                                            \
-        case 256128: KVA__PF_CASE(T, 256, 1, 8, 64)                                            \
-        case 256064: KVA__PF_CASE(T, 256, 1, 4, 64)                                            \
+        case 64128: KVA__PF_CASE(T, 64, 2, 4, 64, false)                                       \
+        case 64064: KVA__PF_CASE(T, 64, 1, 4, 64, false)                                       \
+        case 128128: KVA__PF_CASE(T, 128, 2, 4, 64, false)                                     \
+        case 128064: KVA__PF_CASE(T, 128, 1, 4, 64, false)                                     \
+        case 256128: KVA__PF_CASE(T, 256, 1, 8, 64, false)                                     \
+        case 256064: KVA__PF_CASE(T, 256, 1, 4, 64, false)                                     \
+        /* Hopper (sm_90a): two warpgroups x 64 rows on wgmma */                              \
+        case 64999: KVA__PF_CASE(T, 64, 1, 8, 64, true)                                        \
+        case 128999: KVA__PF_CASE(T, 128, 1, 8, 64, true)                                      \
+        case 256999: KVA__PF_CASE(T, 256, 1, 8, 64, true)                                      \
         default: return NULL;                                                                  \
         }                                                                                      \
     }

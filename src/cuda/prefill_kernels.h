@@ -56,10 +56,17 @@ typedef struct kva__prefill_kernel {
     int threads;
 } kva__prefill_choice;
 
-/* The one chooser: the kernel for (dtype, head_dim) whose block holds `rows_wanted` packed rows
- * or fewer (KVA__PREFILL_ROWS_LARGE asks for the largest there is). Returns false (and leaves
- * *k zeroed) for an unsupported combination. */
-bool kva__prefill_choose(kva_dtype dtype, int head_dim, int rows_wanted, kva__prefill_choice *k);
+/* Which tensor-core path a context's prefill uses: mma.sync (sm_80 and later) or wgmma
+ * (sm_90a). Chosen per device at context creation; KVA_PREFILL_PATH=mma|hopper forces one
+ * (hopper only where the device has it). */
+typedef enum kva__prefill_path { KVA__PREFILL_MMA = 0, KVA__PREFILL_HOPPER = 1 } kva__prefill_path;
+
+/* The one chooser: the kernel for (dtype, head_dim) on `path` whose block holds `rows_wanted`
+ * packed rows or fewer (KVA__PREFILL_ROWS_LARGE asks for the largest there is). Returns false
+ * (and leaves *k zeroed) for an unsupported combination. The 64-row tile always takes the
+ * mma.sync kernel (a warpgroup pair needs 128 rows). */
+bool kva__prefill_choose(kva_dtype dtype, int head_dim, int rows_wanted, kva__prefill_path path,
+                         kva__prefill_choice *k);
 
 /* Query tokens per work item for a GQA group with a kernel of `rows` packed rows (>= 1; groups
  * larger than `rows` are not supported and give 0). */

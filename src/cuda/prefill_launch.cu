@@ -16,7 +16,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-bool kva__prefill_choose(kva_dtype dtype, int head_dim, int rows_wanted, kva__prefill_choice *k) {
+bool kva__prefill_choose(kva_dtype dtype, int head_dim, int rows_wanted, kva__prefill_path path,
+                         kva__prefill_choice *k) {
     memset(k, 0, sizeof *k);
     int rows, smem = 0, threads = 0;
     const void *fn = NULL;
@@ -26,8 +27,9 @@ bool kva__prefill_choose(kva_dtype dtype, int head_dim, int rows_wanted, kva__pr
     } else {
         /* 128 rows share each K/V tile between twice the rows of the 64-row kernel */
         rows = rows_wanted > KVA__PREFILL_ROWS_SMALL ? KVA__PREFILL_ROWS_LARGE : KVA__PREFILL_ROWS_SMALL;
-        if (dtype == KVA_BF16) fn = kva__prefill_bf16(head_dim, rows, &smem, &threads);
-        else if (dtype == KVA_F16) fn = kva__prefill_f16(head_dim, rows, &smem, &threads);
+        const int variant = path == KVA__PREFILL_HOPPER && rows == KVA__PREFILL_ROWS_LARGE ? 999 : rows;
+        if (dtype == KVA_BF16) fn = kva__prefill_bf16(head_dim, variant, &smem, &threads);
+        else if (dtype == KVA_F16) fn = kva__prefill_f16(head_dim, variant, &smem, &threads);
     }
     if (!fn) return false;
     k->fn = fn;
@@ -77,7 +79,7 @@ extern "C" kva_status kva__cuda_prefill_run(kva_context *ctx, const kva_plan *pl
     const int g = params->num_qo_heads / params->num_kv_heads;
     const int rows = plan->qo_tile_size * g;
     kva__prefill_choice kern;
-    if (!kva__prefill_choose(dt, params->head_dim, rows, &kern) || kern.rows < rows)
+    if (!kva__prefill_choose(dt, params->head_dim, rows, kva__cuda_prefill_path(ctx), &kern) || kern.rows < rows)
         return kva__fail(KVA_ERR_UNSUPPORTED,
                          "prefill on CUDA: %s, head_dim %d, %d query rows per tile is not built",
                          kva_dtype_name(dt), params->head_dim, rows);
@@ -167,7 +169,7 @@ extern "C" kva_status kva__cuda_attention(kva_context *ctx, const kva_attn_param
     const int want = (int64_t)qo_len * g > KVA__PREFILL_ROWS_SMALL ? KVA__PREFILL_ROWS_LARGE
                                                                    : KVA__PREFILL_ROWS_SMALL;
     kva__prefill_choice kern;
-    if (!kva__prefill_choose(q.dtype, params->head_dim, want, &kern) || g > kern.rows)
+    if (!kva__prefill_choose(q.dtype, params->head_dim, want, kva__cuda_prefill_path(ctx), &kern) || g > kern.rows)
         return kva__fail(KVA_ERR_UNSUPPORTED, "kva_attention on CUDA: %s, head_dim %d, GQA group %d is not built",
                          kva_dtype_name(q.dtype), params->head_dim, g);
     KVA_TRY(kva__cuda_use_device(ctx));
