@@ -63,6 +63,9 @@ run_tests() { # name, log, command...
 }
 
 run_tests "tests" tests.log "./$BUILD/kvattn_tests" $TESTS
+# The prefill sweep again on the mma.sync kernels (on a Hopper GPU the default is wgmma).
+run_tests "tests (prefill, mma.sync path)" tests-mma.log env KVA_PREFILL_PATH=mma \
+    "./$BUILD/kvattn_tests" cuda_prefill
 
 if [ "${GPU_CHECK_SANITIZE:-1}" != 0 ]; then
     run_tests "memcheck" memcheck.log env KVA_TEST_QUICK=1 compute-sanitizer --tool memcheck \
@@ -73,6 +76,10 @@ if [ "${GPU_CHECK_SANITIZE:-1}" != 0 ]; then
         --error-exitcode 9 "./$BUILD/kvattn_tests" cuda_decode_sweep cuda_decode_long \
         cuda_prefill_quick
     grep -E "RACECHECK SUMMARY|ERROR SUMMARY" "$OUT/racecheck.log" | tail -1
+    run_tests "racecheck (prefill, mma.sync path)" racecheck-mma.log env KVA_TEST_QUICK=1 KVA_PREFILL_PATH=mma \
+        compute-sanitizer --tool racecheck --error-exitcode 9 "./$BUILD/kvattn_tests" cuda_prefill_quick
+    run_tests "synccheck (prefill)" synccheck.log env KVA_TEST_QUICK=1 compute-sanitizer --tool synccheck \
+        --error-exitcode 9 "./$BUILD/kvattn_tests" cuda_prefill_quick
 fi
 
 # End to end through the command: one shape against the float64 reference, then a short
@@ -97,6 +104,13 @@ if [ "${GPU_CHECK_BENCH:-1}" != 0 ]; then
         note "bench: FAILED (see bench.log) $(grep -E '^prefill rows:' "$OUT/bench.log" | tail -1)"
     fi
     sed -n '/^## kvattn/,$p' "$OUT/bench.log"
+    # The mma.sync prefill path beside it (d = 128 rows), for the path comparison.
+    if [ "${GPU_CHECK_BENCH_MMA:-1}" != 0 ]; then
+        KVA_PREFILL_PATH=mma PYTHONUNBUFFERED=1 python3 bench/bench_torch.py --build "$BUILD" --prefill-only \
+            --prefill-sets bf16:128 --no-extra-rows --json "$OUT/bench-mma.json" >"$OUT/bench-mma.log" 2>&1 ||
+            note "bench (mma.sync path): FAILED"
+        sed -n '/^## kvattn/,$p' "$OUT/bench-mma.log" | grep -E "^\| bf16 \| 128" | sed 's/^/mma.sync: /'
+    fi
 fi
 
 echo
