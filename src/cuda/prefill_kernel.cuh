@@ -1,7 +1,8 @@
 /*
  * prefill_kernel.cuh -- FlashAttention-2-style prefill on tensor cores (f16/bf16 in, f32
- * accumulate), for ragged or paged K/V, from a host plan or for one dense sequence. Included by
- * prefill_bf16.cu and prefill_f16.cu, which instantiate it per head dim and tile.
+ * accumulate), for ragged or paged K/V, from a host plan or for one dense sequence, with
+ * mma.sync (sm_80 and later) or wgmma (Hopper). Included by prefill_bf16.cu and prefill_f16.cu,
+ * which instantiate it per head dim, tile and path.
  *
  * Work split
  *   grid  = (work items, KV heads). Work item w is one (request, query tile, key chunk) of the
@@ -23,6 +24,15 @@
  *   out   = O / l in the output dtype and LSE (natural log) when the work item covers all of
  *           its request's keys; otherwise f32 partial O and LSE into the workspace, merged by
  *           prefill_merge.cu. A row that sees no key gets 0 and LSE -inf.
+ *
+ * Hopper (WG = true, sm_90a): the same loop with two warpgroups of 4 warps x 16 rows (128 rows);
+ *           S[64 x 64] = Q K^T per warpgroup as D/16 wgmma.m64n64k16 with both operands read
+ *           by the tensor cores from shared memory (descriptors over a 128-byte-swizzled layout:
+ *           64-element column blocks of 128-byte rows), O[64 x D] += P V as BN/16
+ *           wgmma.m64nDk16 with P from registers (S's accumulator layout is the A-fragment
+ *           layout) and V read N-major. cp.async writes are made visible to the tensor cores
+ *           with fence.proxy.async before each barrier. No ldmatrix, 128 registers, 2 blocks
+ *           (16 warps) per SM at D <= 128.
  *
  * Per key tile and block: bytes = 2 * BN * D * 2 (K and V; 32 KB at D = 128) from L2/DRAM;
  * FLOPs = 4 * ROWS * BN * D (4.2 MFLOP at ROWS = 128, D = 128); shared-memory reads per warp =
