@@ -59,8 +59,15 @@ def _scale(sm_scale):
     return 0.0 if sm_scale is None else float(sm_scale)
 
 
+def _shape(x, name):
+    s = getattr(x, "shape", None)
+    if s is None or isinstance(x, (list, tuple)):
+        raise TypeError("%s: expected an array (numpy, torch, CuPy, JAX, ...), got %s" % (name, type(x).__name__))
+    return tuple(s)
+
+
 def _dims(x, name, ndim):
-    s = tuple(x.shape)
+    s = _shape(x, name)
     if len(s) != ndim:
         raise ValueError("%s: expected %d dimensions, got shape %s" % (name, ndim, s))
     return s
@@ -80,7 +87,7 @@ def attention(q, k, v, causal=False, sm_scale=None, window_left=-1, soft_cap=0.0
     1/sqrt(D); soft_cap > 0 applies soft_cap * tanh(s / soft_cap) to the scores; window_left >= 0
     keeps only keys with position >= query position - window_left.
     """
-    qs = tuple(q.shape)
+    qs = _shape(q, "q")
     if len(qs) == 3:
         return attention_varlen(q, k, v, None, None, causal=causal, sm_scale=sm_scale,
                                 window_left=window_left, soft_cap=soft_cap, return_lse=return_lse, out=out)
@@ -152,6 +159,7 @@ class _Planned:
         self._ws = None
         self._lim = None
         self._hnd = False
+        self._shape = None
 
     def _need(self, want):
         """Makes sure the workspace covers `want` (a dict of limits); regrows unless fixed."""
@@ -162,8 +170,11 @@ class _Planned:
             and (lim["page_size"] == want["page_size"] or want["page_size"] == 0)
         if ok:
             return
-        if self._fixed is not None and self._ws is not None:
-            raise ValueError("plan exceeds the wrapper's fixed limits %s: %s" % (self._lim, want))
+        if self._fixed is not None:
+            over = {k: want[k] for k, cap in self._fixed.items() if cap is not None and want[k] > cap}
+            if over or self._ws is not None:
+                raise ValueError("plan exceeds the wrapper's fixed limits %s: %s" % (
+                    self._lim or self._fixed, over or want))
         new = dict(want)
         if self._fixed is not None:
             for key, val in self._fixed.items():
@@ -270,6 +281,8 @@ class BatchDecodeWrapper(_Planned):
         if out is not None and not return_lse:  # the fast path: nothing to allocate
             self._ws.decode_run(q, paged_kv, out, lse, stream)
             return out if lse is None else (out, lse)
+        if self._shape is None:
+            raise RuntimeError("run() before a successful plan()")
         out, fin, lse, fin_l = self._outputs(q, out, lse, return_lse, *self._shape)
         self._ws.decode_run(q, _pool_pages(paged_kv), out, lse, stream)
         return (fin(out), fin_l(lse)) if lse is not None else fin(out)
@@ -356,6 +369,8 @@ class BatchPrefillWrapper(_Planned):
     def run(self, q, k, v=None, out=None, lse=None, return_lse=False, stream=None):
         """Ragged plan: run(q [T, Hq, D], k [S, Hk, D], v [S, Hk, D]). Paged plan: run(q, paged_kv)
         with paged_kv as in BatchDecodeWrapper.run. Returns out [T, Hq, D] (and lse [T, Hq])."""
+        if self._shape is None:
+            raise RuntimeError("run() before a successful plan()")
         out, fin, lse, fin_l = self._outputs(q, out, lse, return_lse, *self._shape)
         self._ws.prefill_run(q, _pool_pages(k), v, out, lse, stream)
         return (fin(out), fin_l(lse)) if (return_lse or lse is not None) else fin(out)

@@ -1177,7 +1177,7 @@ static PyObject *workspace_plan_decode(PyObject *o, PyObject *args, PyObject *kw
     PyObject *indptr_o, *indices_o, *last_o, *cache_o = Py_None;
     int num_pages, hq, hk, d, ps, window = -1, hnd = 0, no_split = 0, graph = 0, fixed = 0, algo = 0;
     double sm = 0, cap = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOiiiii|didppppiiO", kws, &indptr_o, &indices_o, &last_o,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOiiiii|didpppiiO", kws, &indptr_o, &indices_o, &last_o,
                                      &num_pages, &hq, &hk, &d, &ps, &sm, &window, &cap, &hnd, &no_split,
                                      &graph, &fixed, &algo, &cache_o))
         return NULL;
