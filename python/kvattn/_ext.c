@@ -178,7 +178,7 @@ typedef struct call_state {
     int dev_id;
 } call_state;
 
-static PyObject *s_data_ptr, *s_dtype, *s_shape, *s_stride, *s_is_cuda, *s_get_device,
+static PyObject *s_data_ptr, *s_dtype, *s_shape, *s_stride, *s_get_device,
     *s_dlpack, *s_dlpack_device, *s_stream, *s_max_version;
 static PyObject *empty_tuple, *max_version_1_0;
 
@@ -276,30 +276,17 @@ static int decide_stream(call_state *cs, int torch_first, int dev_id) {
 }
 
 static int torch_view(PyObject *o, view *v, call_state *cs, const char *name) {
-    PyObject *r = PyObject_GetAttr(o, s_is_cuda);
+    /* get_device(): the CUDA ordinal, or -1 for host tensors (one call instead of .device) */
+    PyObject *r = PyObject_CallMethodObjArgs(o, s_get_device, NULL);
     if (!r) return -1;
-    int cuda = PyObject_IsTrue(r);
+    long dev = PyLong_AsLong(r);
     Py_DECREF(r);
-    if (cuda) {
-        r = PyObject_CallMethodObjArgs(o, s_get_device, NULL);
-        if (!r) return -1;
-        v->dev_id = (int)PyLong_AsLong(r);
-        Py_DECREF(r);
+    if (dev == -1 && PyErr_Occurred()) return -1;
+    if (dev >= 0) {
         v->dev = KVA_DEVICE_CUDA;
+        v->dev_id = (int)dev;
         if (decide_stream(cs, 1, v->dev_id) < 0) return -1;
     } else {
-        /* CPU tensors only: anything else (meta, mps, ...) has no data we can read */
-        PyObject *dev = PyObject_GetAttrString(o, "device");
-        if (!dev) return -1;
-        PyObject *type = PyObject_GetAttrString(dev, "type");
-        Py_DECREF(dev);
-        if (!type) return -1;
-        int ok = PyUnicode_CompareWithASCIIString(type, "cpu") == 0;
-        Py_DECREF(type);
-        if (!ok) {
-            PyErr_Format(PyExc_ValueError, "%s: torch tensor on an unsupported device", name);
-            return -1;
-        }
         v->dev = KVA_DEVICE_CPU;
         v->dev_id = 0;
     }
@@ -323,6 +310,14 @@ static int torch_view(PyObject *o, view *v, call_state *cs, const char *name) {
     v->data = PyLong_AsVoidPtr(r);
     Py_DECREF(r);
     if (PyErr_Occurred()) return -1;
+    if (!v->data && v->dev == KVA_DEVICE_CPU) {
+        int64_t n = 1;
+        for (int i = 0; i < v->ndim; ++i) n *= v->shape[i];
+        if (n > 0) {
+            PyErr_Format(PyExc_ValueError, "%s: torch tensor without CPU or CUDA storage", name);
+            return -1;
+        }
+    }
     return 0;
 }
 
@@ -1753,7 +1748,6 @@ PyMODINIT_FUNC PyInit__ext(void) {
     INTERN(s_dtype, "dtype");
     INTERN(s_shape, "shape");
     INTERN(s_stride, "stride");
-    INTERN(s_is_cuda, "is_cuda");
     INTERN(s_get_device, "get_device");
     INTERN(s_dlpack, "__dlpack__");
     INTERN(s_dlpack_device, "__dlpack_device__");
