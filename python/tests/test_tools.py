@@ -28,3 +28,9 @@ def test_plot_decode_and_prefill(tmp_path):
     assert png.exists() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and os.path.getsize(png) > 1000
     with pytest.raises(ValueError):
         kvattn.plot.plot({"rows": []}, str(tmp_path / "x.png"))
+
+
+def test_readme_python_example_runs():
+    import runpy
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    runpy.run_path(os.path.join(root, "examples", "python_decode.py"), run_name="__main__")
