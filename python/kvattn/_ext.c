@@ -275,6 +275,18 @@ static int decide_stream(call_state *cs, int torch_first, int dev_id) {
     return 0;
 }
 
+/* The stream for a call that takes no arrays (plans, cache bookkeeping) on slot s: stream= if
+ * given, else torch's current stream of that device once torch is imported, else the legacy
+ * default stream. Plans upload on it, so a run on the same stream sees the plan. */
+static int slot_stream(const ctx_slot *s, PyObject *stream_arg, void **out) {
+    *out = NULL;
+    if (s->type != KVA_DEVICE_CUDA) return 0;
+    call_state cs = {.stream_arg = stream_arg};
+    if (decide_stream(&cs, torch_ready(), s->device_id) < 0) return -1;
+    *out = cs.stream;
+    return 0;
+}
+
 static int torch_view(PyObject *o, view *v, call_state *cs, const char *name) {
     /* get_device(): the CUDA ordinal, or -1 for host tensors (one call instead of .device) */
     PyObject *r = PyObject_CallMethodObjArgs(o, s_get_device, NULL);
@@ -850,7 +862,12 @@ static PyObject *cache_new(PyTypeObject *tp, PyObject *args, PyObject *kw) {
     return (PyObject *)self;
 }
 
-#define CACHE_CALL(c, st, call) SLOT_CALL((c)->slot, NULL, st, call)
+#define CACHE_CALL(c, st, call)                                                                  \
+    do {                                                                                          \
+        void *cstream_ = NULL;                                                                    \
+        if (slot_stream((c)->slot, Py_None, &cstream_) < 0) return NULL;                          \
+        SLOT_CALL((c)->slot, cstream_, st, call);                                                 \
+    } while (0)
 
 static PyObject *cache_add(PyObject *o, PyObject *unused) {
     (void)unused;
@@ -1091,6 +1108,7 @@ typedef struct {
     int hnd;          /* page layout given to plan() (for tuple / interleaved pages) */
     int64_t total_qo; /* rows of q the plan expects */
     int64_t total_kv; /* ragged prefill: rows of k/v */
+    void *last_stream; /* CUDA: the stream of the latest plan or run (waited for on dealloc) */
 } WorkspaceObject;
 
 static PyTypeObject *WorkspaceType;
@@ -1098,7 +1116,10 @@ static PyTypeObject *WorkspaceType;
 static void workspace_dealloc(PyObject *o) {
     WorkspaceObject *w = (WorkspaceObject *)o;
     if (w->slot) {
-        if (w->slot->type == KVA_DEVICE_CUDA) kva_synchronize(w->slot->ctx); /* runs may be in flight */
+        if (w->slot->type == KVA_DEVICE_CUDA) { /* runs may be in flight */
+            kva_context_set_stream(w->slot->ctx, w->last_stream);
+            kva_synchronize(w->slot->ctx);
+        }
         kva_free(w->slot->ctx, w->ws.device);
         kva_host_free(w->slot->ctx, w->ws.host);
     }
@@ -1167,14 +1188,14 @@ static int set_params(WorkspaceObject *w, int hq, int hk, int d, double sm_scale
 static PyObject *workspace_plan_decode(PyObject *o, PyObject *args, PyObject *kw) {
     static char *kws[] = {"indptr", "indices", "last_page_len", "num_pages", "num_qo_heads", "num_kv_heads",
                           "head_dim", "page_size", "sm_scale", "window_left", "soft_cap", "hnd",
-                          "no_split", "graph", "fixed_chunk", "algo", "cache", NULL};
+                          "no_split", "graph", "fixed_chunk", "algo", "cache", "stream", NULL};
     WorkspaceObject *w = (WorkspaceObject *)o;
-    PyObject *indptr_o, *indices_o, *last_o, *cache_o = Py_None;
+    PyObject *indptr_o, *indices_o, *last_o, *cache_o = Py_None, *stream = Py_None;
     int num_pages, hq, hk, d, ps, window = -1, hnd = 0, no_split = 0, graph = 0, fixed = 0, algo = 0;
     double sm = 0, cap = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOiiiii|didpppiiO", kws, &indptr_o, &indices_o, &last_o,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOiiiii|didpppiiOO", kws, &indptr_o, &indices_o, &last_o,
                                      &num_pages, &hq, &hk, &d, &ps, &sm, &window, &cap, &hnd, &no_split,
-                                     &graph, &fixed, &algo, &cache_o))
+                                     &graph, &fixed, &algo, &cache_o, &stream))
         return NULL;
     if (w->kind != WS_DECODE) {
         PyErr_SetString(PyExc_TypeError, "plan_decode on a prefill workspace");
@@ -1213,8 +1234,11 @@ static PyObject *workspace_plan_decode(PyObject *o, PyObject *args, PyObject *kw
         t.last_page_len = c.p;
     }
     kva_status st;
+    void *pstream;
+    if (slot_stream(w->slot, stream, &pstream) < 0) goto fail;
     w->planned = 0;
-    SLOT_CALL(w->slot, NULL, st, kva_decode_plan(w->slot->ctx, &lim, &t, num_pages, &opt, w->ws, &w->plan));
+    w->last_stream = pstream;
+    SLOT_CALL(w->slot, pstream, st, kva_decode_plan(w->slot->ctx, &lim, &t, num_pages, &opt, w->ws, &w->plan));
     i32_free(&a);
     i32_free(&b);
     i32_free(&c);
@@ -1236,14 +1260,15 @@ static PyObject *workspace_plan_prefill(PyObject *o, PyObject *args, PyObject *k
     static char *kws[] = {"qo_indptr", "kv_indptr", "indptr", "indices", "last_page_len", "num_pages",
                           "num_qo_heads", "num_kv_heads", "head_dim", "page_size", "causal", "sm_scale",
                           "window_left", "soft_cap", "hnd", "no_split", "graph", "fixed_chunk", "cache",
-                          "seq_ids", NULL};
+                          "seq_ids", "stream", NULL};
     WorkspaceObject *w = (WorkspaceObject *)o;
-    PyObject *qo_o, *kv_o, *indptr_o, *indices_o, *last_o, *cache_o = Py_None, *ids_o = Py_None;
+    PyObject *qo_o, *kv_o, *indptr_o, *indices_o, *last_o, *cache_o = Py_None, *ids_o = Py_None,
+             *stream = Py_None;
     int num_pages, hq, hk, d, ps, causal = 0, window = -1, hnd = 0, no_split = 0, graph = 0, fixed = 0;
     double sm = 0, cap = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOiiiii|pdidpppiOO", kws, &qo_o, &kv_o, &indptr_o, &indices_o,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOiiiii|pdidpppiOOO", kws, &qo_o, &kv_o, &indptr_o, &indices_o,
                                      &last_o, &num_pages, &hq, &hk, &d, &ps, &causal, &sm, &window, &cap, &hnd,
-                                     &no_split, &graph, &fixed, &cache_o, &ids_o))
+                                     &no_split, &graph, &fixed, &cache_o, &ids_o, &stream))
         return NULL;
     if (w->kind != WS_PREFILL) {
         PyErr_SetString(PyExc_TypeError, "plan_prefill on a decode workspace");
@@ -1301,8 +1326,11 @@ static PyObject *workspace_plan_prefill(PyObject *o, PyObject *args, PyObject *k
         goto fail;
     }
     kva_status st;
+    void *pstream;
+    if (slot_stream(w->slot, stream, &pstream) < 0) goto fail;
     w->planned = 0;
-    SLOT_CALL(w->slot, NULL, st,
+    w->last_stream = pstream;
+    SLOT_CALL(w->slot, pstream, st,
               kva_prefill_plan(w->slot->ctx, &lim, batch, qo.p, tp ? NULL : kv.p, tp, num_pages, &opt, w->ws,
                                &w->plan));
     w->total_qo = qo.p[batch];
@@ -1353,6 +1381,10 @@ static int run_qo(WorkspaceObject *w, PyObject *q, PyObject *out, PyObject *lse,
     if (view_get(out, &r->o, &r->cs, "out") < 0) return -1;
     r->no = 1;
     if (as_kva_tensor(&r->o, "out", w->total_qo, p->num_qo_heads, p->head_dim, r->q.el, &r->ot) < 0) return -1;
+    if (r->o.readonly) {
+        PyErr_SetString(PyExc_ValueError, "out: read-only array");
+        return -1;
+    }
     if (f32_out(lse, &r->l, &r->cs, "lse", w->total_qo, p->num_qo_heads, &r->lse) < 0) return -1;
     r->nl = r->lse != NULL;
     if (r->cs.dev != w->slot->type ||
@@ -1377,6 +1409,7 @@ static PyObject *workspace_decode_run(PyObject *o, PyObject *args, PyObject *kw)
     PyObject *res = NULL;
     if (run_qo(w, q, out, lse, &r) < 0 || get_pages(kv, w->hnd, &r.cs, &r.pages) < 0) goto done;
     kva_status st;
+    w->last_stream = r.cs.stream;
     SLOT_CALL(w->slot, r.cs.stream, st,
               kva_decode_run(w->slot->ctx, &w->plan, &w->params, r.qt, &r.pages, r.ot, r.lse));
     if (st != KVA_OK) {
@@ -1404,6 +1437,7 @@ static PyObject *workspace_prefill_run(PyObject *o, PyObject *args, PyObject *kw
     PyObject *res = NULL;
     if (run_qo(w, q, out, lse, &r) < 0) goto done;
     kva_status st;
+    w->last_stream = r.cs.stream;
     if (w->planned == 3) {
         if (v != Py_None) {
             PyErr_SetString(PyExc_ValueError, "paged plan: pass the paged K/V as k and v=None");
