@@ -17,7 +17,7 @@ build:
 		|| { cat $(BUILD)/configure.log; exit 1; }
 	@grep "kvattn:" $(BUILD)/configure.log || true
 	@echo "== build: library, kvattn command, tests, example, Python extension ($(JOBS) jobs)"
-	@cmake --build $(BUILD) -j $(JOBS)
+	@GNUMAKEFLAGS=--no-print-directory cmake --build $(BUILD) -j $(JOBS)
 
 # The Python suite (pytest python/tests), then the C suite; ends with the C runner's summary.
 test: build
