@@ -453,6 +453,7 @@ class PagedKVCache:
         self._layers = [None] * num_layers
         self._decode = self._prefill = None
         self._step_key = None
+        self._version = 0  # bumped by every change of sequences or lengths (plan reuse key)
 
     num_layers = property(lambda self: self._cfg["num_layers"])
     num_kv_heads = property(lambda self: self._cfg["num_kv_heads"])
@@ -462,19 +463,23 @@ class PagedKVCache:
 
     def add_sequence(self):
         """A new empty sequence; returns its id. NoSpaceError when max_sequences are live."""
+        self._version += 1
         return self._c.add_sequence()
 
     def free(self, seq_id):
         """Frees a sequence; pages it shares with others stay theirs."""
+        self._version += 1
         self._c.free_sequence(int(seq_id))
 
     def fork(self, parent):
         """A new sequence with parent's tokens, sharing its pages (copy-on-write); returns its id."""
+        self._version += 1
         return self._c.fork(int(parent))
 
     def reserve(self, seq_ids, num_new):
         """Extends each sequence by num_new[i] token slots. All or nothing: NoSpaceError leaves
         every sequence as it was."""
+        self._version += 1
         self._c.reserve(list(seq_ids), list(num_new))
 
     def append(self, layer, seq_ids, num_new, k, v, stream=None):
@@ -545,8 +550,7 @@ def attention_with_kv_cache(q, k_new, v_new, cache, seq_ids, layer=0, num_new=No
     if reserve:
         cache.reserve(seq_ids, num_new)
     cache.append(layer, seq_ids, num_new, k_new, v_new)
-    key = (tuple(seq_ids), tuple(num_new), Hq, causal, sm_scale, window_left, soft_cap,
-           tuple(cache.seq_len(s) for s in seq_ids))
+    key = (cache._version, tuple(seq_ids), tuple(num_new), Hq, causal, sm_scale, window_left, soft_cap)
     decode = all(x == 1 for x in num_new)
     if cache._step_key != key:
         if decode:

@@ -283,3 +283,23 @@ def test_device_helpers():
                          np.ones((3, 1, 64), np.float32))
     assert np.allclose(o, 1)
     kvattn.set_num_threads(0)
+
+
+def test_attention_with_kv_cache_replans_when_sequences_change():
+    """Same ids and lengths as an earlier step but other pages: the step's plan is remade."""
+    rng = np.random.default_rng(11)
+    c = kvattn.PagedKVCache(1, 1, 64, page_size=4, num_pages=16)
+    q = rnd(rng, (5, 2, 64))
+    a = c.add_sequence()
+    c.reserve([a], [5])
+    k1 = rnd(rng, (5, 1, 64))
+    kvattn.attention_with_kv_cache(q, k1, k1, c, [a], num_new=[5], reserve=False)
+    c.free(a)
+    x = c.add_sequence()
+    c.reserve([x], [8])  # takes the freed pages
+    b = c.add_sequence()
+    c.reserve([b], [5])
+    k2 = rnd(rng, (5, 1, 64))
+    o = kvattn.attention_with_kv_cache(q, k2, k2, c, [b], num_new=[5], reserve=False)
+    ro, _ = attention_ref(q, k2, k2, causal=True)
+    np.testing.assert_allclose(o, ro, atol=2e-4, rtol=2e-4)
