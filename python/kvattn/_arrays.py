@@ -87,8 +87,8 @@ def empty_like(ref, shape, dtype=None):
     import numpy
     if dtype is None:
         dtype = ref.dtype
-        if dtype_name(dtype) == "bfloat16" and fw != "jax":
-            raise TypeError("bfloat16 host outputs need a framework with bfloat16 (torch, JAX)")
+        if dtype_name(dtype) == "bfloat16":  # numpy cannot export bfloat16 through DLPack
+            raise TypeError("bfloat16 outputs in host memory need torch tensors (or pass out=)")
     a = numpy.empty(shape, dtype=dtype)
     if fw == "jax":
         import jax.numpy as jnp
