@@ -10,10 +10,10 @@ PREFIX=$(mktemp -d /tmp/kvattn-prefix.XXXXXX)
 WORK=$(mktemp -d /tmp/kvattn-consumer.XXXXXX)
 trap 'rm -rf "$PREFIX" "$WORK"' EXIT
 
-cmake --install "$BUILD" --prefix "$PREFIX" --component runtime >/dev/null
-cmake --install "$BUILD" --prefix "$PREFIX" --component development >/dev/null
+cmake --install "$BUILD" --prefix "$PREFIX" >/dev/null
 echo "installed into a temporary prefix:"
 (cd "$PREFIX" && find . -type f -o -type l | sort | sed 's/^\./  /')
+if [ -e "$PREFIX/kvattn" ]; then echo "the Python extension leaked into the C install"; exit 1; fi
 soname=$(objdump -p "$PREFIX"/lib*/libkvattn.so | awk '/SONAME/ {print $2}')
 echo "SONAME: $soname"
 [ -n "$soname" ] && [ "$soname" != "libkvattn.so" ]
