@@ -3,7 +3,8 @@
 A Llama-architecture model from a config with random weights (no download): GQA 32/8 heads,
 head dim 128, 2 layers, seeded. A batch of prompts of different lengths (left padded):
 teacher-forced logits of every step equal sdpa's within dtype tolerance, and greedy generation
-of 64 tokens gives the same tokens. CPU float32 always (when torch and transformers are
+of 64 tokens gives the same tokens (in bf16, where the two differ, kvattn's token must be a
+near-tie of sdpa's own logits). CPU float32 and bfloat16 (when torch and transformers are
 installed); CUDA bfloat16 too when a GPU is present.
 """
 import pytest
@@ -15,7 +16,7 @@ import kvattn  # noqa: E402
 
 import kvattn.integrations.transformers as kt  # noqa: E402
 
-DEVICES = [("cpu", torch.float32, 1e-4)]
+DEVICES = [("cpu", torch.float32, 1e-4), ("cpu", torch.bfloat16, 3e-2)]
 if torch.cuda.is_available() and kvattn.cuda_available():
     DEVICES.append(("cuda", torch.bfloat16, 3e-2))
 
@@ -101,7 +102,27 @@ def test_greedy_generation_matches_sdpa(device, dtype, tol):
         cache = kt.KvattnCache(ours.config, max_batch_size=3, max_cache_len=128)
         b = ours.generate(ids, past_key_values=cache, **kw)
     assert a.shape == b.shape == (3, ids.shape[1] + 64)
-    assert torch.equal(a, b), "first difference at %s" % ((a != b).nonzero()[:1].tolist(),)
+    if dtype == torch.float32 or torch.equal(a, b):
+        assert torch.equal(a, b), "first difference at %s" % ((a != b).nonzero()[:1].tolist(),)
+    else:
+        # bf16: a different token is allowed only where sdpa itself has a near-tie: at the first
+        # difference of each row, kvattn's token must be within tolerance of sdpa's best logit.
+        T0 = ids.shape[1]
+        full_mask = torch.cat([mask, torch.ones((3, 64), dtype=mask.dtype, device=mask.device)], dim=1)
+        for r in range(3):
+            diff = (a[r] != b[r]).nonzero()
+            if len(diff) == 0:
+                continue
+            t = int(diff[0])
+            assert t >= T0
+            m = full_mask[r:r + 1, :t]
+            with torch.no_grad():
+                logits = ref(a[r:r + 1, :t], attention_mask=m,
+                             position_ids=(m.cumsum(-1) - 1).clamp(min=0)).logits[0, -1].float()
+            spread = (logits.max() - logits.min()).item()
+            gap = (logits.max() - logits[b[r, t]]).item()
+            assert gap <= tol * spread, "row %d step %d: kvattn's token is %.4f below sdpa's best (spread %.2f)" % (
+                r, t - T0, gap, spread)
     # kvattn's cache held every real token: prompts without padding, then 63 fed-back tokens each
     assert cache.kv.stats()["num_tokens"] == 11 + 4 + 17 + 3 * 63
 
