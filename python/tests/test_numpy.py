@@ -303,3 +303,25 @@ def test_attention_with_kv_cache_replans_when_sequences_change():
     o = kvattn.attention_with_kv_cache(q, k2, k2, c, [b], num_new=[5], reserve=False)
     ro, _ = attention_ref(q, k2, k2, causal=True)
     np.testing.assert_allclose(o, ro, atol=2e-4, rtol=2e-4)
+
+
+def test_threads_share_the_cpu_context_safely():
+    """CPU calls release the GIL and hold the context's lock: threads may call concurrently."""
+    import threading
+    rng = np.random.default_rng(12)
+    jobs = [(rnd(rng, (40, 8, 64)), rnd(rng, (60, 2, 64)), rnd(rng, (60, 2, 64))) for _ in range(4)]
+    results = [None] * len(jobs)
+
+    def work(i):
+        q, k, v = jobs[i]
+        for _ in range(5):
+            results[i] = kvattn.attention(q, k, v, causal=True)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(jobs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for (q, k, v), o in zip(jobs, results):
+        ro, _ = attention_ref(q, k, v, causal=True)
+        np.testing.assert_allclose(o, ro, atol=2e-4, rtol=2e-4)
