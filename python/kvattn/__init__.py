@@ -115,7 +115,8 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False, sm_scale
     q: [T, Hq, D] with request b's queries in rows cu_seqlens_q[b] .. cu_seqlens_q[b+1]-1;
     k, v: [S, Hk, D] likewise with cu_seqlens_k. cu_seqlens_*: B+1 host ints (list or host
     array; None means one request holding every row). Returns out [T, Hq, D] (and lse [T, Hq]).
-    Plans into a temporary workspace: for repeated calls use BatchPrefillWrapper.
+    Plans into a temporary workspace (on CUDA: allocated, and waited for before it is freed, on
+    every call): for repeated calls use BatchPrefillWrapper, which keeps its workspace.
     """
     T, Hq, D = _dims(q, "q", 3)
     S, Hk, _ = _dims(k, "k", 3)
