@@ -168,9 +168,10 @@ class PagedDecode:
     through .plan_info) and methods run(s), contiguous_kv(s)."""
 
     def __init__(self, batch, ctx_len, nsets, hq=32, hk=8, d=128, page=16, graph=False, no_split=False,
-                 fixed_chunk=0, hnd=False, dtype=None):
+                 fixed_chunk=0, hnd=False, dtype=None, device="cuda"):
         import torch
         dtype = dtype or torch.bfloat16
+        self.device = device
         self.B, self.L, self.hk, self.d, self.page, self.hnd = batch, ctx_len, hk, d, page, hnd
         ppr = (ctx_len + page - 1) // page
         self.num_pages = batch * ppr
@@ -179,13 +180,13 @@ class PagedDecode:
         self.indptr = torch.arange(batch + 1, dtype=torch.int32) * ppr
         self.last = torch.full((batch,), ctx_len - (ppr - 1) * page, dtype=torch.int32)
         shape = (self.num_pages, hk, page, d) if hnd else (self.num_pages, page, hk, d)
-        self.k = [torch.randn(*shape, device="cuda", dtype=dtype) for _ in range(nsets)]
-        self.v = [torch.randn(*shape, device="cuda", dtype=dtype) for _ in range(nsets)]
-        self.q = [torch.randn(batch, hq, d, device="cuda", dtype=dtype) for _ in range(nsets)]
-        self.o = torch.empty(batch, hq, d, device="cuda", dtype=dtype)
+        self.k = [torch.randn(*shape, device=device, dtype=dtype) for _ in range(nsets)]
+        self.v = [torch.randn(*shape, device=device, dtype=dtype) for _ in range(nsets)]
+        self.q = [torch.randn(batch, hq, d, device=device, dtype=dtype) for _ in range(nsets)]
+        self.o = torch.empty(batch, hq, d, device=device, dtype=dtype)
         self.pages = [kvattn.KVPages(k, v, hnd=hnd) for k, v in zip(self.k, self.v)]
         limits = dict(max_batch=batch, max_total_pages=self.num_pages) if graph else {}
-        self.wrapper = kvattn.BatchDecodeWrapper("cuda", use_cuda_graph=graph,
+        self.wrapper = kvattn.BatchDecodeWrapper(device, use_cuda_graph=graph,
                                                  kv_layout="HND" if hnd else "NHD", **limits)
         self.wrapper.plan(self.indptr, self.perm, self.last, hq, hk, d, page, num_pages=self.num_pages,
                           no_split=no_split, fixed_chunk_size=fixed_chunk)
@@ -197,7 +198,7 @@ class PagedDecode:
     def contiguous_kv(self, s):
         """Set s's K and V as torch wants them: [B, Hk, L, D], logical order (NHD pools)."""
         ppr = self.num_pages // self.B
-        idx = self.perm.long().to("cuda")
+        idx = self.perm.long().to(self.device)
         assert not self.hnd
         k = self.k[s][idx].reshape(self.B, ppr * self.page, self.hk, self.d)[:, : self.L].permute(0, 2, 1, 3)
         v = self.v[s][idx].reshape(self.B, ppr * self.page, self.hk, self.d)[:, : self.L].permute(0, 2, 1, 3)

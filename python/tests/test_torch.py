@@ -157,3 +157,18 @@ def test_prefill_cuda():
         q.transpose(1, 2).float(), k.transpose(1, 2).float(), k.transpose(1, 2).float(), is_causal=True,
         enable_gqa=True).transpose(1, 2)
     torch.testing.assert_close(o.float(), ref, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("graph", [False, True])
+def test_bench_paged_decode_helper_cpu(graph):
+    """kvattn.bench.PagedDecode (bench_torch.py's decode shape) on the CPU, against torch SDPA."""
+    import kvattn.bench as kb
+    d = kb.PagedDecode(3, 100, 2, hq=8, hk=2, d=64, dtype=torch.float32, device="cpu", graph=graph)
+    assert d.plan_info["planned"] == 1 and d.plan_info["num_work"] >= 3
+    for s in range(2):
+        d.run(s)
+        k, v = d.contiguous_kv(s)  # [B, Hk, L, D]
+        ref = torch.nn.functional.scaled_dot_product_attention(d.q[s].unsqueeze(2), k, v,
+                                                               enable_gqa=True).squeeze(2)
+        torch.testing.assert_close(d.o, ref, atol=2e-4, rtol=2e-4)
+    d.free()
