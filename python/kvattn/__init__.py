@@ -2,7 +2,7 @@
 
 The Python face of the C library (include/kvattn.h). Arrays of any framework that speaks DLPack
 (numpy, torch, CuPy, JAX) go in; results come back as arrays of the same framework. CUDA arrays
-run on the caller's current stream (torch's current stream for torch tensors, or stream=).
+run on the caller's current stream (torch's for torch tensors, CuPy's for CuPy arrays, or stream=).
 
 Shapes (names used throughout):
     T   query tokens (summed over a batch)      Hq  query heads      D  head dim (64/128/256)

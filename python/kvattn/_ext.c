@@ -8,7 +8,8 @@
  * already imported, because a decode run must cost only a few microseconds of host time.
  *
  * Streams: a call on CUDA arrays runs on `stream` when the caller gives one; otherwise on torch's
- * current stream when its first array is a torch tensor; otherwise on the legacy default stream.
+ * current stream when its first array is a torch tensor, CuPy's current stream when it is a CuPy
+ * array; otherwise on the legacy default stream.
  * That stream is handed to the producers' __dlpack__(stream=...) as the protocol asks.
  *
  * Contexts: one kva_context per device (CPU, each CUDA device), created on first use. CPU calls
@@ -256,12 +257,44 @@ static int tuple_to_i64(PyObject *t, int64_t *out, int max, const char *name, co
     return (int)n;
 }
 
-/* Sets cs's stream the first time a CUDA array is met. */
-static int decide_stream(call_state *cs, int torch_first, int dev_id) {
+/* CuPy's current stream (cupy.cuda.get_current_stream().ptr), for CuPy arrays. */
+static PyObject *cupy_get_stream, *s_cupy;
+
+static int cupy_stream(PyObject *o, void **out) {
+    PyObject *mod = PyObject_GetAttrString((PyObject *)Py_TYPE(o), "__module__");
+    if (!mod) {
+        PyErr_Clear();
+        return 0;
+    }
+    int is_cupy = PyUnicode_Check(mod) && PyUnicode_Tailmatch(mod, s_cupy, 0, 4, -1) == 1;
+    Py_DECREF(mod);
+    if (!is_cupy) return 0;
+    if (!cupy_get_stream) {
+        PyObject *cuda = PyImport_ImportModule("cupy.cuda");
+        if (!cuda) return -1;
+        cupy_get_stream = PyObject_GetAttrString(cuda, "get_current_stream");
+        Py_DECREF(cuda);
+        if (!cupy_get_stream) return -1;
+    }
+    PyObject *st = PyObject_CallObject(cupy_get_stream, NULL);
+    if (!st) return -1;
+    PyObject *ptr = PyObject_GetAttrString(st, "ptr");
+    Py_DECREF(st);
+    if (!ptr) return -1;
+    *out = PyLong_AsVoidPtr(ptr);
+    Py_DECREF(ptr);
+    return PyErr_Occurred() ? -1 : 1;
+}
+
+/* Sets cs's stream the first time a CUDA array is met. `first` is that array (NULL: none). */
+static int decide_stream_of(call_state *cs, int torch_first, int dev_id, PyObject *first) {
     if (cs->have_stream) return 0;
+    int rc;
     if (cs->stream_arg && cs->stream_arg != Py_None) {
         cs->stream = PyLong_AsVoidPtr(cs->stream_arg);
         if (PyErr_Occurred()) return -1;
+    } else if (!torch_first && first && (rc = cupy_stream(first, &cs->stream)) != 0) {
+        if (rc < 0) return -1;
     } else if (torch_first && torch_raw_stream) {
         PyObject *r = PyObject_CallFunction(torch_raw_stream, "i", dev_id);
         if (!r) return -1;
@@ -273,6 +306,10 @@ static int decide_stream(call_state *cs, int torch_first, int dev_id) {
     }
     cs->have_stream = 1;
     return 0;
+}
+
+static int decide_stream(call_state *cs, int torch_first, int dev_id) {
+    return decide_stream_of(cs, torch_first, dev_id, NULL);
 }
 
 /* The stream for a call that takes no arrays (plans, cache bookkeeping) on slot s: stream= if
@@ -367,7 +404,7 @@ static int dlpack_view(PyObject *o, view *v, call_state *cs, const char *name) {
     PyObject *kw = PyDict_New();
     if (!kw) return -1;
     if (dev_type == DL_CUDA || dev_type == DL_CUDA_MANAGED) {
-        if (decide_stream(cs, 0, dev_id) < 0) {
+        if (decide_stream_of(cs, 0, dev_id, o) < 0) {
             Py_DECREF(kw);
             return -1;
         }
@@ -1787,6 +1824,7 @@ PyMODINIT_FUNC PyInit__ext(void) {
     INTERN(s_dlpack_device, "__dlpack_device__");
     INTERN(s_stream, "stream");
     INTERN(s_max_version, "max_version");
+    INTERN(s_cupy, "cupy");
     if (!(empty_tuple = PyTuple_New(0))) return NULL;
     if (!(max_version_1_0 = Py_BuildValue("(ii)", 1, 0))) return NULL;
     if (!(legacy_types = PySet_New(NULL))) return NULL;
