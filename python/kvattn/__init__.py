@@ -241,11 +241,13 @@ class BatchDecodeWrapper(_Planned):
 
     def plan(self, indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size,
              num_pages=None, sm_scale=None, window_left=-1, logits_soft_cap=0.0, kv_layout=None,
-             no_split=False, fixed_chunk_size=0, algorithm="partial_rowmax"):
+             no_split=False, fixed_chunk_size=0, algorithm="partial_rowmax", stream=None):
         """Plans a decode step. indptr [B+1], indices [indptr[B]], last_page_len [B] (1..page_size,
         ignored for requests with no pages): request b's keys fill pages indices[indptr[b]:
         indptr[b+1]] in order. num_pages: pool size the pages are checked against (default:
-        max(indices) + 1). algorithm: 'partial_rowmax' (default) or 'global_rowmax' (CPU)."""
+        max(indices) + 1). algorithm: 'partial_rowmax' (default) or 'global_rowmax' (CPU).
+        On CUDA the plan is uploaded on `stream` (default: torch's current stream): run on the
+        same stream, or order the streams yourself."""
         indptr, indices, last_page_len = host_ints(indptr), host_ints(indices), host_ints(last_page_len)
         batch = len(indptr) - 1
         total = last_int(indptr)
@@ -260,7 +262,7 @@ class BatchDecodeWrapper(_Planned):
                              head_dim, page_size, sm_scale=_scale(sm_scale), window_left=int(window_left),
                              soft_cap=float(logits_soft_cap), hnd=self._hnd, no_split=bool(no_split),
                              graph=self._graph, fixed_chunk=int(fixed_chunk_size),
-                             algo=1 if algorithm == "global_rowmax" else 0)
+                             algo=1 if algorithm == "global_rowmax" else 0, stream=stream)
         self._shape = (batch, num_qo_heads, head_dim)
 
     def _plan_cache(self, cache, seq_ids, num_qo_heads, sm_scale=None, window_left=-1, logits_soft_cap=0.0):
@@ -323,7 +325,7 @@ class BatchPrefillWrapper(_Planned):
     def plan(self, qo_indptr, kv_indptr, num_qo_heads, num_kv_heads, head_dim, page_size=0,
              paged_kv_indptr=None, paged_kv_indices=None, paged_kv_last_page_len=None, num_pages=None,
              causal=False, sm_scale=None, window_left=-1, logits_soft_cap=0.0, kv_layout=None,
-             no_split=False, fixed_chunk_size=0):
+             no_split=False, fixed_chunk_size=0, stream=None):
         """Plans a prefill batch. qo_indptr [B+1]: request b's queries are rows qo_indptr[b] ..
         of q. Keys: kv_indptr [B+1] (ragged k/v rows), or None and the paged table
         (paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len, page_size)."""
@@ -350,7 +352,8 @@ class BatchPrefillWrapper(_Planned):
         self._ws.plan_prefill(qo, kv, a, b, c, int(num_pages), num_qo_heads, num_kv_heads, head_dim,
                               page_size if paged else 0, causal=bool(causal), sm_scale=_scale(sm_scale),
                               window_left=int(window_left), soft_cap=float(logits_soft_cap), hnd=self._hnd,
-                              no_split=bool(no_split), graph=self._graph, fixed_chunk=int(fixed_chunk_size))
+                              no_split=bool(no_split), graph=self._graph, fixed_chunk=int(fixed_chunk_size),
+                              stream=stream)
         self._shape = (total_qo, num_qo_heads, head_dim)
 
     def _plan_cache(self, cache, seq_ids, qo_indptr, num_qo_heads, causal=True, sm_scale=None,
