@@ -235,7 +235,7 @@ class BatchDecodeWrapper(_Planned):
                  kv_layout="NHD"):
         limits = None
         if max_batch is not None or max_total_pages is not None:
-            limits = {"max_batch": max_batch or 1, "max_total_pages": max_total_pages or 1}
+            limits = {"max_batch": max_batch, "max_total_pages": max_total_pages}  # None: first plan's
         super().__init__(device, limits, use_cuda_graph)
         self._layout = kv_layout
 
@@ -317,8 +317,8 @@ class BatchPrefillWrapper(_Planned):
                  max_total_pages=None, use_cuda_graph=False, kv_layout="NHD"):
         limits = None
         if any(x is not None for x in (max_batch, max_total_qo, max_total_kv, max_total_pages)):
-            limits = {"max_batch": max_batch or 1, "max_total_qo": max_total_qo or 1,
-                      "max_total_kv": max_total_kv or 0, "max_total_pages": max_total_pages or 0}
+            limits = {"max_batch": max_batch, "max_total_qo": max_total_qo, "max_total_kv": max_total_kv,
+                      "max_total_pages": max_total_pages}  # None: sized by the first plan
         super().__init__(device, limits, use_cuda_graph)
         self._layout = kv_layout
 

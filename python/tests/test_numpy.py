@@ -325,3 +325,15 @@ def test_threads_share_the_cpu_context_safely():
     for (q, k, v), o in zip(jobs, results):
         ro, _ = attention_ref(q, k, v, causal=True)
         np.testing.assert_allclose(o, ro, atol=2e-4, rtol=2e-4)
+
+
+def test_prefill_wrapper_fixed_limits():
+    rng = np.random.default_rng(13)
+    w = kvattn.BatchPrefillWrapper("cpu", max_batch=4, max_total_qo=64)  # max_total_kv from the first plan
+    q, k = rnd(rng, (20, 4, 64)), rnd(rng, (50, 2, 64))
+    w.plan([0, 10, 20], [0, 25, 50], 4, 2, 64, causal=True)
+    o = w.run(q, k, k)
+    ro, _ = attention_ref(q[10:], k[25:], k[25:], causal=True)
+    np.testing.assert_allclose(o[10:], ro, atol=2e-4, rtol=2e-4)
+    with pytest.raises(ValueError, match="fixed limits"):
+        w.plan([0, 70], [0, 70], 4, 2, 64)
