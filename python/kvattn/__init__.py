@@ -518,6 +518,13 @@ class PagedKVCache:
             p = self._layers[layer] = self._c.layer_pages(int(layer))
         return p
 
+    def pool(self, layer):
+        """(k_pool, v_pool) of one layer as zero-copy DLPack views, [num_pages, page_size, Hk, D]
+        (NHD) or [num_pages, Hk, page_size, D] (HND), strided: torch.from_dlpack(k_pool),
+        numpy.from_dlpack(k_pool), ... Page ids are those of page_table(). The views keep the
+        cache alive; on CUDA, order your reads after the appends (same stream)."""
+        return self._c.pool_views(int(layer))
+
     def __repr__(self):
         s = self.stats()
         return "PagedKVCache(%s, %s, %d layers, %d/%d pages used, %d sequences)" % (

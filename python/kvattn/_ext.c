@@ -1106,6 +1106,175 @@ static PyObject *cache_layer_pages(PyObject *o, PyObject *arg) {
     return (PyObject *)p;
 }
 
+/* ------------------------------------------------------------------------------------------ */
+/* PoolView: one layer's K or V pool exported through DLPack (no copy)                          */
+/* ------------------------------------------------------------------------------------------ */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *keep; /* the cache */
+    void *data;
+    kva_device_type dev;
+    int dev_id;
+    kva_dtype dtype;
+    int64_t shape[4], strides[4];
+} PoolViewObject;
+
+static PyTypeObject *PoolViewType;
+
+/* What a capsule owns: the managed tensor (either layout) plus its shape and strides. */
+typedef struct export_block {
+    union {
+        dl_managed legacy;
+        dl_managed_v versioned;
+    } m;
+    int64_t shape[4], strides[4];
+} export_block;
+
+static void export_release(void *ctx_obj, export_block *b) {
+    PyGILState_STATE g = PyGILState_Ensure();
+    Py_XDECREF((PyObject *)ctx_obj);
+    PyGILState_Release(g);
+    free(b);
+}
+static void export_deleter_legacy(dl_managed *m) { export_release(m->manager_ctx, (export_block *)m); }
+static void export_deleter_versioned(dl_managed_v *m) { export_release(m->manager_ctx, (export_block *)m); }
+
+static void capsule_legacy_destructor(PyObject *cap) {
+    if (PyCapsule_IsValid(cap, "dltensor")) { /* never consumed */
+        dl_managed *m = PyCapsule_GetPointer(cap, "dltensor");
+        m->deleter(m);
+    }
+}
+static void capsule_versioned_destructor(PyObject *cap) {
+    if (PyCapsule_IsValid(cap, "dltensor_versioned")) {
+        dl_managed_v *m = PyCapsule_GetPointer(cap, "dltensor_versioned");
+        m->deleter(m);
+    }
+}
+
+static PyObject *poolview_dlpack(PyObject *o, PyObject *args, PyObject *kw) {
+    static char *kws[] = {"stream", "max_version", "dl_device", "copy", NULL};
+    PyObject *stream = Py_None, *maxv = Py_None, *dl_dev = Py_None, *copy = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|$OOOO", kws, &stream, &maxv, &dl_dev, &copy)) return NULL;
+    if (copy == Py_True) {
+        PyErr_SetString(PyExc_BufferError, "kvattn pool views are exported without copying");
+        return NULL;
+    }
+    PoolViewObject *v = (PoolViewObject *)o;
+    int versioned = 0;
+    if (maxv != Py_None) {
+        PyObject *major = PySequence_GetItem(maxv, 0);
+        if (!major) return NULL;
+        versioned = PyLong_AsLong(major) >= 1;
+        Py_DECREF(major);
+    }
+    export_block *b = calloc(1, sizeof *b);
+    if (!b) return PyErr_NoMemory();
+    memcpy(b->shape, v->shape, sizeof b->shape);
+    memcpy(b->strides, v->strides, sizeof b->strides);
+    dl_tensor t = {0};
+    t.data = v->data;
+    t.device.device_type = v->dev == KVA_DEVICE_CUDA ? DL_CUDA : DL_CPU;
+    t.device.device_id = v->dev == KVA_DEVICE_CUDA ? v->dev_id : 0;
+    t.ndim = 4;
+    t.dtype.code = v->dtype == KVA_BF16 ? DL_BFLOAT : DL_FLOAT;
+    t.dtype.bits = v->dtype == KVA_F32 ? 32 : 16;
+    t.dtype.lanes = 1;
+    t.shape = b->shape;
+    t.strides = b->strides;
+    Py_INCREF(o);
+    PyObject *cap;
+    if (versioned) {
+        b->m.versioned.major = 1;
+        b->m.versioned.minor = 0;
+        b->m.versioned.manager_ctx = o;
+        b->m.versioned.deleter = export_deleter_versioned;
+        b->m.versioned.t = t;
+        cap = PyCapsule_New(&b->m.versioned, "dltensor_versioned", capsule_versioned_destructor);
+    } else {
+        b->m.legacy.t = t;
+        b->m.legacy.manager_ctx = o;
+        b->m.legacy.deleter = export_deleter_legacy;
+        cap = PyCapsule_New(&b->m.legacy, "dltensor", capsule_legacy_destructor);
+    }
+    if (!cap) {
+        Py_DECREF(o);
+        free(b);
+    }
+    return cap;
+}
+
+static PyObject *poolview_dlpack_device(PyObject *o, PyObject *unused) {
+    (void)unused;
+    PoolViewObject *v = (PoolViewObject *)o;
+    return Py_BuildValue("(ii)", v->dev == KVA_DEVICE_CUDA ? DL_CUDA : DL_CPU,
+                         v->dev == KVA_DEVICE_CUDA ? v->dev_id : 0);
+}
+
+static PyObject *poolview_shape(PyObject *o, void *c) {
+    (void)c;
+    PoolViewObject *v = (PoolViewObject *)o;
+    return Py_BuildValue("(LLLL)", (long long)v->shape[0], (long long)v->shape[1], (long long)v->shape[2],
+                         (long long)v->shape[3]);
+}
+
+static void poolview_dealloc(PyObject *o) {
+    Py_CLEAR(((PoolViewObject *)o)->keep);
+    generic_dealloc(o);
+}
+
+static PyMethodDef poolview_methods[] = {
+    {"__dlpack__", (PyCFunction)(void (*)(void))poolview_dlpack, METH_VARARGS | METH_KEYWORDS, NULL},
+    {"__dlpack_device__", poolview_dlpack_device, METH_NOARGS, NULL},
+    {NULL, NULL, 0, NULL}};
+static PyGetSetDef poolview_getset[] = {{"shape", poolview_shape, NULL, NULL, NULL}, {NULL, NULL, NULL, NULL, NULL}};
+static PyType_Slot poolview_slots[] = {
+    {Py_tp_dealloc, poolview_dealloc},
+    {Py_tp_methods, poolview_methods},
+    {Py_tp_getset, poolview_getset},
+    {Py_tp_doc, "One layer's K or V page pool, [num_pages, page_size, kv_heads, head_dim] (NHD) or "
+                "[num_pages, kv_heads, page_size, head_dim] (HND), strided, exported through DLPack "
+                "without a copy (numpy.from_dlpack, torch.from_dlpack, ...). Keeps its cache alive."},
+    {0, NULL}};
+static PyType_Spec poolview_spec = {"kvattn._ext.PoolView", sizeof(PoolViewObject), 0, Py_TPFLAGS_DEFAULT,
+                                    poolview_slots};
+
+/* cache.pool_views(layer) -> (k, v) PoolView objects of that layer */
+static PyObject *cache_pool_views(PyObject *o, PyObject *arg) {
+    CacheObject *c = (CacheObject *)o;
+    long layer = PyLong_AsLong(arg);
+    if (layer == -1 && PyErr_Occurred()) return NULL;
+    kva_kv_pages pages;
+    kva_status st = kva_cache_layer_pages(c->cache, (int32_t)layer, &pages);
+    if (st != KVA_OK) return raise_status(st, kva_last_error());
+    int hnd = c->cfg.layout == KVA_LAYOUT_HND;
+    PyObject *out[2];
+    for (int i = 0; i < 2; ++i) {
+        PoolViewObject *v = (PoolViewObject *)alloc_instance(PoolViewType);
+        if (!v) {
+            if (i) Py_DECREF(out[0]);
+            return NULL;
+        }
+        Py_INCREF(o);
+        v->keep = o;
+        v->data = i ? pages.v_data : pages.k_data;
+        v->dev = c->slot->type;
+        v->dev_id = c->slot->type == KVA_DEVICE_CPU ? 0 : c->slot->device_id;
+        v->dtype = pages.dtype;
+        v->shape[0] = pages.num_pages;
+        v->shape[1] = hnd ? pages.num_kv_heads : pages.page_size;
+        v->shape[2] = hnd ? pages.page_size : pages.num_kv_heads;
+        v->shape[3] = pages.head_dim;
+        v->strides[0] = pages.stride_page;
+        v->strides[1] = hnd ? pages.stride_head : pages.stride_token;
+        v->strides[2] = hnd ? pages.stride_token : pages.stride_head;
+        v->strides[3] = 1;
+        out[i] = (PyObject *)v;
+    }
+    return Py_BuildValue("(NN)", out[0], out[1]);
+}
+
 static PyMethodDef cache_methods[] = {
     {"add_sequence", cache_add, METH_NOARGS, NULL},
     {"free_sequence", cache_free_seq, METH_O, NULL},
@@ -1117,6 +1286,7 @@ static PyMethodDef cache_methods[] = {
     {"stats", cache_stats, METH_NOARGS, NULL},
     {"page_refcount", cache_refcount, METH_O, NULL},
     {"layer_pages", cache_layer_pages, METH_O, NULL},
+    {"pool_views", cache_pool_views, METH_O, NULL},
     {NULL, NULL, 0, NULL}};
 
 static PyType_Slot cache_slots[] = {
@@ -1849,7 +2019,8 @@ PyMODINIT_FUNC PyInit__ext(void) {
     KVPagesType = (PyTypeObject *)PyType_FromSpec(&kvpages_spec);
     CacheType = (PyTypeObject *)PyType_FromSpec(&cache_spec);
     WorkspaceType = (PyTypeObject *)PyType_FromSpec(&workspace_spec);
-    if (!KVPagesType || !CacheType || !WorkspaceType) return NULL;
+    PoolViewType = (PyTypeObject *)PyType_FromSpec(&poolview_spec);
+    if (!KVPagesType || !CacheType || !WorkspaceType || !PoolViewType) return NULL;
     Py_INCREF(KVPagesType);
     Py_INCREF(CacheType);
     Py_INCREF(WorkspaceType);

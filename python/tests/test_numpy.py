@@ -337,3 +337,25 @@ def test_prefill_wrapper_fixed_limits():
     np.testing.assert_allclose(o[10:], ro, atol=2e-4, rtol=2e-4)
     with pytest.raises(ValueError, match="fixed limits"):
         w.plan([0, 70], [0, 70], 4, 2, 64)
+
+
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+def test_cache_pool_views_through_dlpack(layout):
+    """PagedKVCache.pool(layer): the pages as zero-copy arrays; appended rows are where the page
+    table says, and a view outlives the cache object it came from."""
+    rng = np.random.default_rng(14)
+    c = kvattn.PagedKVCache(2, 2, 64, page_size=4, num_pages=8, layout=layout)
+    s = c.add_sequence()
+    c.reserve([s], [6])
+    k = rnd(rng, (6, 2, 64))
+    c.append(1, [s], [6], k, 2 * k)
+    kp, vp = c.pool(1)
+    K, V = np.from_dlpack(kp), np.from_dlpack(vp)
+    if layout == "HND":
+        K, V = K.transpose(0, 2, 1, 3), V.transpose(0, 2, 1, 3)
+    assert K.shape == (8, 4, 2, 64)
+    _, idx, _ = c.page_table([s])
+    np.testing.assert_array_equal(K[idx].reshape(-1, 2, 64)[:6], k)
+    np.testing.assert_array_equal(V[idx].reshape(-1, 2, 64)[:6], 2 * k)
+    del c, kp, vp
+    assert np.array_equal(K[idx].reshape(-1, 2, 64)[:6], k)
