@@ -5,14 +5,17 @@
 #      cache, errors) against the float64 reference,
 #   3. the same under compute-sanitizer memcheck, and racecheck, on the small sweep
 #      (KVA_TEST_QUICK=1; prefill: the cuda_prefill_quick subset),
-#   4. the benchmark (bench/bench_torch.py: decode table -- read ceiling, ours vs PyTorch SDPA,
+#   4. the Python package's tests (python/tests with torch on CUDA: streams, graph capture, the
+#      transformers integration against sdpa on CPU f32 and GPU bf16) and the host overhead of a
+#      decode run from Python (python -m kvattn.bench --device cuda),
+#   5. the benchmark (bench/bench_torch.py: decode table -- read ceiling, ours vs PyTorch SDPA,
 #      graph replays -- and prefill table -- bf16 GEMM ceiling, ours ragged / paged / dense vs
 #      SDPA flash and cuDNN; both tables printed at the end, numbers in bench.json),
-#   5. a summary, printed last.
+#   6. a summary, printed last.
 # Full logs go to $OUT (default ./gpu-check-out). Knobs: GPU_CHECK_SANITIZE=0 skips step 3,
-# GPU_CHECK_BENCH=0 skips step 4, GPU_CHECK_BENCH_ARGS passes options to bench_torch.py
-# (e.g. "--quick --shapes 1x8192,64x4096", "--prefill-only", "--decode-only"), GPU_CHECK_TESTS
-# selects tests (default "cuda", which includes the cuda_prefill* tests).
+# GPU_CHECK_PYTHON=0 skips step 4, GPU_CHECK_BENCH=0 skips step 5, GPU_CHECK_BENCH_ARGS passes
+# options to bench_torch.py (e.g. "--quick --shapes 1x8192,64x4096", "--prefill-only",
+# "--decode-only"), GPU_CHECK_TESTS selects tests (default "cuda", which includes cuda_prefill*).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-check-out}
@@ -30,6 +33,7 @@ gen=()
 command -v ninja >/dev/null && gen=(-G Ninja)
 t0=$(date +%s)
 if cmake -S . -B "$BUILD" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DKVA_CUDA=ON -DKVA_CUDA_ARCHS=90a \
+        -DKVA_VERBOSE_PTXAS=ON -DPython_EXECUTABLE="$(command -v python3)" \
         >"$OUT/build.log" 2>&1 &&
    cmake --build "$BUILD" -j "$(nproc)" >>"$OUT/build.log" 2>&1; then
     note "build: ok ($(( $(date +%s) - t0 )) s)"
@@ -90,8 +94,25 @@ if [ "${GPU_CHECK_E2E:-1}" != 0 ]; then
     tail -25 "$OUT/run.log"
 fi
 
-# Both tables (decode, then prefill; ~2-3 minutes); the prefill rows say "unsupported" where
-# kvattn has no CUDA prefill yet.
+if [ "${GPU_CHECK_PYTHON:-1}" != 0 ]; then
+    if [ ! -f "$BUILD/python/kvattn/_ext.abi3.so" ]; then
+        note "python: SKIPPED (extension not built: no Python development headers)"
+    elif ! python3 -c "import pytest" 2>/dev/null; then
+        note "python: SKIPPED (no pytest on this machine)"
+    else
+        run_tests "python tests" python.log env PYTHONPATH="$PWD/$BUILD/python" python3 -m pytest -q -rs \
+            -p no:cacheprovider python/tests
+        grep -E "passed|failed|SKIPPED" "$OUT/python.log" | tail -8
+    fi
+    if [ -f "$BUILD/python/kvattn/_ext.abi3.so" ]; then
+        PYTHONPATH="$PWD/$BUILD/python" python3 -m kvattn.bench --device cuda --json "$OUT/host_overhead.json" \
+            >"$OUT/host_overhead.log" 2>&1 && note "host overhead: $(tail -1 "$OUT/host_overhead.log")" \
+            || note "host overhead: FAILED (see host_overhead.log)"
+        cat "$OUT/host_overhead.log"
+    fi
+fi
+
+# Both tables (decode, then prefill; ~2-3 minutes).
 if [ "${GPU_CHECK_BENCH:-1}" != 0 ]; then
     t=$(date +%s)
     # shellcheck disable=SC2086
