@@ -45,6 +45,7 @@
 #include "../src/reference/reference.h"
 
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -843,6 +844,10 @@ KVA_TEST(cuda_prefill_dense) {
         {KVA_BF16, 64, 16, 2, 127, 255, 1, 31, 0.f, 0.f, VIEW_NHD, true},  /* group 8 + window */
         {KVA_F32, 256, 1, 1, 1000, 1000, 1, -1, 0.f, 0.f, VIEW_NHD, true}, /* 1000 queries */
         {KVA_BF16, 128, 2, 1, 1000, 1001, 0, -1, 0.f, 0.f, VIEW_HND, true},
+        /* windows so wide that position - window wraps in 32 bits (positions are negative when
+         * a request has more queries than keys): they must hide nothing */
+        {KVA_BF16, 128, 4, 2, 100, 50, 1, INT32_MAX, 0.f, 0.f, VIEW_NHD, true},
+        {KVA_F32, 64, 2, 1, 40, 10, 0, INT32_MAX - 1, 0.f, 0.f, VIEW_NHD, true},
     };
     const int n = (int)(sizeof cases / sizeof cases[0]);
     for (int i = 0; i < n; ++i) {

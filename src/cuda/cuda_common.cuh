@@ -45,14 +45,9 @@ typedef struct kva__cuda_private {
     int prefill_blocks_per_sm[3];   /* resident blocks per SM of the largest bf16 prefill kernel,
                                        head_dim 64 / 128 / 256 */
     int prefill_path;               /* kva__prefill_path of this device */
+    int smem_optin;                 /* shared memory a block may opt into, bytes */
 } kva__cuda_private;
 
-/* The context's prefill path (kva__prefill_path in prefill_kernels.h). */
-static inline int kva__cuda_prefill_path_of(const kva_context *ctx) {
-    const kva__cuda_private *priv = (const kva__cuda_private *)ctx->cuda_private;
-    return priv ? priv->prefill_path : 0;
-}
-#define kva__cuda_prefill_path(ctx) ((kva__prefill_path)kva__cuda_prefill_path_of(ctx))
 
 static inline cudaStream_t kva__stream(const kva_context *ctx) {
     return (cudaStream_t)ctx->stream;

@@ -86,7 +86,8 @@ static kva_status prepare_kernels(kva__cuda_private *priv) {
         for (int ti = 0; ti < 3; ++ti)
             for (int rows = KVA__PREFILL_ROWS_SMALL; rows <= KVA__PREFILL_ROWS_LARGE; rows *= 2) {
                 kva__prefill_choice k;
-                if (!kva__prefill_choose(dts[ti], dims[di], rows, (kva__prefill_path)path, &k)) continue;
+                const kva__prefill_target target = {(kva__prefill_path)path, priv->smem_optin};
+                if (!kva__prefill_choose(dts[ti], dims[di], rows, &target, &k)) continue;
                 cudaError_t err = cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, k.smem);
                 if (err != cudaSuccess)
                     return kva__fail(KVA_ERR_DEVICE,
@@ -133,8 +134,18 @@ extern "C" kva_status kva__cuda_context_init(kva_context *ctx) {
     /* Hopper's wgmma path where the device has it (this build's sm_90a code), unless
      * KVA_PREFILL_PATH=mma asks for the mma.sync kernels (tests and comparisons). */
     const char *path = getenv("KVA_PREFILL_PATH");
-    priv->prefill_path = prop.major == 9 && !(path && strcmp(path, "mma") == 0) ? KVA__PREFILL_HOPPER
-                                                                                : KVA__PREFILL_MMA;
+    priv->prefill_path = KVA__PREFILL_MMA;
+#ifdef KVA_HAVE_SM90A /* the build holds sm_90a code (KVA_CUDA_ARCHS has 90a) */
+    if (prop.major == 9 && !(path && strcmp(path, "mma") == 0)) priv->prefill_path = KVA__PREFILL_HOPPER;
+#else
+    (void)path;
+#endif
+    int optin = 0;
+    if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, ctx->device_id) != cudaSuccess) {
+        (void)cudaGetLastError();
+        optin = 48 * 1024;
+    }
+    priv->smem_optin = optin;
     if (st == KVA_OK) st = prepare_kernels(priv);
     if (st != KVA_OK) kva__cuda_context_destroy(ctx);
     return st;
@@ -255,6 +266,16 @@ extern "C" kva_status kva__cuda_plan_upload(kva_context *ctx, void *device_part,
 
 /* ---- split policy ---------------------------------------------------------------------------- */
 
+kva__prefill_target kva__cuda_prefill_target(const kva_context *ctx) {
+    const kva__cuda_private *priv = (const kva__cuda_private *)ctx->cuda_private;
+    kva__prefill_target t = {KVA__PREFILL_MMA, 48 * 1024};
+    if (priv) {
+        t.path = (kva__prefill_path)priv->prefill_path;
+        t.smem_limit = priv->smem_optin;
+    }
+    return t;
+}
+
 /* Prefill: query tiles of the largest kernel's rows (128 packed rows) or,
  * for batches of short query runs, of the 64-row kernel; keys split only while the batch's
  * (work item x KV head) blocks are fewer than one wave, in chunks of at least 4 key tiles. */
@@ -263,14 +284,16 @@ static kva_status prefill_policy(const kva_context *ctx, const kva_plan_limits *
     const kva__cuda_private *priv = (const kva__cuda_private *)ctx->cuda_private;
     const int group = limits->num_qo_heads / limits->num_kv_heads;
     kva__prefill_choice large, small;
-    const kva__prefill_path path = kva__cuda_prefill_path(ctx);
-    if (!kva__prefill_choose(KVA_BF16, limits->head_dim, KVA__PREFILL_ROWS_LARGE, path, &large) ||
-        !kva__prefill_choose(KVA_BF16, limits->head_dim, KVA__PREFILL_ROWS_SMALL, path, &small) ||
+    const kva__prefill_target target = kva__cuda_prefill_target(ctx);
+    if (group > 16)
+        return kva__fail(KVA_ERR_UNSUPPORTED, "plan limits: GQA group %d > 16 unsupported on CUDA", group);
+    if (!kva__prefill_choose(KVA_BF16, limits->head_dim, KVA__PREFILL_ROWS_LARGE, &target, &large) ||
+        !kva__prefill_choose(KVA_BF16, limits->head_dim, KVA__PREFILL_ROWS_SMALL, &target, &small) ||
         kva__prefill_tile_tokens_for(large.rows, group) < 1)
         return kva__fail(KVA_ERR_UNSUPPORTED,
-                         "plan limits: prefill on CUDA supports head_dim 64, 128, 256 with GQA groups up to %d "
-                         "(got head_dim %d, group %d)",
-                         large.rows ? large.rows : KVA__PREFILL_ROWS_SMALL, limits->head_dim, group);
+                         "plan limits: prefill on CUDA supports head_dim 64, 128, 256 (256 needs %d KB of shared "
+                         "memory per block; this GPU offers %d KB) (got head_dim %d)",
+                         166, priv ? priv->smem_optin / 1024 : 0, limits->head_dim);
     const int per_sm = priv && priv->prefill_blocks_per_sm[dim_idx] > 0 ? priv->prefill_blocks_per_sm[dim_idx] : 1;
     policy->max_blocks = (int64_t)(ctx->num_sms > 0 ? ctx->num_sms : 1) * per_sm;
     policy->min_chunk = 256;

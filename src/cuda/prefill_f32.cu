@@ -38,7 +38,7 @@ __global__ void __launch_bounds__(KVA__PREFILL_THREADS)
     int lo = it.key_beg, hi = it.key_end;
     const int q_last = it.q_pos0 + it.q_tokens - 1;
     if (a.causal && hi > q_last + 1) hi = q_last + 1;
-    if (a.window_left >= 0 && lo < it.q_pos0 - a.window_left) lo = it.q_pos0 - a.window_left;
+    if (a.window_left >= 0 && (int64_t)lo < (int64_t)it.q_pos0 - a.window_left) lo = it.q_pos0 - a.window_left;
     const float *kb = (const float *)a.k + (int64_t)kh * a.k_sh;
     const float *vb = (const float *)a.v + (int64_t)kh * a.v_sh;
 
@@ -100,7 +100,7 @@ __global__ void __launch_bounds__(KVA__PREFILL_THREADS)
                 }
                 float x = a.cap_log2 > 0.0f ? a.cap_log2 * kva__pf_tanh(dot * a.cap_inv_scale) : dot * a.scale_log2;
                 const int p = it.q_pos0 + R / g;
-                if (key >= hi || (a.causal && key > p) || (a.window_left >= 0 && key < p - a.window_left)) x = -INFINITY;
+                if (key >= hi || (a.causal && key > p) || (a.window_left >= 0 && (int64_t)key < (int64_t)p - a.window_left)) x = -INFINITY;
                 float mx = x;
 #pragma unroll
                 for (int sh = 16; sh >= 1; sh >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, sh));

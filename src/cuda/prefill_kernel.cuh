@@ -180,7 +180,9 @@ __global__ void __launch_bounds__(32 * WARPS, (WG && D <= 128) ? 2 : 1)
     int lo = it.key_beg, hi = it.key_end;
     const int q_last = it.q_pos0 + it.q_tokens - 1;
     if (a.causal && hi > q_last + 1) hi = q_last + 1;
-    if (a.window_left >= 0 && lo < it.q_pos0 - a.window_left) lo = it.q_pos0 - a.window_left;
+    /* (64-bit: positions are negative when a request has more queries than keys, and a huge
+     * window must not wrap) */
+    if (a.window_left >= 0 && (int64_t)lo < (int64_t)it.q_pos0 - a.window_left) lo = it.q_pos0 - a.window_left;
     const int n_tiles = hi > lo ? (hi - lo + BN - 1) / BN : 0;
 
     const uint32_t smem_raw = kva__smem_addr(smem);
@@ -306,6 +308,7 @@ __global__ void __launch_bounds__(32 * WARPS, (WG && D <= 128) ? 2 : 1)
 
         /* ---- S = Q K^T ---- */
         float sc[MT][NT][4];
+        if constexpr (!WG) /* wgmma's first step overwrites the accumulators (scale-d = 0) */
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -351,7 +354,7 @@ __global__ void __launch_bounds__(32 * WARPS, (WG && D <= 128) ? 2 : 1)
         /* ---- masks only where a tile crosses a boundary; raw scores stay unscaled (the scale
          * is positive, so the row max commutes with it) and exp2(s * scale - m) is one FFMA ---- */
         const bool need_mask = key0 + BN > hi || (a.causal && key0 + BN - 1 > it.q_pos0) ||
-                               (a.window_left >= 0 && key0 < q_last - a.window_left);
+                               (a.window_left >= 0 && (int64_t)key0 < (int64_t)q_last - a.window_left);
         const bool capped = a.cap_log2 > 0.0f;
         const float mul = capped ? 1.0f : a.scale_log2;
         if (capped || need_mask) {
@@ -369,7 +372,7 @@ __global__ void __launch_bounds__(32 * WARPS, (WG && D <= 128) ? 2 : 1)
                         if (capped) x = a.cap_log2 * kva__pf_tanh(x * a.cap_inv_scale);
                         if (need_mask) {
                             const int key = key0 + nt * 8 + 2 * (lane & 3) + (e & 1);
-                            if (key >= hi || (a.causal && key > p) || (a.window_left >= 0 && key < p - a.window_left))
+                            if (key >= hi || (a.causal && key > p) || (a.window_left >= 0 && (int64_t)key < (int64_t)p - a.window_left))
                                 x = -INFINITY;
                         }
                         sc[mt][nt][e] = x;
@@ -524,7 +527,7 @@ __global__ void __launch_bounds__(32 * WARPS, (WG && D <= 128) ? 2 : 1)
     return (const void *)kva__prefill_kernel<T, D, MT, W, BN, WG>;
 #define KVA__PREFILL_INSTANTIATE(T, NAME)                                                      \
     const void *NAME(int head_dim, int rows, int *smem, int *threads) {                        \
-        switch (head_dim * 1000 + rows) {                                                      \
+        switch (head_dim * 1000 + rows) { /* rows 999: KVA__PREFILL_ROWS_HOPPER */           \
         case 64128: KVA__PF_CASE(T, 64, 2, 4, 64, false)                                       \
         case 64064: KVA__PF_CASE(T, 64, 1, 4, 64, false)                                       \
         case 128128: KVA__PF_CASE(T, 128, 2, 4, 64, false)                                     \

@@ -65,8 +65,16 @@ typedef enum kva__prefill_path { KVA__PREFILL_MMA = 0, KVA__PREFILL_HOPPER = 1 }
  * packed rows or fewer (KVA__PREFILL_ROWS_LARGE asks for the largest there is). Returns false
  * (and leaves *k zeroed) for an unsupported combination. The 64-row tile always takes the
  * mma.sync kernel (a warpgroup pair needs 128 rows). */
-bool kva__prefill_choose(kva_dtype dtype, int head_dim, int rows_wanted, kva__prefill_path path,
-                         kva__prefill_choice *k);
+/* What the device offers: its prefill path and the shared memory one block may opt into
+ * (cudaDevAttrMaxSharedMemoryPerBlockOptin: 227 KB on Hopper, 163 KB on A100, 99 KB on
+ * sm_86/89); a kernel that needs more falls back to the 64-row tile or is unsupported. */
+typedef struct kva__prefill_target {
+    kva__prefill_path path;
+    int smem_limit;
+} kva__prefill_target;
+
+bool kva__prefill_choose(kva_dtype dtype, int head_dim, int rows_wanted,
+                         const kva__prefill_target *target, kva__prefill_choice *k);
 
 /* Query tokens per work item for a GQA group with a kernel of `rows` packed rows (>= 1; groups
  * larger than `rows` are not supported and give 0). */
@@ -74,7 +82,9 @@ static inline int32_t kva__prefill_tile_tokens_for(int rows, int group) {
     return group > 0 && group <= rows ? rows / group : 0;
 }
 
-/* Instantiation lookups (prefill_bf16.cu, prefill_f16.cu, prefill_f32.cu): kernel for a row count, or NULL. */
+/* Instantiation lookups (prefill_bf16.cu, prefill_f16.cu, prefill_f32.cu): kernel for a row count
+ * (or KVA__PREFILL_ROWS_HOPPER: the 128-row wgmma kernel), or NULL. */
+#define KVA__PREFILL_ROWS_HOPPER 999
 const void *kva__prefill_bf16(int head_dim, int rows, int *smem, int *threads);
 const void *kva__prefill_f16(int head_dim, int rows, int *smem, int *threads);
 const void *kva__prefill_f32(int head_dim, int rows, int *smem, int *threads);
@@ -94,5 +104,8 @@ typedef struct kva__prefill_merge_args {
 } kva__prefill_merge_args;
 
 const void *kva__prefill_merge_kernel_for(kva_dtype dtype);
+
+/* The context's target (cuda_context.cu). */
+kva__prefill_target kva__cuda_prefill_target(const kva_context *ctx);
 
 #endif /* KVA_CUDA_PREFILL_KERNELS_H */

@@ -16,27 +16,38 @@
 #include <stdlib.h>
 #include <string.h>
 
-bool kva__prefill_choose(kva_dtype dtype, int head_dim, int rows_wanted, kva__prefill_path path,
-                         kva__prefill_choice *k) {
-    memset(k, 0, sizeof *k);
-    int rows, smem = 0, threads = 0;
+/* The kernel of exactly `rows` rows (64, 128, or the Hopper 128-row kernel), or false. */
+static bool lookup(kva_dtype dtype, int head_dim, int rows, kva__prefill_choice *k) {
+    int smem = 0, threads = 0;
     const void *fn = NULL;
-    if (dtype == KVA_F32) {
-        rows = rows_wanted > KVA__PREFILL_ROWS_SMALL ? KVA__PREFILL_ROWS_LARGE : KVA__PREFILL_ROWS_SMALL;
-        fn = kva__prefill_f32(head_dim, rows, &smem, &threads);
-    } else {
-        /* 128 rows share each K/V tile between twice the rows of the 64-row kernel */
-        rows = rows_wanted > KVA__PREFILL_ROWS_SMALL ? KVA__PREFILL_ROWS_LARGE : KVA__PREFILL_ROWS_SMALL;
-        const int variant = path == KVA__PREFILL_HOPPER && rows == KVA__PREFILL_ROWS_LARGE ? 999 : rows;
-        if (dtype == KVA_BF16) fn = kva__prefill_bf16(head_dim, variant, &smem, &threads);
-        else if (dtype == KVA_F16) fn = kva__prefill_f16(head_dim, variant, &smem, &threads);
-    }
+    if (dtype == KVA_F32) fn = kva__prefill_f32(head_dim, rows, &smem, &threads);
+    else if (dtype == KVA_BF16) fn = kva__prefill_bf16(head_dim, rows, &smem, &threads);
+    else if (dtype == KVA_F16) fn = kva__prefill_f16(head_dim, rows, &smem, &threads);
     if (!fn) return false;
     k->fn = fn;
-    k->rows = rows;
+    k->rows = rows == KVA__PREFILL_ROWS_HOPPER ? KVA__PREFILL_ROWS_LARGE : rows;
     k->smem = smem;
     k->threads = threads;
     return true;
+}
+
+bool kva__prefill_choose(kva_dtype dtype, int head_dim, int rows_wanted,
+                         const kva__prefill_target *target, kva__prefill_choice *k) {
+    memset(k, 0, sizeof *k);
+    /* 128 rows share each K/V tile between twice the rows of the 64-row kernel; on Hopper the
+     * 128-row tile runs on wgmma. A kernel whose shared memory the device cannot give falls
+     * back to the 64-row mma.sync kernel (e.g. head_dim 256 on an A100), or is unsupported. */
+    int order[2] = {KVA__PREFILL_ROWS_SMALL, 0}, n = 1;
+    if (rows_wanted > KVA__PREFILL_ROWS_SMALL) {
+        order[0] = dtype != KVA_F32 && target->path == KVA__PREFILL_HOPPER ? KVA__PREFILL_ROWS_HOPPER
+                                                                          : KVA__PREFILL_ROWS_LARGE;
+        order[1] = KVA__PREFILL_ROWS_SMALL;
+        n = 2;
+    }
+    for (int i = 0; i < n; ++i)
+        if (lookup(dtype, head_dim, order[i], k) && k->smem <= target->smem_limit) return true;
+    memset(k, 0, sizeof *k);
+    return false;
 }
 
 /* The variant and head geometry, shared by plan runs and dense calls. */
@@ -79,7 +90,8 @@ extern "C" kva_status kva__cuda_prefill_run(kva_context *ctx, const kva_plan *pl
     const int g = params->num_qo_heads / params->num_kv_heads;
     const int rows = plan->qo_tile_size * g;
     kva__prefill_choice kern;
-    if (!kva__prefill_choose(dt, params->head_dim, rows, kva__cuda_prefill_path(ctx), &kern) || kern.rows < rows)
+    const kva__prefill_target target = kva__cuda_prefill_target(ctx);
+    if (!kva__prefill_choose(dt, params->head_dim, rows, &target, &kern) || kern.rows < rows)
         return kva__fail(KVA_ERR_UNSUPPORTED,
                          "prefill on CUDA: %s, head_dim %d, %d query rows per tile is not built",
                          kva_dtype_name(dt), params->head_dim, rows);
@@ -169,7 +181,8 @@ extern "C" kva_status kva__cuda_attention(kva_context *ctx, const kva_attn_param
     const int want = (int64_t)qo_len * g > KVA__PREFILL_ROWS_SMALL ? KVA__PREFILL_ROWS_LARGE
                                                                    : KVA__PREFILL_ROWS_SMALL;
     kva__prefill_choice kern;
-    if (!kva__prefill_choose(q.dtype, params->head_dim, want, kva__cuda_prefill_path(ctx), &kern) || g > kern.rows)
+    const kva__prefill_target target = kva__cuda_prefill_target(ctx);
+    if (!kva__prefill_choose(q.dtype, params->head_dim, want, &target, &kern) || g > kern.rows)
         return kva__fail(KVA_ERR_UNSUPPORTED, "kva_attention on CUDA: %s, head_dim %d, GQA group %d is not built",
                          kva_dtype_name(q.dtype), params->head_dim, g);
     KVA_TRY(kva__cuda_use_device(ctx));
