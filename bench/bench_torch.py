@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
 """bench_torch.py -- kvattn on the GPU against PyTorch SDPA, in one process, on one stream.
 
-Loads libkvattn.so with ctypes, hands it torch tensors' data_ptr()s and torch's current stream
-(kva_context_set_stream), and times ours and PyTorch side by side with CUDA events (warm-up
+Drives kvattn through its Python package (`import kvattn`: the C extension takes the torch
+tensors themselves and runs on torch's current stream; found installed, on PYTHONPATH, or in
+<build>/python of a CMake build) and times ours and PyTorch side by side with CUDA events (warm-up
 first, then the median of N calls; the GPU is given a sleep before the timed calls so that the
 host enqueues ahead of it). Inputs are random (never zeros) and every timed call uses the next
 of several input sets whose total is >= 4x the L2 (at least 2 sets), so no call starts from a
 warm cache. Two tables, each printed at the end under a heading starting with "## kvattn" (what
-scripts/gpu-check.sh shows), everything also written to --json.
+scripts/gpu-check.sh shows), everything also written to --json, with the host overhead of one
+decode run() from Python (kvattn.bench.host_overhead("cuda"), key "host_overhead").
 
 Decode table: paged decode, bf16, 32 query / 8 KV heads, head dim 128, page 16, physical pages
 shuffled, one query token per request; PyTorch SDPA (flash and cuDNN, enable_gqa=True) on a
@@ -17,9 +19,11 @@ CUDA-graph replay for the small shapes, best-torch-time / our-time (> 1: we are 
 
 Prefill table: 32 query / 8 KV heads, 16384 tokens per batch as batch x seq = 32x512, 8x2048,
 2x8192, 1x16384, causal and full; bf16 and f16 at head dim 128, bf16 at head dims 64 and 256.
-  - ours: kva_prefill_plan with qo_indptr = kv_indptr = the batch's cu_seqlens (equal lengths),
-    planned once outside the timed loop; kva_prefill_run_ragged is timed. q/o are [tokens, 32,
-    d], k/v [tokens, 8, d]. Batch-1 rows also time the dense kva_attention (column "dense").
+  - ours: kvattn.BatchPrefillWrapper.plan (kva_prefill_plan) with qo_indptr = kv_indptr = the
+    batch's cu_seqlens (equal lengths), planned once outside the timed loop; its run(q, k, v,
+    out=o) (kva_prefill_run_ragged) is timed. q/o are [tokens, 32, d], k/v [tokens, 8, d].
+    Batch-1 rows also time the dense kva_attention (kvattn.attention(..., planned=False), no
+    plan; column "dense").
   - PyTorch: F.scaled_dot_product_attention on contiguous [batch, heads, seq, d] copies of the
     same data, under torch.nn.attention.sdpa_kernel([SDPBackend.FLASH_ATTENTION]) (FA2) and
     ([SDPBackend.CUDNN_ATTENTION]), enable_gqa=True; a backend that refuses GQA is retried with
@@ -41,7 +45,8 @@ Prefill table: 32 query / 8 KV heads, 16384 tokens per batch as batch x seq = 32
   - chunked-prefill row (bf16, d 128): 512 new tokens of one request over a 16384-token cached
     prefix, the 512 new keys already appended (kv_len 16896), causal bottom-right aligned (query i
     sits at position 16384 + i). Ours: paged, page 16, physical pages shuffled,
-    kva_prefill_run_paged. PyTorch on contiguous K/V: SDPA's is_causal is top-left aligned, so
+    kva_prefill_run_paged (the wrapper planned with the page table, run on kvattn.KVPages).
+    PyTorch on contiguous K/V: SDPA's is_causal is top-left aligned, so
     flash gets torch.nn.attention.bias.causal_lower_right(512, 16896) as attn_mask (torch runs
     FA2's bottom-right causal kernel for it) and cuDNN an explicit bottom-right boolean mask
     (built once, outside the timed loop); the flash varlen op (bottom-right natively) is tried
@@ -54,7 +59,8 @@ Prefill table: 32 query / 8 KV heads, 16384 tokens per batch as batch x seq = 32
     variant must pass the same reference check to count. A row that fails posts no number (its
     ours columns say WRONG) and the script exits 1. If ours returns KVA_ERR_UNSUPPORTED (before
     the CUDA prefill kernel exists), the row says "unsupported", torch is still timed, and that
-    is not an error; any other non-OK status is printed in the row and fails the script.
+    is not an error (kvattn raises KvattnError with .status_name == "KVA_ERR_UNSUPPORTED"); any
+    other non-OK status is printed in the row and fails the script.
 
 Usage: bench_torch.py [--build DIR] [--json FILE] [--quick] [--decode-only | --prefill-only]
                       [--shapes 1x1024,8x4096,...] [--variants]            (decode)
@@ -63,81 +69,56 @@ Usage: bench_torch.py [--build DIR] [--json FILE] [--quick] [--decode-only | --p
 --quick: 30 decode / 10 prefill timed calls per measurement instead of 100 / 30.
 """
 import argparse
-import ctypes as C
 import datetime
 import json
 import math
 import os
-import statistics
 import sys
 
 import torch
 import torch.nn.functional as F
 
-# ---- the C API, mirrored -------------------------------------------------------------------
+# ---- the kvattn package -------------------------------------------------------------------
+
+kvattn = kb = None  # the package and kvattn.bench, set by load_kvattn()
 
 
-class Workspace(C.Structure):
-    _fields_ = [("device", C.c_void_p), ("device_bytes", C.c_size_t),
-                ("host", C.c_void_p), ("host_bytes", C.c_size_t)]
+def load_kvattn(build):
+    """Imports kvattn (installed or on PYTHONPATH), else the package a CMake build assembled in
+    <build>/python (the extension is <build>/python/kvattn/_ext.abi3.so)."""
+    global kvattn, kb
+    try:
+        import kvattn as pkg
+    except ImportError:
+        path = os.path.abspath(os.path.join(build, "python"))
+        sys.path.insert(0, path)
+        try:
+            import kvattn as pkg
+        except ImportError as e:
+            sys.exit("bench_torch.py: cannot import kvattn (%s): pip install . , or build with "
+                     "cmake -DPython_EXECUTABLE=$(command -v python3) so that %s/kvattn/_ext.abi3.so "
+                     "exists (--build DIR)" % (e, path))
+    import kvattn.bench as bench
+    kvattn, kb = pkg, bench
+    return pkg
 
 
-class PlanLimits(C.Structure):
-    _fields_ = [("max_batch", C.c_int32), ("max_total_pages", C.c_int64),
-                ("max_total_kv", C.c_int64), ("max_total_qo", C.c_int64),
-                ("num_qo_heads", C.c_int32), ("num_kv_heads", C.c_int32),
-                ("head_dim", C.c_int32), ("page_size", C.c_int32)]
+KVA_OK, KVA_ERR_UNSUPPORTED = 0, 3  # kva_status values (KvattnError.status)
 
 
-class PageTable(C.Structure):
-    _fields_ = [("batch_size", C.c_int32), ("indptr", C.c_void_p), ("indices", C.c_void_p),
-                ("last_page_len", C.c_void_p)]
+def status_text(e):
+    """A KvattnError as 'KVA_ERR_... (message)'."""
+    return "%s (%s)" % (e.status_name, e.message)
 
 
-class KVPages(C.Structure):
-    _fields_ = [("k_data", C.c_void_p), ("v_data", C.c_void_p), ("dtype", C.c_int),
-                ("num_pages", C.c_int32), ("page_size", C.c_int32), ("num_kv_heads", C.c_int32),
-                ("head_dim", C.c_int32), ("stride_page", C.c_int64), ("stride_token", C.c_int64),
-                ("stride_head", C.c_int64)]
+def kva_status_of(fn):
+    """Calls fn(): (KVA_OK, None), or a KvattnError's (status, 'KVA_ERR_... (message)')."""
+    try:
+        fn()
+    except kvattn.KvattnError as e:
+        return e.status, status_text(e)
+    return KVA_OK, None
 
-
-class Tensor(C.Structure):
-    _fields_ = [("data", C.c_void_p), ("dtype", C.c_int), ("stride_token", C.c_int64),
-                ("stride_head", C.c_int64)]
-
-
-class AttnParams(C.Structure):
-    _fields_ = [("num_qo_heads", C.c_int32), ("num_kv_heads", C.c_int32), ("head_dim", C.c_int32),
-                ("sm_scale", C.c_float), ("causal", C.c_int32), ("window_left", C.c_int32),
-                ("logits_soft_cap", C.c_float), ("score_mod", C.c_void_p),
-                ("score_mod_user", C.c_void_p)]
-
-
-class PlanOptions(C.Structure):
-    _fields_ = [("flags", C.c_uint32), ("fixed_chunk_size", C.c_int32), ("algo", C.c_int)]
-
-
-class Plan(C.Structure):
-    _fields_ = [("magic", C.c_uint32), ("kind", C.c_int32), ("batch_size", C.c_int32),
-                ("num_qo_heads", C.c_int32), ("num_kv_heads", C.c_int32), ("head_dim", C.c_int32),
-                ("page_size", C.c_int32), ("kv_chunk_size", C.c_int32),
-                ("qo_tile_size", C.c_int32), ("num_work", C.c_int32), ("padded_work", C.c_int32),
-                ("split_kv", C.c_int32), ("flags", C.c_uint32), ("algo", C.c_int),
-                ("request_indices", C.c_void_p), ("qo_tile_indices", C.c_void_p),
-                ("kv_tile_indices", C.c_void_p), ("merge_indptr", C.c_void_p),
-                ("workspace", Workspace),
-                # slack: the library writes sizeof(kva_plan); if that struct grows before this
-                # mirror is updated, the write lands here instead of past the buffer
-                ("_reserve", C.c_uint8 * 256)]
-
-
-class DeviceInfo(C.Structure):
-    _fields_ = [("name", C.c_char * 128), ("num_sms", C.c_int), ("l2_bytes", C.c_size_t),
-                ("total_memory", C.c_size_t)]
-
-
-KVA_F16, KVA_BF16, KVA_DEVICE_CUDA, KVA_PLAN_GRAPH = 1, 2, 1, 2
-KVA_OK, KVA_ERR_UNSUPPORTED = 0, 3
 
 HQ, HK, D, PS = 32, 8, 128, 16
 SHAPES = [(1, 1024), (1, 8192), (1, 32768), (8, 4096), (16, 8192), (32, 4096), (64, 2048),
@@ -150,154 +131,16 @@ FLASHINFER_H200 = {(1, 1024): (308, 336), (1, 8192): (1465, 1476), (1, 32768): (
                    (128, 4096): (2848, 4385), (256, 512): (2832, 3711)}
 
 
-class Kvattn:
-    def __init__(self, path):
-        self.lib = C.CDLL(path)
-        L = self.lib
-        L.kva_last_error.restype = C.c_char_p
-        L.kva_status_str.restype = C.c_char_p
-        P = C.POINTER
-        # prefill and dense entry points (declared so that structs go by value, pointers as such)
-        L.kva_prefill_workspace_size.argtypes = [C.c_void_p, P(PlanLimits), P(C.c_size_t),
-                                                 P(C.c_size_t)]
-        L.kva_prefill_plan.argtypes = [C.c_void_p, P(PlanLimits), C.c_int32, C.c_void_p,
-                                       C.c_void_p, P(PageTable), C.c_int32, P(PlanOptions),
-                                       Workspace, P(Plan)]
-        L.kva_prefill_run_ragged.argtypes = [C.c_void_p, P(Plan), P(AttnParams), Tensor, Tensor,
-                                             Tensor, Tensor, C.c_void_p]
-        L.kva_prefill_run_paged.argtypes = [C.c_void_p, P(Plan), P(AttnParams), Tensor,
-                                            P(KVPages), Tensor, C.c_void_p]
-        L.kva_attention.argtypes = [C.c_void_p, P(AttnParams), C.c_int32, C.c_int32, Tensor,
-                                    Tensor, Tensor, Tensor, C.c_void_p]
-        for f in (L.kva_prefill_workspace_size, L.kva_prefill_plan, L.kva_prefill_run_ragged,
-                  L.kva_prefill_run_paged, L.kva_attention):
-            f.restype = C.c_int
-        self.ctx = C.c_void_p()
-        self.check(L.kva_context_create(KVA_DEVICE_CUDA, torch.cuda.current_device(),
-                                        C.byref(self.ctx)), "kva_context_create")
-
-    def check(self, status, what):
-        if status != 0:
-            raise RuntimeError("%s: %s (%s)" % (what, self.lib.kva_status_str(status).decode(),
-                                                self.lib.kva_last_error().decode()))
-
-    def status_name(self, status):
-        return "%s (%s)" % (self.lib.kva_status_str(status).decode(),
-                            self.lib.kva_last_error().decode())
-
-    def set_stream(self, stream):
-        self.check(self.lib.kva_context_set_stream(self.ctx, C.c_void_p(stream.cuda_stream)),
-                   "kva_context_set_stream")
-
-    def info(self):
-        i = DeviceInfo()
-        self.check(self.lib.kva_context_info(self.ctx, C.byref(i)), "kva_context_info")
-        return i
-
-
-class OurDecode:
-    """One shape: pools (one per input set), page table, plan and workspace of our decode."""
-
-    def __init__(self, kva, batch, ctx_len, nsets, graph=False, flags=0, fixed_chunk=0, hnd=False):
-        self.kva, self.B, self.L = kva, batch, ctx_len
-        ppr = (ctx_len + PS - 1) // PS
-        self.num_pages = batch * ppr
-        gen = torch.Generator(device="cpu").manual_seed(1234 + batch * 7 + ctx_len)
-        self.perm = torch.randperm(self.num_pages, generator=gen).to(torch.int32)
-        self.indptr = (torch.arange(batch + 1, dtype=torch.int32) * ppr).contiguous()
-        self.last = torch.full((batch,), ctx_len - (ppr - 1) * PS, dtype=torch.int32)
-        self.table = PageTable(batch, self.indptr.data_ptr(), self.perm.data_ptr(),
-                               self.last.data_ptr())
-        shape = (self.num_pages, HK, PS, D) if hnd else (self.num_pages, PS, HK, D)
-        self.hnd = hnd
-        self.k = [torch.randn(*shape, device="cuda", dtype=torch.bfloat16) for _ in range(nsets)]
-        self.v = [torch.randn(*shape, device="cuda", dtype=torch.bfloat16) for _ in range(nsets)]
-        self.q = [torch.randn(batch, HQ, D, device="cuda", dtype=torch.bfloat16)
-                  for _ in range(nsets)]
-        self.o = torch.empty(batch, HQ, D, device="cuda", dtype=torch.bfloat16)
-        self.params = AttnParams(HQ, HK, D, 0.0, 0, -1, 0.0, None, None)
-        self.limits = PlanLimits(batch, self.num_pages, 0, 0, HQ, HK, D, PS)
-        lib = kva.lib
-        dev_b, host_b = C.c_size_t(), C.c_size_t()
-        kva.check(lib.kva_decode_workspace_size(kva.ctx, C.byref(self.limits), C.byref(dev_b),
-                                                C.byref(host_b)), "workspace_size")
-        self.ws_dev = torch.empty(dev_b.value, dtype=torch.uint8, device="cuda")
-        host = C.c_void_p()
-        kva.check(lib.kva_host_alloc(kva.ctx, C.c_size_t(host_b.value), C.byref(host)), "host_alloc")
-        self.ws_host = host
-        self.ws = Workspace(self.ws_dev.data_ptr(), dev_b.value, host.value, host_b.value)
-        self.plan = Plan()
-        opt = PlanOptions(flags | (KVA_PLAN_GRAPH if graph else 0), fixed_chunk, 0)
-        kva.check(lib.kva_decode_plan(kva.ctx, C.byref(self.limits), C.byref(self.table),
-                                      self.num_pages, C.byref(opt), self.ws, C.byref(self.plan)),
-                  "kva_decode_plan")
-        self.pages = []
-        for s in range(nsets):
-            st_tok, st_head = (D, PS * D) if hnd else (HK * D, D)
-            self.pages.append(KVPages(self.k[s].data_ptr(), self.v[s].data_ptr(), KVA_BF16,
-                                      self.num_pages, PS, HK, D, PS * HK * D, st_tok, st_head))
-        self.qt = [Tensor(q.data_ptr(), KVA_BF16, HQ * D, D) for q in self.q]
-        self.ot = Tensor(self.o.data_ptr(), KVA_BF16, HQ * D, D)
-
-    def run(self, s):
-        st = self.kva.lib.kva_decode_run(self.kva.ctx, C.byref(self.plan), C.byref(self.params),
-                                         self.qt[s], C.byref(self.pages[s]), self.ot, None)
-        if st != 0:
-            self.kva.check(st, "kva_decode_run")
-
-    def contiguous_kv(self, s):
-        """Set s's K and V as torch wants them: [B, HK, L, D], logical order."""
-        ppr = self.num_pages // self.B
-        idx = self.perm.long().to("cuda")
-        assert not self.hnd
-        k = self.k[s][idx].reshape(self.B, ppr * PS, HK, D)[:, : self.L].permute(0, 2, 1, 3)
-        v = self.v[s][idx].reshape(self.B, ppr * PS, HK, D)[:, : self.L].permute(0, 2, 1, 3)
-        return k.contiguous(), v.contiguous()
-
-    def free(self):
-        self.kva.lib.kva_host_free(self.kva.ctx, self.ws_host)
+def our_decode(batch, ctx_len, nsets, graph=False, flags=0, fixed_chunk=0, hnd=False):
+    """One decode shape (pools per input set, shuffled page table, plan): kvattn.bench.PagedDecode.
+    flags bit 0 = KVA_PLAN_NO_SPLIT."""
+    return kb.PagedDecode(batch, ctx_len, nsets, hq=HQ, hk=HK, d=D, page=PS, graph=graph,
+                          no_split=bool(flags & 1), fixed_chunk=fixed_chunk, hnd=hnd)
 
 
 def time_calls(fn, nsets, iters, warmup=5):
-    """Median milliseconds of fn(set) over iters calls, each bracketed by CUDA events. The GPU is
-    first given a sleep so that the host enqueues ahead of it and launch latency on the host side
-    does not leak into the event times."""
-    for i in range(warmup):
-        fn(i % nsets)
-    torch.cuda.synchronize()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-    torch.cuda._sleep(20_000_000)
-    for i in range(iters):
-        starts[i].record()
-        fn(i % nsets)
-        ends[i].record()
-    torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
-
-
-def read_ceiling(build, gib=4):
-    lib = C.CDLL(os.path.join(build, "libkvattn_read_ceiling.so"))
-    nbytes = gib << 30
-    buf = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
-    buf.random_(0, 255)
-    sink = torch.zeros(65536, dtype=torch.int32, device="cuda")
-    stream = torch.cuda.current_stream().cuda_stream
-
-    def fn(_):
-        err = lib.kva_bench_read(C.c_void_p(buf.data_ptr()), C.c_size_t(nbytes),
-                                 C.c_void_p(sink.data_ptr()), C.c_void_p(stream))
-        if err != 0:
-            raise RuntimeError("read ceiling kernel: cuda error %d" % err)
-
-    ms = time_calls(fn, 1, 15, warmup=3)
-    del buf
-
-    def empty(_):  # one empty 1-block kernel: the launch floor as these events see it
-        lib.kva_bench_empty(C.c_void_p(stream))
-
-    floor_ms = time_calls(empty, 1, 50)
-    return nbytes / (ms * 1e-3) / 1e9, floor_ms * 1e3
+    """Median milliseconds of fn(set) over iters calls bracketed by CUDA events (kvattn.bench)."""
+    return kb.time_calls(fn, nsets, iters, warmup=warmup)
 
 
 def sdpa_backends():
@@ -305,15 +148,15 @@ def sdpa_backends():
     return [("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)]
 
 
-def run_decode(args, kva, info, stream):
+def run_decode(args, info):
     """The decode table's measurements (unchanged method); returns its results as a dict."""
     from torch.nn.attention import sdpa_kernel
 
-    dev_name = info.name.decode()
-    l2 = info.l2_bytes
-    ceiling, launch_floor_us = read_ceiling(args.build)
+    dev_name = info["name"]
+    l2 = info["l2_bytes"]
+    ceiling, launch_floor_us = kb.read_ceiling(args.build)
     print("device: %s, %d SMs, L2 %.0f MB; read ceiling %.0f GB/s; empty-kernel launch %.1f us" %
-          (dev_name, info.num_sms, l2 / 1e6, ceiling, launch_floor_us), flush=True)
+          (dev_name, info["num_sms"], l2 / 1e6, ceiling, launch_floor_us), flush=True)
     shapes = SHAPES
     if args.shapes:
         shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
@@ -323,10 +166,10 @@ def run_decode(args, kva, info, stream):
     for (B, L) in shapes:
         kv_bytes = B * L * HK * D * 2 * 2
         nsets = max(1, math.ceil(rot_bytes / kv_bytes))
-        ours = OurDecode(kva, B, L, nsets)
+        ours = our_decode(B, L, nsets)
         row = {"batch": B, "ctx": L, "kv_bytes": kv_bytes, "sets": nsets,
-               "chunk": ours.plan.kv_chunk_size, "work": ours.plan.num_work,
-               "split": ours.plan.split_kv}
+               "chunk": ours.plan_info["kv_chunk_size"], "work": ours.plan_info["num_work"],
+               "split": ours.plan_info["split_kv"]}
         # correctness against SDPA (math on the same data, f32) on set 0
         ours.run(0)
         k0, v0 = ours.contiguous_kv(0)
@@ -340,22 +183,20 @@ def run_decode(args, kva, info, stream):
         row["ours_gbs"] = kv_bytes / (ms * 1e-3) / 1e9
         row["ours_frac"] = row["ours_gbs"] / ceiling
         if (B, L) in GRAPH_SHAPES:
-            g_ours = OurDecode(kva, B, L, nsets, graph=True)
+            g_ours = our_decode(B, L, nsets, graph=True)
             graphs = []
             side = torch.cuda.Stream()
             for s in range(nsets):
                 g = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(g, stream=side):
-                    kva.set_stream(torch.cuda.current_stream())
+                with torch.cuda.graph(g, stream=side):  # kvattn runs on the capture stream (current)
                     g_ours.run(s)
                 graphs.append(g)
-            kva.set_stream(stream)
             gms = time_calls(lambda s: graphs[s].replay(), nsets, iters)
             row["graph_us"] = gms * 1e3
             del graphs
             g_ours.free()
         if args.variants:
-            h = OurDecode(kva, B, L, nsets, hnd=True)
+            h = our_decode(B, L, nsets, hnd=True)
             row["hnd_us"] = time_calls(h.run, nsets, iters) * 1e3
             h.free()
             del h
@@ -366,10 +207,10 @@ def run_decode(args, kva, info, stream):
             for label, flags, fixed in [("nosplit", 1, 0), ("c128", 0, 128), ("c256", 0, 256),
                                         ("c512", 0, 512), ("c1024", 0, 1024), ("c2048", 0, 2048)]:
                 try:
-                    v = OurDecode(kva, B, L, nsets, flags=flags, fixed_chunk=fixed)
-                except RuntimeError:
+                    v = our_decode(B, L, nsets, flags=flags, fixed_chunk=fixed)
+                except RuntimeError:  # kvattn.KvattnError: a split the plan refuses
                     continue
-                row["variants"][label] = (v.plan.num_work, time_calls(v.run, nsets, iters) * 1e3)
+                row["variants"][label] = (v.plan_info["num_work"], time_calls(v.run, nsets, iters) * 1e3)
                 v.free()
                 del v
             print("    variants (work items, us):", row["variants"], flush=True)
@@ -434,7 +275,7 @@ PF_HQ, PF_HK = 32, 8
 PF_TOKENS = 16384
 PF_SEQS = [512, 2048, 8192, 16384]
 PF_SETS = [("bf16", 128), ("f16", 128), ("bf16", 64), ("bf16", 256)]  # (dtype, head dim)
-PF_DTYPES = {"bf16": (torch.bfloat16, KVA_BF16), "f16": (torch.float16, KVA_F16)}
+PF_DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16}
 RAGGED_SEED, RAGGED_MEDIAN, RAGGED_SIGMA, RAGGED_LO, RAGGED_HI = 6, 800, 1.0, 16, 8192
 CHUNK_NEW, CHUNK_PREFIX, CHUNK_PAGE = 512, 16384, 16
 REL_TOL_REF = 1e-2    # ours (or a torch variant) vs the float32 reference, sampled rows
@@ -476,101 +317,56 @@ def rotation_sets(set_bytes, l2):
     return max(2, math.ceil(4 * max(l2, 50 << 20) / max(1, set_bytes)))
 
 
-class Workspaces:
-    """A prefill workspace: device part from torch, pinned host part from the library.
-    status: kva_prefill_workspace_size's status (nothing allocated unless KVA_OK)."""
-
-    def __init__(self, kva, limits):
-        self.kva, self.host = kva, None
-        lib = kva.lib
-        dev_b, host_b = C.c_size_t(), C.c_size_t()
-        self.status = lib.kva_prefill_workspace_size(kva.ctx, C.byref(limits), C.byref(dev_b),
-                                                     C.byref(host_b))
-        if self.status != KVA_OK:
-            return
-        # 64 bytes of slack so that the part handed over is 64-byte aligned whatever torch gives
-        self.dev = torch.empty(dev_b.value + 64, dtype=torch.uint8, device="cuda")
-        dev_ptr = (self.dev.data_ptr() + 63) // 64 * 64
-        host = C.c_void_p()
-        kva.check(lib.kva_host_alloc(kva.ctx, C.c_size_t(max(1, host_b.value)), C.byref(host)),
-                  "kva_host_alloc")
-        self.host = host
-        self.ws = Workspace(dev_ptr, dev_b.value, host.value, host_b.value)
-
-    def free(self):
-        if self.host:
-            self.kva.lib.kva_host_free(self.kva.ctx, self.host)
-            self.host = None
-
-
 class OurPrefill:
-    """Our prefill of one batch over input sets. Ragged (k/v [tokens, HK, d], kv_indptr) or
-    paged (pools + page table). plan_status is the plan call's status; runs return the run's
-    status (no exception), so callers can tell KVA_ERR_UNSUPPORTED from an error."""
+    """Our prefill of one batch over input sets, through kvattn.BatchPrefillWrapper (which owns
+    its workspace). Ragged (k/v [tokens, HK, d], kv_indptr) or paged (pools + page table).
+    plan_status / plan_error: the plan's kva_status and text (KvattnError caught), so callers
+    can tell KVA_ERR_UNSUPPORTED from an error; run(s) and run_dense(s) raise KvattnError."""
 
-    def __init__(self, kva, kdt, hq, hk, d, causal, q_lens, kv_lens, q_sets, o,
-                 kv_sets=None, paged=None):
-        self.kva, self.lib = kva, kva.lib
+    def __init__(self, hq, hk, d, causal, q_lens, kv_lens, q_sets, o, kv_sets=None, paged=None):
         self.q_lens, self.kv_lens = list(q_lens), list(kv_lens)
-        B = len(q_lens)
-        self.qo_indptr = torch.tensor(cumsum0(q_lens), dtype=torch.int32)
-        self.params = AttnParams(hq, hk, d, 0.0, 1 if causal else 0, -1, 0.0, None, None)
-        self.qt = [Tensor(q.data_ptr(), kdt, hq * d, d) for q in q_sets]
-        self.ot = Tensor(o.data_ptr(), kdt, hq * d, d)
+        self.causal = bool(causal)
+        self.q_sets, self.o = q_sets, o
         self.paged = paged is not None
+        self.wrapper = kvattn.BatchPrefillWrapper(str(o.device))
+        qo_indptr = cumsum0(q_lens)
         if not self.paged:
-            self.kv_indptr = torch.tensor(cumsum0(kv_lens), dtype=torch.int32)
-            self.kt = [Tensor(k.data_ptr(), kdt, hk * d, d) for k, _ in kv_sets]
-            self.vt = [Tensor(v.data_ptr(), kdt, hk * d, d) for _, v in kv_sets]
-            limits = PlanLimits(B, 0, sum(kv_lens), sum(q_lens), hq, hk, d, 0)
-            table, num_pages, kv_ptr = None, 0, self.kv_indptr.data_ptr()
+            self.kv_sets = kv_sets
+            plan = lambda: self.wrapper.plan(qo_indptr, cumsum0(kv_lens), hq, hk, d, causal=self.causal)
         else:
             # paged = (page_indptr, page_indices, last_page_len [host int32 tensors], pools,
             #          num_pages, page_size); pools = [(k_pool, v_pool)] of [pages, ps, HK, d]
             p_indptr, p_idx, p_last, pools, num_pages, ps = paged
-            self._keep = (p_indptr, p_idx, p_last)
-            table = PageTable(B, p_indptr.data_ptr(), p_idx.data_ptr(), p_last.data_ptr())
-            self.pages = [KVPages(kp.data_ptr(), vp.data_ptr(), kdt, num_pages, ps, hk, d,
-                                  ps * hk * d, hk * d, d) for kp, vp in pools]
-            limits = PlanLimits(B, int(p_indptr[-1]), 0, sum(q_lens), hq, hk, d, ps)
-            kv_ptr = None
-        self.limits = limits
-        self.wsp = Workspaces(kva, limits)
-        self.plan = Plan()
-        if self.wsp.status != KVA_OK:
-            self.plan_status = self.wsp.status
-            self.plan_error = "workspace size: " + kva.status_name(self.wsp.status)
-            return
-        opt = PlanOptions(0, 0, 0)
-        self.plan_status = self.lib.kva_prefill_plan(
-            kva.ctx, C.byref(limits), B, self.qo_indptr.data_ptr(), kv_ptr,
-            C.byref(table) if table is not None else None, num_pages, C.byref(opt), self.wsp.ws,
-            C.byref(self.plan))
-        self.plan_error = None if self.plan_status == KVA_OK else kva.status_name(self.plan_status)
-        self.plan_error = self.plan_error and "plan: " + self.plan_error
+            self.pages = [kvattn.KVPages(kp, vp) for kp, vp in pools]
+            plan = lambda: self.wrapper.plan(qo_indptr, None, hq, hk, d, page_size=ps,
+                                             paged_kv_indptr=p_indptr, paged_kv_indices=p_idx,
+                                             paged_kv_last_page_len=p_last, num_pages=num_pages,
+                                             causal=self.causal)
+        self.plan_status, err = kva_status_of(plan)
+        self.plan_error = None
+        if self.plan_status != KVA_OK:
+            # the wrapper sizes its workspace inside plan(): no workspace means that step failed
+            sized = "device_bytes" in self.wrapper.plan_info
+            self.plan_error = ("plan: " if sized else "workspace size: ") + err
 
     def plan_info(self):
-        p = self.plan
-        return {"qo_tile": p.qo_tile_size, "kv_chunk": p.kv_chunk_size, "work": p.num_work,
-                "split_kv": p.split_kv}
+        p = self.wrapper.plan_info
+        return {"qo_tile": p["qo_tile_size"], "kv_chunk": p["kv_chunk_size"], "work": p["num_work"],
+                "split_kv": p["split_kv"]}
 
     def run(self, s):
         if self.paged:
-            return self.lib.kva_prefill_run_paged(self.kva.ctx, C.byref(self.plan),
-                                                  C.byref(self.params), self.qt[s],
-                                                  C.byref(self.pages[s]), self.ot, None)
-        return self.lib.kva_prefill_run_ragged(self.kva.ctx, C.byref(self.plan),
-                                               C.byref(self.params), self.qt[s], self.kt[s],
-                                               self.vt[s], self.ot, None)
+            self.wrapper.run(self.q_sets[s], self.pages[s], out=self.o)
+        else:
+            self.wrapper.run(self.q_sets[s], self.kv_sets[s][0], self.kv_sets[s][1], out=self.o)
 
     def run_dense(self, s):
         """kva_attention (no plan) on the same set; batch 1, ragged inputs only."""
-        return self.lib.kva_attention(self.kva.ctx, C.byref(self.params), self.q_lens[0],
-                                      self.kv_lens[0], self.qt[s], self.kt[s], self.vt[s],
-                                      self.ot, None)
+        k, v = self.kv_sets[s]
+        kvattn.attention(self.q_sets[s], k, v, causal=self.causal, out=self.o, planned=False)
 
     def free(self):
-        self.wsp.free()
+        self.wrapper = None  # frees the workspace (after waiting for runs in flight)
 
 
 def reference_rows(q, k, v, rows, causal, group):
@@ -773,7 +569,7 @@ def finish_case(row, ours_res, torch_res, flops, gemm_tflops):
     return row
 
 
-def ours_check_and_time(kva, ours, check, o, nsets, iters, dense=False):
+def ours_check_and_time(ours, check, o, nsets, iters, dense=False):
     """Plan status, poisoned check run, accuracy, then timing; never raises for a kvattn
     status. Returns a dict: ours_state ok / unsupported / error, numbers when ok."""
     res = {}
@@ -783,11 +579,11 @@ def ours_check_and_time(kva, ours, check, o, nsets, iters, dense=False):
         return res
     res["plan"] = ours.plan_info()
     o.fill_(float("nan"))
-    st = ours.run(0)
+    st, err = kva_status_of(lambda: ours.run(0))
     torch.cuda.synchronize()
     if st != KVA_OK:
         res["ours_state"] = "unsupported" if st == KVA_ERR_UNSUPPORTED else "error"
-        res["ours_error"] = "run: " + kva.status_name(st)
+        res["ours_error"] = "run: " + err
         return res
     res["ours_state"] = "ok"
     res["finite"] = bool(torch.isfinite(o).all())
@@ -795,17 +591,18 @@ def ours_check_and_time(kva, ours, check, o, nsets, iters, dense=False):
     res["rel_err_ref"] = check.rel_err(lambda b: o[qi[b]:qi[b + 1]])
     if res["finite"] and res["rel_err_ref"] < REL_TOL_REF:
         def fn(s):
-            st = ours.run(s)
-            if st != KVA_OK:
-                raise RuntimeError("kvattn prefill run: " + kva.status_name(st))
+            try:
+                ours.run(s)
+            except kvattn.KvattnError as e:
+                raise RuntimeError("kvattn prefill run: " + status_text(e))
         res["ours_ms"] = time_calls(fn, nsets, iters, warmup=3)
     if dense:
         o.fill_(float("nan"))
-        st = ours.run_dense(0)
+        st, err = kva_status_of(lambda: ours.run_dense(0))
         torch.cuda.synchronize()
         if st != KVA_OK:
             res["dense_state"] = "unsupported" if st == KVA_ERR_UNSUPPORTED else "error"
-            res["dense_error"] = kva.status_name(st)
+            res["dense_error"] = err
         else:
             fin = bool(torch.isfinite(o).all())
             rel = check.rel_err(lambda b: o[qi[b]:qi[b + 1]])
@@ -814,17 +611,18 @@ def ours_check_and_time(kva, ours, check, o, nsets, iters, dense=False):
                 res["dense_state"] = "ok"
 
                 def fn_dense(s):
-                    st = ours.run_dense(s)
-                    if st != KVA_OK:
-                        raise RuntimeError("kva_attention: " + kva.status_name(st))
+                    try:
+                        ours.run_dense(s)
+                    except kvattn.KvattnError as e:
+                        raise RuntimeError("kva_attention: " + status_text(e))
                 res["dense_ms"] = time_calls(fn_dense, nsets, iters, warmup=3)
             else:
                 res["dense_state"] = "WRONG"
     # leave o holding set 0's result of the planned path for the whole-tensor comparison with
     # torch (the timed calls and the dense run overwrote it)
-    st = ours.run(0)
+    st, err = kva_status_of(lambda: ours.run(0))
     if st != KVA_OK:
-        raise RuntimeError("kvattn prefill run: " + kva.status_name(st))
+        raise RuntimeError("kvattn prefill run: " + err)
     torch.cuda.synchronize()
     return res
 
@@ -835,9 +633,9 @@ def backends_list():
             ("cudnn", "cudnn", SDPBackend.CUDNN_ATTENTION)]
 
 
-def case_equal(kva, F, dname, d, B, S, causal, l2, iters, gemm):
+def case_equal(F, dname, d, B, S, causal, l2, iters, gemm):
     """One row of the main table: B requests of S tokens each (q_len = kv_len = S)."""
-    tdt, kdt = PF_DTYPES[dname]
+    tdt = PF_DTYPES[dname]
     hq, hk, g = PF_HQ, PF_HK, PF_HQ // PF_HK
     T = B * S
     set_bytes = T * (hq + 2 * hk) * d * 2
@@ -850,8 +648,8 @@ def case_equal(kva, F, dname, d, B, S, causal, l2, iters, gemm):
     o = torch.empty(T, hq, d, device="cuda", dtype=tdt)
     lens = [S] * B
     check = Check(q[0], k[0], v[0], lens, lens, causal, g, sorted({0, B - 1}))
-    ours = OurPrefill(kva, kdt, hq, hk, d, causal, lens, lens, q, o, kv_sets=list(zip(k, v)))
-    ours_res = ours_check_and_time(kva, ours, check, o, nsets, iters, dense=(B == 1))
+    ours = OurPrefill(hq, hk, d, causal, lens, lens, q, o, kv_sets=list(zip(k, v)))
+    ours_res = ours_check_and_time(ours, check, o, nsets, iters, dense=(B == 1))
     # torch: contiguous [B, heads, S, d] copies of the same sets
     tq = [x.view(B, S, hq, d).transpose(1, 2).contiguous() for x in q]
     tk = [x.view(B, S, hk, d).transpose(1, 2).contiguous() for x in k]
@@ -869,10 +667,10 @@ def case_equal(kva, F, dname, d, B, S, causal, l2, iters, gemm):
     return row
 
 
-def case_ragged(kva, F, l2, iters, gemm, dname="bf16", d=128, causal=True):
+def case_ragged(F, l2, iters, gemm, dname="bf16", d=128, causal=True):
     """Prompts of log-normal lengths, 16384 tokens in all, one ragged plan; torch padded, looped
     and (flash) varlen."""
-    tdt, kdt = PF_DTYPES[dname]
+    tdt = PF_DTYPES[dname]
     hq, hk, g = PF_HQ, PF_HK, PF_HQ // PF_HK
     lens = ragged_lengths(PF_TOKENS)
     B, T, M = len(lens), sum(lens), max(lens)
@@ -886,8 +684,8 @@ def case_ragged(kva, F, l2, iters, gemm, dname="bf16", d=128, causal=True):
     o = torch.empty(T, hq, d, device="cuda", dtype=tdt)
     longest = max(range(B), key=lambda b: lens[b])
     check = Check(q[0], k[0], v[0], lens, lens, causal, g, sorted({0, B - 1, longest}))
-    ours = OurPrefill(kva, kdt, hq, hk, d, causal, lens, lens, q, o, kv_sets=list(zip(k, v)))
-    ours_res = ours_check_and_time(kva, ours, check, o, nsets, iters)
+    ours = OurPrefill(hq, hk, d, causal, lens, lens, q, o, kv_sets=list(zip(k, v)))
+    ours_res = ours_check_and_time(ours, check, o, nsets, iters)
 
     def padded(x, h):  # [B, h, M, d], random padding (right), request b's rows at [b, :, :len]
         p = torch.randn(B, h, M, d, device="cuda", dtype=tdt)
@@ -934,10 +732,10 @@ def case_ragged(kva, F, l2, iters, gemm, dname="bf16", d=128, causal=True):
     return row
 
 
-def case_chunked(kva, F, l2, iters, gemm, dname="bf16", d=128):
+def case_chunked(F, l2, iters, gemm, dname="bf16", d=128):
     """512 new tokens over a 16384-token cached prefix (kv_len 16896), causal bottom-right.
     Ours paged (page 16, shuffled); torch on contiguous K/V."""
-    tdt, kdt = PF_DTYPES[dname]
+    tdt = PF_DTYPES[dname]
     hq, hk, g = PF_HQ, PF_HK, PF_HQ // PF_HK
     nq, nk, ps = CHUNK_NEW, CHUNK_PREFIX + CHUNK_NEW, CHUNK_PAGE
     num_pages = (nk + ps - 1) // ps
@@ -957,9 +755,9 @@ def case_chunked(kva, F, l2, iters, gemm, dname="bf16", d=128):
     k = [x[idx].reshape(num_pages * ps, hk, d)[:nk].contiguous() for x in kp]
     v = [x[idx].reshape(num_pages * ps, hk, d)[:nk].contiguous() for x in vp]
     check = Check(q[0], k[0], v[0], [nq], [nk], True, g, [0])
-    ours = OurPrefill(kva, kdt, hq, hk, d, True, [nq], [nk], q, o,
+    ours = OurPrefill(hq, hk, d, True, [nq], [nk], q, o,
                       paged=(p_indptr, perm, p_last, list(zip(kp, vp)), num_pages, ps))
-    ours_res = ours_check_and_time(kva, ours, check, o, nsets, iters)
+    ours_res = ours_check_and_time(ours, check, o, nsets, iters)
     from torch.nn.attention import SDPBackend
     from torch.nn.attention.bias import causal_lower_right
     tq = [x.transpose(0, 1).unsqueeze(0).contiguous() for x in q]   # [1, HQ, nq, d]
@@ -1039,9 +837,9 @@ def prefill_line(r):
         ("  [%s]" % r["ours_error"]) if r.get("ours_error") else "")
 
 
-def run_prefill(args, kva, info):
+def run_prefill(args, info):
     torch.backends.cuda.matmul.allow_tf32 = False  # the float32 reference stays float32
-    l2 = info.l2_bytes
+    l2 = info["l2_bytes"]
     iters = 10 if args.quick else 30
     gemm_bf16 = gemm_rate(torch.bfloat16, iters)
     gemm_f16 = gemm_rate(torch.float16, iters)
@@ -1067,11 +865,11 @@ def run_prefill(args, kva, info):
         try:
             if c[0] == "equal":
                 _, dname, d, B, S, causal = c
-                r = case_equal(kva, F, dname, d, B, S, causal, l2, iters, gemm_bf16)
+                r = case_equal(F, dname, d, B, S, causal, l2, iters, gemm_bf16)
             elif c[0] == "ragged":
-                r = case_ragged(kva, F, l2, iters, gemm_bf16)
+                r = case_ragged(F, l2, iters, gemm_bf16)
             else:
-                r = case_chunked(kva, F, l2, iters, gemm_bf16)
+                r = case_chunked(F, l2, iters, gemm_bf16)
         except Exception as e:  # a CUDA error, out of memory, ...: record it, go on if possible
             msg = (str(e).strip().splitlines() or ["?"])[0][:200]
             r = {"kind": c[0], "dtype": c[1] if c[0] == "equal" else "bf16",
@@ -1160,6 +958,24 @@ def print_prefill_table(dev_name, date, res):
         print("- (%d more notes in the JSON)" % (len(notes) - 60))
 
 
+def run_host_overhead():
+    """Host time of one decode run() from Python over the bare C call (kvattn.bench), one line;
+    the result (or the error) for the JSON. Own RNG state: the benchmark's inputs stay as they
+    were without it."""
+    try:
+        with torch.random.fork_rng(devices=[torch.cuda.current_device()]):
+            r = kb.host_overhead("cuda")
+    except Exception as e:  # not a reason to skip the tables
+        msg = (str(e).strip().splitlines() or ["?"])[0][:200]
+        print("host overhead: failed: %s" % msg, flush=True)
+        return {"error": msg}
+    hot = r["styles"]["run(q, KVPages, out=out)"]
+    print("host overhead: decode run() from Python %.2f us, bare C call %.2f us: %+.2f us per call "
+          "(target <= 3 us: %s)" % (hot["python_us"], r["c_call_us"], r["overhead_us"],
+                                    "met" if r["overhead_us"] <= 3.0 else "MISSED"), flush=True)
+    return r
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--build", default=os.environ.get("KVA_BUILD", "build"))
@@ -1180,25 +996,24 @@ def main():
     args = ap.parse_args()
 
     torch.manual_seed(0)
-    kva = Kvattn(os.path.join(args.build, "libkvattn.so"))
-    stream = torch.cuda.current_stream()
-    kva.set_stream(stream)
-    info = kva.info()
-    dev_name = info.name.decode()
+    load_kvattn(args.build)
+    info = kvattn.device_info("cuda:%d" % torch.cuda.current_device())
+    dev_name = info["name"]
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     print("device: %s (%d SMs, L2 %.0f MB), torch %s, %s" %
-          (dev_name, info.num_sms, info.l2_bytes / 1e6, torch.__version__, date), flush=True)
+          (dev_name, info["num_sms"], info["l2_bytes"] / 1e6, torch.__version__, date), flush=True)
     out = {"device": dev_name, "date": date, "torch": torch.__version__,
-           "num_sms": info.num_sms, "l2_bytes": info.l2_bytes}
+           "num_sms": info["num_sms"], "l2_bytes": info["l2_bytes"]}
+    out["host_overhead"] = run_host_overhead()
     status = 0
     dec = pre = None
     if not args.prefill_only:
-        dec = run_decode(args, kva, info, stream)
+        dec = run_decode(args, info)
         # the decode results stay at the top level, as before ("rows", "ceiling_gbs", ...)
         out.update({k: v for k, v in dec.items()})
     if not args.decode_only:
         print(flush=True)
-        pre = run_prefill(args, kva, info)
+        pre = run_prefill(args, info)
         out["prefill"] = pre
     # the tables last, so that `sed -n '/^## kvattn/,$p'` shows both and nothing else
     if dec is not None:

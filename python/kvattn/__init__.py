@@ -78,7 +78,7 @@ def _dims(x, name, ndim):
 # ---------------------------------------------------------------------------------------------
 
 def attention(q, k, v, causal=False, sm_scale=None, window_left=-1, soft_cap=0.0, return_lse=False,
-              out=None):
+              out=None, planned=True, stream=None):
     """Attention of one sequence, or of a batch of equal-length sequences, without a cache.
 
     q: [Lq, Hq, D] or [B, Lq, Hq, D];  k, v: [Lk, Hk, D] or [B, Lk, Hk, D]  (flash-attn layout).
@@ -86,11 +86,18 @@ def attention(q, k, v, causal=False, sm_scale=None, window_left=-1, soft_cap=0.0
     causal: bottom-right aligned (query i sits at position Lk - Lq + i). sm_scale None means
     1/sqrt(D); soft_cap > 0 applies soft_cap * tanh(s / soft_cap) to the scores; window_left >= 0
     keeps only keys with position >= query position - window_left.
+    planned: True (default) plans the call as a prefill batch (keys split across work items when
+    that fills the GPU better; a temporary workspace, see attention_varlen). False calls the C
+    library's kva_attention once per sequence: no plan, no workspace, no split of the keys (the
+    dense kernel; what bench/bench_torch.py's "dense" column times).
     """
+    if not planned:
+        return _attention_dense(q, k, v, causal, sm_scale, window_left, soft_cap, return_lse, out, stream)
     qs = _shape(q, "q")
     if len(qs) == 3:
         return attention_varlen(q, k, v, None, None, causal=causal, sm_scale=sm_scale,
-                                window_left=window_left, soft_cap=soft_cap, return_lse=return_lse, out=out)
+                                window_left=window_left, soft_cap=soft_cap, return_lse=return_lse, out=out,
+                                stream=stream)
     if len(qs) != 4:
         raise ValueError("q: expected [Lq, Hq, D] or [B, Lq, Hq, D], got %s" % (qs,))
     B, Lq, Hq, D = qs
@@ -101,11 +108,35 @@ def attention(q, k, v, causal=False, sm_scale=None, window_left=-1, soft_cap=0.0
     res = attention_varlen(q.reshape(B * Lq, Hq, D), k.reshape(B * Lk, ks[2], ks[3]),
                            v.reshape(B * Lk, ks[2], ks[3]), cu_q, cu_k, causal=causal,
                            sm_scale=sm_scale, window_left=window_left, soft_cap=soft_cap,
-                           return_lse=return_lse, out=None if out is None else out.reshape(B * Lq, Hq, D))
+                           return_lse=return_lse, out=None if out is None else out.reshape(B * Lq, Hq, D),
+                           stream=stream)
     if return_lse:
         o, lse = res
         return o.reshape(B, Lq, Hq, D), lse.reshape(B, Lq, Hq)
     return res.reshape(B, Lq, Hq, D)
+
+
+def _attention_dense(q, k, v, causal, sm_scale, window_left, soft_cap, return_lse, out, stream):
+    """attention(planned=False): kva_attention per sequence (3-D q, or each b of a 4-D batch)."""
+    qs = _shape(q, "q")
+    if len(qs) not in (3, 4):
+        raise ValueError("q: expected [Lq, Hq, D] or [B, Lq, Hq, D], got %s" % (qs,))
+    _dims(k, "k", len(qs))
+    _dims(v, "v", len(qs))
+    fin = fin_l = _same
+    if out is None:
+        out, fin = empty_like(q, qs)
+    lse = None
+    if return_lse:
+        lse, fin_l = empty_like(q, qs[:-1], "float32")
+    kw = dict(causal=bool(causal), sm_scale=_scale(sm_scale), window_left=int(window_left),
+              soft_cap=float(soft_cap), stream=stream)
+    if len(qs) == 3:
+        _ext.attention(q, k, v, out, lse, **kw)
+    else:
+        for b in range(qs[0]):
+            _ext.attention(q[b], k[b], v[b], out[b], None if lse is None else lse[b], **kw)
+    return (fin(out), fin_l(lse)) if return_lse else fin(out)
 
 
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False, sm_scale=None, window_left=-1,

@@ -1818,6 +1818,68 @@ done:
     return res;
 }
 
+/* attention(q [Lq, hq, d], k [Lk, hk, d], v, out like q, lse f32 [Lq, hq] | None, causal, sm_scale,
+ *           window_left, soft_cap, stream): kva_attention, one sequence, no plan and no workspace. */
+static PyObject *ext_attention(PyObject *m, PyObject *args, PyObject *kw) {
+    (void)m;
+    static char *kws[] = {"q", "k", "v", "out", "lse", "causal", "sm_scale", "window_left", "soft_cap",
+                          "stream", NULL};
+    PyObject *q_o, *k_o, *v_o, *o_o, *l_o = Py_None, *stream = Py_None;
+    int causal = 0, window = -1;
+    double sm = 0, cap = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOO|OpdidO", kws, &q_o, &k_o, &v_o, &o_o, &l_o, &causal, &sm,
+                                     &window, &cap, &stream))
+        return NULL;
+    run_args r = {0};
+    r.cs.stream_arg = stream;
+    PyObject *res = NULL;
+    if (view_get(q_o, &r.q, &r.cs, "q") < 0) goto done;
+    r.nq = 1;
+    if (check_float(&r.q, "q") < 0) goto done;
+    if (as_kva_tensor(&r.q, "q", -1, -1, -1, r.q.el, &r.qt) < 0) goto done;
+    int64_t lq = r.q.shape[0], hq = r.q.shape[1], d = r.q.shape[2];
+    if (view_get(k_o, &r.k, &r.cs, "k") < 0) goto done;
+    r.nk = 1;
+    if (as_kva_tensor(&r.k, "k", -1, -1, d, r.q.el, &r.kt) < 0) goto done;
+    int64_t lk = r.k.shape[0], hk = r.k.shape[1];
+    if (view_get(v_o, &r.v, &r.cs, "v") < 0) goto done;
+    r.nv = 1;
+    if (as_kva_tensor(&r.v, "v", lk, hk, d, r.q.el, &r.vt) < 0) goto done;
+    if (view_get(o_o, &r.o, &r.cs, "out") < 0) goto done;
+    r.no = 1;
+    if (as_kva_tensor(&r.o, "out", lq, hq, d, r.q.el, &r.ot) < 0) goto done;
+    if (r.o.readonly) {
+        PyErr_SetString(PyExc_ValueError, "out: read-only array");
+        goto done;
+    }
+    if (f32_out(l_o, &r.l, &r.cs, "lse", lq, hq, &r.lse) < 0) goto done;
+    r.nl = r.lse != NULL;
+    if (lq > INT32_MAX || lk > INT32_MAX || hq > INT32_MAX || hk < 1 || hq % hk != 0) {
+        PyErr_Format(PyExc_ValueError, "attention: %lld query heads are not a multiple of %lld KV heads "
+                     "(or a length exceeds int32)", (long long)hq, (long long)hk);
+        goto done;
+    }
+    ctx_slot *s = get_slot(r.cs.dev, r.cs.dev_id);
+    if (!s) goto done;
+    kva_attn_params p = kva_attn_params_default((int32_t)hq, (int32_t)hk, (int32_t)d);
+    p.sm_scale = (float)sm;
+    p.causal = causal;
+    p.window_left = window;
+    p.logits_soft_cap = (float)cap;
+    kva_status st;
+    SLOT_CALL(s, r.cs.stream, st,
+              kva_attention(s->ctx, &p, (int32_t)lq, (int32_t)lk, r.qt, r.kt, r.vt, r.ot, r.lse));
+    if (st != KVA_OK) {
+        raise_status(st, kva_last_error());
+        goto done;
+    }
+    res = Py_None;
+    Py_INCREF(res);
+done:
+    run_release(&r);
+    return res;
+}
+
 static PyObject *ext_block_table_to_csr(PyObject *m, PyObject *args) {
     (void)m;
     PyObject *bt_o, *len_o;
@@ -1968,6 +2030,7 @@ static PyObject *ext_array_info(PyObject *m, PyObject *arg) {
 
 static PyMethodDef ext_methods[] = {
     {"merge_states", (PyCFunction)(void (*)(void))ext_merge_states, METH_VARARGS | METH_KEYWORDS, NULL},
+    {"attention", (PyCFunction)(void (*)(void))ext_attention, METH_VARARGS | METH_KEYWORDS, NULL},
     {"block_table_to_csr", ext_block_table_to_csr, METH_VARARGS, NULL},
     {"cuda_available", ext_cuda_available, METH_NOARGS, NULL},
     {"set_num_threads", ext_set_num_threads, METH_O, NULL},

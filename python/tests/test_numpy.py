@@ -49,6 +49,35 @@ def test_attention_batched_4d_and_strided_input():
     np.testing.assert_allclose(o, ro, atol=2e-4, rtol=2e-4)
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_unplanned_dense(causal):
+    """planned=False: kva_attention (no plan, no workspace), 3-D, 4-D, LSE, variants, out=."""
+    rng = np.random.default_rng(11)
+    q, k, v = rnd(rng, (37, 8, 64)), rnd(rng, (50, 2, 64)), rnd(rng, (50, 2, 64))
+    o, lse = kvattn.attention(q, k, v, causal=causal, return_lse=True, planned=False)
+    ro, rl = attention_ref(q, k, v, causal=causal)
+    np.testing.assert_allclose(o, ro, atol=2e-4, rtol=2e-4)
+    np.testing.assert_allclose(lse, rl, atol=2e-4, rtol=2e-4)
+    for kw in [dict(sm_scale=0.05, soft_cap=3.0), dict(window_left=16)]:
+        out = np.full_like(q, np.nan)
+        r = kvattn.attention(q, k, v, causal=causal, out=out, planned=False, **kw)
+        assert r is out
+        np.testing.assert_allclose(out, attention_ref(q, k, v, causal=causal, **kw)[0], atol=2e-4, rtol=2e-4)
+    qb, kb, vb = rnd(rng, (3, 9, 8, 64)), rnd(rng, (3, 20, 4, 64)), rnd(rng, (3, 20, 4, 64))
+    o, lse = kvattn.attention(qb, kb, vb, causal=causal, return_lse=True, planned=False)
+    assert o.shape == qb.shape and lse.shape == (3, 9, 8)
+    for b in range(3):
+        ro, rl = attention_ref(qb[b], kb[b], vb[b], causal=causal)
+        np.testing.assert_allclose(o[b], ro, atol=2e-4, rtol=2e-4)
+        np.testing.assert_allclose(lse[b], rl, atol=2e-4, rtol=2e-4)
+    # the same numbers as the planned path
+    np.testing.assert_allclose(o, kvattn.attention(qb, kb, vb, causal=causal), atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError):
+        kvattn.attention(q, rnd(rng, (50, 3, 64)), rnd(rng, (50, 3, 64)), planned=False)
+    with pytest.raises(ValueError):
+        kvattn.attention(q, k[:, :, :32], v, planned=False)
+
+
 def test_attention_varlen():
     rng = np.random.default_rng(3)
     qlens, klens = [5, 1, 17, 0, 9], [5, 30, 17, 4, 40]

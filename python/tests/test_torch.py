@@ -159,6 +159,25 @@ def test_prefill_cuda():
     torch.testing.assert_close(o.float(), ref, atol=2e-2, rtol=2e-2)
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=needs_cuda)])
+def test_attention_unplanned_into_out(device):
+    """attention(planned=False, out=): kva_attention into a preallocated output (bench_torch.py's
+    dense column), bf16, GQA 32/8, d 128; the same result as the planned path."""
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(200, 32, 128, generator=g).bfloat16().to(device)
+    k = torch.randn(200, 8, 128, generator=g).bfloat16().to(device)
+    v = torch.randn(200, 8, 128, generator=g).bfloat16().to(device)
+    o = torch.full_like(q, float("nan"))
+    r = skip_unsupported(lambda: kvattn.attention(q, k, v, causal=True, out=o, planned=False))
+    assert r is o and bool(torch.isfinite(o).all())
+    ref = torch.nn.functional.scaled_dot_product_attention(
+        q.transpose(0, 1).float(), k.transpose(0, 1).float(), v.transpose(0, 1).float(), is_causal=True,
+        enable_gqa=True).transpose(0, 1)
+    torch.testing.assert_close(o.float(), ref, atol=2e-2, rtol=2e-2)
+    planned = skip_unsupported(lambda: kvattn.attention(q, k, v, causal=True))
+    torch.testing.assert_close(o.float(), planned.float(), atol=2e-2, rtol=2e-2)
+
+
 @pytest.mark.parametrize("graph", [False, True])
 def test_bench_paged_decode_helper_cpu(graph):
     """kvattn.bench.PagedDecode (bench_torch.py's decode shape) on the CPU, against torch SDPA."""
