@@ -2,6 +2,7 @@
 import numpy as np
 import pytest
 
+jax = pytest.importorskip("jax")
 jnp = pytest.importorskip("jax.numpy")
 
 import kvattn  # noqa: E402
@@ -9,6 +10,13 @@ from reference import attention_ref, paged_pool  # noqa: E402
 
 
 def test_attention_and_decode_with_jax_arrays():
+    # On the CPU: kvattn writes into new host buffers for immutable arrays; JAX arrays on a GPU
+    # need out= arrays from a framework that can be written (torch, CuPy).
+    with jax.default_device(jax.devices("cpu")[0]):
+        _run()
+
+
+def _run():
     rng = np.random.default_rng(0)
     q = jnp.asarray(rng.standard_normal((7, 4, 64), dtype=np.float32))
     k = jnp.asarray(rng.standard_normal((9, 2, 64), dtype=np.float32))

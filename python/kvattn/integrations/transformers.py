@@ -48,14 +48,24 @@ class KvattnCache(Cache):
         self.num_layers = text.num_hidden_layers
         self.num_kv_heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
         self.head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
-        self.max_batch_size = max_batch_size
-        self.max_cache_len = max_cache_len
+        # stored under private names: some transformers versions define max_batch_size and
+        # max_cache_len as read-only properties of Cache (the properties below override them)
+        self._kva_max_batch = max_batch_size
+        self._kva_max_len = max_cache_len
         self.page_size = page_size
         self.num_pages = num_pages or max_batch_size * (-(-max_cache_len // page_size) + 1)
         self.kv = None        # the kvattn.PagedKVCache, made at the first update
         self.seq_ids = None   # one sequence per batch row
         self._seen = 0        # columns seen so far, padding included (transformers' positions)
         super().__init__(layers=[DynamicLayer() for _ in range(self.num_layers)])
+
+    @property
+    def max_batch_size(self):
+        return self._kva_max_batch
+
+    @property
+    def max_cache_len(self):
+        return self._kva_max_len
 
     # ---- what transformers asks a cache ----------------------------------------------------
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):
