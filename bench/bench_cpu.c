@@ -3,9 +3,11 @@
  *
  * Ceilings first, measured on this machine in this run:
  *   - read bandwidth: every thread sums its slice of a buffer >= 1 GB (and >= 4x the last-level
- *     cache) with 64-byte vector loads; median of several passes;
- *   - fp32 FMA rate: every thread runs independent register-resident FMA chains on the widest
- *     vector GCC gives (vector_size(64): one zmm on AVX-512, two ymm on AVX2).
+ *     cache) with 8 vector accumulators; median of several passes;
+ *   - fp32 FMA rate: every thread runs 8, 12 (and 16) independent register-resident FMA chains;
+ * both with the loops of bench/probes/, compiled per kernel variant like the kernels, run at the
+ * variant the context dispatched to (its native vector width), cross-checked (read also at the
+ * generic width; FMA at several chain counts) and taken as the best of those.
  * Then the kernels, as fractions of those ceilings:
  *   - decode (bf16, f16; 32 q / 8 kv heads, d = 128, page 16): the K/V of all rotated batches
  *     together is >= 1 GB (>= 4x LLC), pages shuffled, so every timed run streams from DRAM;
@@ -18,6 +20,7 @@
  */
 #include "bench_cpu.h"
 
+#include "probes/ceiling_probe.h"
 #include "../tools/cli.h"
 
 #include <math.h>
@@ -75,37 +78,53 @@ static void *alloc_big(size_t bytes) {
 /* Ceilings                                                                                     */
 /* ------------------------------------------------------------------------------------------ */
 
-typedef float vec16f __attribute__((vector_size(64)));
+/* The probes of the context's kernel variant (same flags, same vector width as its kernels). */
+#if KVA_HAVE_ISA_AVX512
+extern const kva_ceiling_probe kva_probe_avx512_ceiling;
+#endif
+#if KVA_HAVE_ISA_AVX2
+extern const kva_ceiling_probe kva_probe_avx2_ceiling;
+#endif
+#if KVA_HAVE_ISA_NEON
+extern const kva_ceiling_probe kva_probe_neon_ceiling;
+#endif
+extern const kva_ceiling_probe kva_probe_generic_ceiling;
+const kva_ceiling_probe *const kva_ceiling_probes[] = {
+#if KVA_HAVE_ISA_AVX512
+    &kva_probe_avx512_ceiling,
+#endif
+#if KVA_HAVE_ISA_AVX2
+    &kva_probe_avx2_ceiling,
+#endif
+#if KVA_HAVE_ISA_NEON
+    &kva_probe_neon_ceiling,
+#endif
+    &kva_probe_generic_ceiling,
+    NULL,
+};
 
-/* Sums this thread's contiguous slice; four accumulators keep enough loads in flight. */
-static float sum_slice(const vec16f *v, size_t n) {
-    vec16f a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
-    size_t i = 0;
-    for (; i + 4 <= n; i += 4) {
-        a0 += v[i];
-        a1 += v[i + 1];
-        a2 += v[i + 2];
-        a3 += v[i + 3];
-    }
-    for (; i < n; ++i) a0 += v[i];
-    vec16f s = (a0 + a1) + (a2 + a3);
-    float total = 0;
-    for (int l = 0; l < 16; ++l) total += s[l];
-    return total;
+static const kva_ceiling_probe *probe_named(const char *name) {
+    for (int i = 0; kva_ceiling_probes[i]; ++i)
+        if (name && strcmp(kva_ceiling_probes[i]->name, name) == 0) return kva_ceiling_probes[i];
+    return &kva_probe_generic_ceiling;
 }
 
-static double measure_read_bandwidth(bench_state *b, size_t bytes, int reps) {
-    const size_t n = bytes / sizeof(vec16f);
-    vec16f *buf = alloc_big(n * sizeof(vec16f));
+/* Every thread sums its contiguous slice of a buffer with the probe's loop; median GB/s. */
+static double measure_read_bandwidth(bench_state *b, const kva_ceiling_probe *probe, size_t bytes,
+                                     int reps) {
+    const size_t chunk = 16 * 64; /* floats per thread-slice granule: whole probe iterations */
+    const size_t n = bytes / sizeof(float) / chunk * chunk;
+    float *buf = alloc_big(n * sizeof(float));
     if (!buf) return 0;
     const int T = b->threads;
+    const size_t granules = n / chunk;
     /* First touch by the thread that will read it (page placement, and no zero pages). */
 #pragma omp parallel num_threads(T)
     {
         int t = omp_get_thread_num();
-        size_t lo = n * (size_t)t / (size_t)T, hi = n * (size_t)(t + 1) / (size_t)T;
-        for (size_t i = lo; i < hi; ++i)
-            for (int l = 0; l < 16; ++l) buf[i][l] = (float)((i + (size_t)l) & 255) * 0.25f;
+        size_t lo = granules * (size_t)t / (size_t)T * chunk;
+        size_t hi = granules * (size_t)(t + 1) / (size_t)T * chunk;
+        for (size_t i = lo; i < hi; ++i) buf[i] = (float)(i & 255) * 0.25f;
     }
     double times[64];
     volatile float sink = 0;
@@ -116,8 +135,9 @@ static double measure_read_bandwidth(bench_state *b, size_t bytes, int reps) {
 #pragma omp parallel num_threads(T)
         {
             int t = omp_get_thread_num();
-            size_t lo = n * (size_t)t / (size_t)T, hi = n * (size_t)(t + 1) / (size_t)T;
-            partial[t & 255] = sum_slice(buf + lo, hi - lo);
+            size_t lo = granules * (size_t)t / (size_t)T * chunk;
+            size_t hi = granules * (size_t)(t + 1) / (size_t)T * chunk;
+            partial[t & 255] = probe->read(buf + lo, hi - lo);
         }
         double dt = cli_now() - t0;
         for (int t = 0; t < T && t < 256; ++t) sink += partial[t];
@@ -125,32 +145,14 @@ static double measure_read_bandwidth(bench_state *b, size_t bytes, int reps) {
     }
     (void)sink;
     free(buf);
-    return (double)(n * sizeof(vec16f)) / cli_median(times, reps) / 1e9;
+    return (double)(n * sizeof(float)) / cli_median(times, reps) / 1e9;
 }
 
-/* 12 independent chains: FMA latency (4 cycles) x 2 FMA ports needs at least 8 in flight.
- * fp-contract=fast lets GCC fuse a * m + c in ISO C mode, where it is off by default. */
-__attribute__((optimize("fp-contract=fast"), noinline))
-static float fma_chains(long iters, float seed) {
-    const vec16f m = {0}, c = {0};
-    vec16f mm = m + 0.9999999f, cc = c + 1e-7f;
-    vec16f a0 = m + seed, a1 = a0 + 0.01f, a2 = a0 + 0.02f, a3 = a0 + 0.03f, a4 = a0 + 0.04f,
-           a5 = a0 + 0.05f, a6 = a0 + 0.06f, a7 = a0 + 0.07f, a8 = a0 + 0.08f, a9 = a0 + 0.09f,
-           a10 = a0 + 0.10f, a11 = a0 + 0.11f;
-    for (long i = 0; i < iters; ++i) {
-        a0 = a0 * mm + cc; a1 = a1 * mm + cc; a2 = a2 * mm + cc; a3 = a3 * mm + cc;
-        a4 = a4 * mm + cc; a5 = a5 * mm + cc; a6 = a6 * mm + cc; a7 = a7 * mm + cc;
-        a8 = a8 * mm + cc; a9 = a9 * mm + cc; a10 = a10 * mm + cc; a11 = a11 * mm + cc;
-    }
-    vec16f s = ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7)) + ((a8 + a9) + (a10 + a11));
-    float total = 0;
-    for (int l = 0; l < 16; ++l) total += s[l];
-    return total;
-}
-
-static double measure_fma_rate(bench_state *b, long iters, int reps) {
+/* All threads run `chains` independent FMA chains of the probe's width; median GFLOP/s. */
+static double measure_fma_rate(bench_state *b, const kva_ceiling_probe *probe, int chains,
+                               long iters, int reps) {
     const int T = b->threads;
-    const double flops_per_iter = 12.0 * 16 * 2;
+    const double flops_per_iter = 2.0 * probe->lanes * chains;
     double times[32];
     volatile float sink = 0;
     if (reps > 32) reps = 32;
@@ -160,7 +162,7 @@ static double measure_fma_rate(bench_state *b, long iters, int reps) {
 #pragma omp parallel num_threads(T)
         {
             int t = omp_get_thread_num();
-            partial[t & 255] = fma_chains(iters, 1.0f + 0.001f * (float)t);
+            partial[t & 255] = probe->fma(iters, 1.0f + 0.001f * (float)t, chains);
         }
         double dt = cli_now() - t0;
         for (int t = 0; t < T && t < 256; ++t) sink += partial[t];
@@ -463,22 +465,45 @@ int bench_cpu_main(kva_context *ctx, const bench_cpu_options *options) {
     size_t read_bytes = b.quick ? pool_bytes : ((size_t)1 << 30);
     if (read_bytes < pool_bytes) read_bytes = pool_bytes;
 
-    printf("kvattn bench (CPU): %s, %d threads, last-level cache %.0f MB%s\n", info.name,
+    const char *variant = kva_cpu_variant(ctx);
+    const kva_ceiling_probe *probe = probe_named(variant);
+    printf("kvattn bench (CPU): %s, kernel variant %s (%d-lane f32 vectors), %d threads, "
+           "last-level cache %.0f MB%s\n", info.name, variant ? variant : "?", probe->lanes,
            b.threads, (double)b.llc / (1 << 20), b.quick ? ", quick" : "");
     double load = load_average();
     if (load > 0.5)
         printf("note: 1-minute load average %.1f before starting: other work shares these cores, "
                "so every figure below (ceilings included) is lower and noisier than on an idle "
                "machine\n", load);
-    printf("\nceilings\n");
+    printf("\nceilings (probes compiled like the %s kernels)\n", probe->name);
     b.read_bytes = read_bytes;
-    b.read_gbs = measure_read_bandwidth(&b, read_bytes, b.quick ? 3 : 7);
-    printf("  read bandwidth   %8.2f GB/s   (%d threads summing %.0f MB, median)\n", b.read_gbs,
-           b.threads, (double)read_bytes / 1e6);
+    /* Cross-checks: the read ceiling is measured at the kernels' width and at the narrowest
+     * (generic) width, the FMA ceiling with 8, 12 and (with 32 registers) 16 chains; each
+     * ceiling is the best of its probes, and probes that disagree are reported. */
+    const kva_ceiling_probe *narrow = &kva_probe_generic_ceiling;
+    double read_native = measure_read_bandwidth(&b, probe, read_bytes, b.quick ? 3 : 7);
+    double read_narrow = probe == narrow ? read_native
+                                         : measure_read_bandwidth(&b, narrow, read_bytes, b.quick ? 3 : 5);
+    b.read_gbs = read_native > read_narrow ? read_native : read_narrow;
+    printf("  read bandwidth   %8.2f GB/s   (%d threads summing %.0f MB, median; %d-lane loads "
+           "%.2f, %d-lane %.2f)\n", b.read_gbs, b.threads, (double)read_bytes / 1e6,
+           probe->lanes, read_native, narrow->lanes, read_narrow);
+    if (read_narrow > 1.05 * read_native)
+        printf("  warning: narrower loads read faster than the kernels' width: check the probe\n");
     fflush(stdout);
-    b.fma_gflops = measure_fma_rate(&b, b.quick ? 5000000L : 30000000L, b.quick ? 3 : 5);
-    printf("  fp32 FMA rate    %8.1f GFLOP/s (%d threads, 12 chains of 16-lane FMAs, median)\n",
-           b.fma_gflops, b.threads);
+    const long iters = b.quick ? 5000000L : 30000000L;
+    double fma_by_chains[3] = {0, 0, 0};
+    const int chain_counts[3] = {8, 12, 16};
+    for (int c = 0; c < 3; ++c) {
+        if (chain_counts[c] > probe->max_chains) continue;
+        fma_by_chains[c] = measure_fma_rate(&b, probe, chain_counts[c], iters, b.quick ? 3 : 5);
+        if (fma_by_chains[c] > b.fma_gflops) b.fma_gflops = fma_by_chains[c];
+    }
+    printf("  fp32 FMA rate    %8.1f GFLOP/s (%d threads, %d-lane FMAs, median; 8 / 12 / 16 "
+           "chains: %.1f / %.1f / %.1f)\n", b.fma_gflops, b.threads, probe->lanes,
+           fma_by_chains[0], fma_by_chains[1], fma_by_chains[2]);
+    if (fma_by_chains[1] > 1.1 * fma_by_chains[0] || fma_by_chains[2] > 1.1 * fma_by_chains[1])
+        printf("  note: more chains kept raising the FMA rate: latency still shows at fewer\n");
     fflush(stdout);
 
     const kva_dtype dtypes[2] = {KVA_BF16, KVA_F16};
@@ -513,5 +538,10 @@ int bench_cpu_main(kva_context *ctx, const bench_cpu_options *options) {
         bench_prefill(&b, dtypes[d], 2048, b.quick ? 1 : 3);
     }
     print_table(&b);
+    /* A kernel cannot beat a true ceiling: if one does, the probe measured something else. */
+    for (int i = 0; i < b.num_rows; ++i)
+        if (b.rows[i].fraction > 1.0)
+            printf("warning: %s %s %s reaches %.0f%% of its ceiling: the ceiling is wrong\n",
+                   b.rows[i].op, b.rows[i].dtype, b.rows[i].shape, 100 * b.rows[i].fraction);
     return b.num_rows > 0 ? 0 : 1;
 }

@@ -3,6 +3,7 @@
 #include "internal.h"
 
 #include "../cpu/cpu_backend.h"
+#include "../cpu/cpu_isa.h"
 #include "../cuda/cuda_backend.h"
 
 #include <stdio.h>
@@ -59,7 +60,11 @@ kva_status kva_context_create(kva_device_type device, int device_id, kva_context
     ctx->device = device;
     ctx->device_id = device_id;
     ctx->num_threads = kva__cpu_count();
-    kva_status st;
+    kva_status st = kva__cpu_kernels_select(&ctx->cpu_kernels);
+    if (st != KVA_OK) {
+        free(ctx);
+        return st;
+    }
     if (device == KVA_DEVICE_CPU) {
         cpu_model_name(ctx->name, sizeof ctx->name);
         ctx->num_sms = ctx->num_threads;
@@ -101,6 +106,10 @@ kva_status kva_context_set_threads(kva_context *ctx, int num_threads) {
 }
 
 int kva_context_threads(const kva_context *ctx) { return ctx ? ctx->num_threads : 0; }
+
+const char *kva_cpu_variant(const kva_context *ctx) {
+    return ctx && ctx->cpu_kernels ? ctx->cpu_kernels->name : NULL;
+}
 
 kva_status kva_context_set_stream(kva_context *ctx, void *cuda_stream) {
     KVA_CHECK_NULL(ctx);
