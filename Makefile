@@ -3,7 +3,7 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: all build test test-asan clean run bench
+.PHONY: all build test test-asan test-aarch64 clean run bench
 
 all: build
 
@@ -22,6 +22,15 @@ test-asan:
 	cmake --build build-asan -j $(JOBS)
 	KVA_TEST_QUICK=1 ./build-asan/kvattn_tests
 
+# The CPU backend cross-compiled for aarch64 (NEON and generic variants), quick tests under
+# qemu-aarch64 (scripts/install-deps.sh installs both).
+test-aarch64:
+	@command -v aarch64-linux-gnu-gcc >/dev/null 2>&1 && command -v qemu-aarch64 >/dev/null 2>&1 || bash scripts/install-deps.sh
+	cmake -S . -B build-aarch64 -DCMAKE_BUILD_TYPE=Release -DKVA_CUDA=OFF \
+		-DCMAKE_TOOLCHAIN_FILE=cmake/aarch64-linux-gnu.cmake >/dev/null
+	cmake --build build-aarch64 -j $(JOBS) --target kvattn_tests
+	KVA_TEST_QUICK=1 qemu-aarch64 -L /usr/aarch64-linux-gnu ./build-aarch64/kvattn_tests
+
 run: build
 	./$(BUILD)/kvattn run
 
@@ -29,4 +38,4 @@ bench: build
 	./$(BUILD)/kvattn bench
 
 clean:
-	rm -rf $(BUILD) build-asan
+	rm -rf $(BUILD) build-asan build-aarch64
