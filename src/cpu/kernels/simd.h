@@ -179,7 +179,7 @@ KVA__INLINE kva__vu kva__f32_to_bf16_bits(kva__vf f) {
 }
 
 /* KVA__VL f16 values -> f32 with the hardware conversion where there is one (exact). */
-KVA__INLINE kva__vf kva__f16x_to_f32(const void *p) {
+KVA__INLINE kva__vf kva__load_f16(const void *p) {
 #if defined(KVA_ISA_AVX512)
     return (kva__vf)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
 #elif defined(KVA_ISA_AVX2)
@@ -196,7 +196,7 @@ KVA__INLINE kva__vf kva__f16x_to_f32(const void *p) {
 /* KVA__VL consecutive elements of a row of the given dtype, as floats. */
 KVA__INLINE kva__vf kva__loadv(const void *p, kva_dtype dtype) {
     if (dtype == KVA_F32) return kva__loadu((const float *)p);
-    if (dtype == KVA_F16) return kva__f16x_to_f32(p);
+    if (dtype == KVA_F16) return kva__load_f16(p);
     kva__vh h;
     memcpy(&h, p, sizeof h);
     return (kva__vf)(__builtin_convertvector(h, kva__vu) << 16);
@@ -326,7 +326,8 @@ KVA__INLINE kva__vf kva__tanh(kva__vf x) {
 
 /* ---- reductions and the transpose ---------------------------------------------------------- */
 
-/* Lanes of one level of a halving tree: lane i of a vector plus lane i + h (h = VL/2, VL/4..). */
+/* Horizontal sum / max by a halving tree over the lanes (lane i + lane i + h, h = VL/2, VL/4, ..);
+ * once per row of a block, so plain code is enough. */
 KVA__INLINE float kva__hsum(kva__vf v) {
     float lanes[KVA__VL];
     memcpy(lanes, &v, sizeof lanes);
