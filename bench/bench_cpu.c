@@ -17,7 +17,9 @@
  *     4 * qo * kv * D * heads with causal counting half;
  *   - the two split-KV decode algorithms side by side.
  * Plans are made outside the timed region (a serving engine plans once per step for all
- * layers); every timed region is one run, and the figure is the median.
+ * layers); every timed region is one run, and the figure is the median. Each row also reports
+ * the CPU share it got (process CPU time / (wall time x threads)): on a shared machine a row
+ * well under ~90% ran with its cores taken away part of the time.
  */
 #include "bench_cpu.h"
 
@@ -29,6 +31,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #define BENCH_HEADS 32
 #define BENCH_KV_HEADS 8
@@ -44,6 +47,8 @@ typedef struct bench_row {
     double rate;       /* GB/s or GFLOP/s, from the median */
     const char *unit;
     double fraction;   /* of the matching ceiling */
+    double cpu_share;  /* CPU time / (wall time x threads) over the timed runs: < ~90% means
+                          other work took the cores away (the figure is then a floor) */
 } bench_row;
 
 typedef struct bench_state {
@@ -63,6 +68,14 @@ static double min_of(const double *v, int n) {
     for (int i = 1; i < n; ++i)
         if (v[i] < m) m = v[i];
     return m;
+}
+
+/* User + system CPU seconds of the whole process (all threads). */
+static double cpu_seconds(void) {
+    struct rusage u;
+    if (getrusage(RUSAGE_SELF, &u) != 0) return 0;
+    return (double)u.ru_utime.tv_sec + 1e-6 * (double)u.ru_utime.tv_usec +
+           (double)u.ru_stime.tv_sec + 1e-6 * (double)u.ru_stime.tv_usec;
 }
 
 static void add_row(bench_state *b, const bench_row *r) {
@@ -265,7 +278,8 @@ static void pool_destroy(decode_pool *p) {
 /* Times batch x kv_len decode over the pool, rotating among as many disjoint batches as the
  * pool holds. Returns median seconds, or a negative value on failure. */
 static double time_decode(bench_state *b, const decode_pool *pool, int32_t batch, int32_t kv_len,
-                          kva_decode_algo algo, int *num_sets_out, double *best) {
+                          kva_decode_algo algo, int *num_sets_out, double *best,
+                          double *cpu_share) {
     const int32_t ppr = (kv_len + BENCH_PAGE - 1) / BENCH_PAGE; /* pages per request */
     const int32_t sets = pool->num_pages / (batch * ppr);
     const size_t es = kva_dtype_size(pool->dtype);
@@ -302,7 +316,7 @@ static double time_decode(bench_state *b, const decode_pool *pool, int32_t batch
     /* Run at least one pass over every set, and at least min_seconds, after one warm-up set. */
     const double min_seconds = b->quick ? 0.3 : 1.0;
     int count = 0;
-    double start = cli_now();
+    double start = cli_now(), cpu0 = cpu_seconds();
     for (int it = -1; it < 4096; ++it) {
         int set = (it + 1) % sets;
         kva_page_table table = {batch, indptr, pool->perm + (size_t)set * batch * ppr, last};
@@ -316,6 +330,7 @@ static double time_decode(bench_state *b, const decode_pool *pool, int32_t batch
         if (count >= sets && cli_now() - start >= min_seconds) break;
     }
     result = cli_median(times, count);
+    *cpu_share = (cpu_seconds() - cpu0) / ((cli_now() - start) * b->threads);
     *best = min_of(times, count);
 done:
     if (result < 0) fprintf(stderr, "  decode %dx%d failed: %s\n", batch, kv_len, kva_last_error());
@@ -331,8 +346,8 @@ done:
 static void bench_decode(bench_state *b, const decode_pool *pool, int32_t batch, int32_t kv_len,
                          kva_decode_algo algo, const char *label) {
     int sets;
-    double best = 0;
-    double t = time_decode(b, pool, batch, kv_len, algo, &sets, &best);
+    double best = 0, share = 0;
+    double t = time_decode(b, pool, batch, kv_len, algo, &sets, &best, &share);
     if (t <= 0) return;
     double bytes = 2.0 * batch * kv_len * BENCH_KV_HEADS * BENCH_HEAD_DIM *
                    (double)kva_dtype_size(pool->dtype);
@@ -346,8 +361,10 @@ static void bench_decode(bench_state *b, const decode_pool *pool, int32_t batch,
     r.rate = bytes / t / 1e9;
     r.unit = "GB/s";
     r.fraction = b->read_gbs > 0 ? r.rate / b->read_gbs : 0;
+    r.cpu_share = share;
     printf("  %-24s %-5s %-8s %9.3f ms (best %8.3f) %8.2f GB/s  %5.1f%% of read bw  (%d batches "
-           "rotated)\n", r.op, r.dtype, r.shape, r.ms, r.best_ms, r.rate, 100 * r.fraction, sets);
+           "rotated, cpu %.0f%%)\n", r.op, r.dtype, r.shape, r.ms, r.best_ms, r.rate,
+           100 * r.fraction, sets, 100 * share);
     fflush(stdout);
     add_row(b, &r);
 }
@@ -383,7 +400,12 @@ static void bench_prefill(bench_state *b, kva_dtype dtype, int32_t n, int reps) 
     kva_attn_params params = kva_attn_params_default(BENCH_HEADS, BENCH_KV_HEADS, BENCH_HEAD_DIM);
     params.causal = 1;
     if (reps > 64) reps = 64;
+    double wall0 = 0, cpu0 = 0;
     for (int r = 0; r <= reps; ++r) {
+        if (r == 1) {
+            wall0 = cli_now();
+            cpu0 = cpu_seconds();
+        }
         double t0 = cli_now();
         kva_status st = kva_prefill_run_ragged(
             b->ctx, &plan, &params, kva_tensor_nhd(q, dtype, BENCH_HEADS, BENCH_HEAD_DIM),
@@ -401,6 +423,7 @@ done:
         fprintf(stderr, "  prefill %d failed: %s\n", n, kva_last_error());
     } else {
         double t = cli_median(times, count);
+        double share = (cpu_seconds() - cpu0) / ((cli_now() - wall0) * b->threads);
         double flops = 4.0 * n * (double)n * BENCH_HEAD_DIM * BENCH_HEADS / 2; /* causal: half */
         bench_row r;
         memset(&r, 0, sizeof r);
@@ -412,8 +435,10 @@ done:
         r.rate = flops / t / 1e9;
         r.unit = "GFLOP/s";
         r.fraction = b->fma_gflops > 0 ? r.rate / b->fma_gflops : 0;
-        printf("  %-24s %-5s %-8s %9.3f ms (best %8.3f) %8.1f GFLOP/s  %5.1f%% of FMA rate\n",
-               r.op, r.dtype, r.shape, r.ms, r.best_ms, r.rate, 100 * r.fraction);
+        r.cpu_share = share;
+        printf("  %-24s %-5s %-8s %9.3f ms (best %8.3f) %8.1f GFLOP/s  %5.1f%% of FMA rate  "
+               "(cpu %.0f%%)\n", r.op, r.dtype, r.shape, r.ms, r.best_ms, r.rate, 100 * r.fraction,
+               100 * share);
         fflush(stdout);
         add_row(b, &r);
     }
@@ -429,16 +454,16 @@ done:
 /* ------------------------------------------------------------------------------------------ */
 
 static void print_table(const bench_state *b) {
-    printf("\n| operation | dtype | shape | median ms | best ms | throughput (median) | of ceiling |\n");
-    printf("|---|---|---|---:|---:|---:|---:|\n");
-    printf("| read bandwidth (ceiling) | - | %.0f MB | - | - | %.1f GB/s | 100%% |\n",
+    printf("\n| operation | dtype | shape | median ms | best ms | throughput (median) | of ceiling | cpu |\n");
+    printf("|---|---|---|---:|---:|---:|---:|---:|\n");
+    printf("| read bandwidth (ceiling) | - | %.0f MB | - | - | %.1f GB/s | 100%% | |\n",
            (double)b->read_bytes / 1e6, b->read_gbs);
-    printf("| fp32 FMA rate (ceiling) | - | - | - | - | %.0f GFLOP/s | 100%% |\n", b->fma_gflops);
+    printf("| fp32 FMA rate (ceiling) | - | - | - | - | %.0f GFLOP/s | 100%% | |\n", b->fma_gflops);
     for (int i = 0; i < b->num_rows; ++i) {
         const bench_row *r = &b->rows[i];
-        printf("| %s | %s | %s | %.3f | %.3f | %.*f %s | %.1f%% |\n", r->op, r->dtype, r->shape,
-               r->ms, r->best_ms, strcmp(r->unit, "GB/s") == 0 ? 2 : 1, r->rate, r->unit,
-               100 * r->fraction);
+        printf("| %s | %s | %s | %.3f | %.3f | %.*f %s | %.1f%% | %.0f%% |\n", r->op, r->dtype,
+               r->shape, r->ms, r->best_ms, strcmp(r->unit, "GB/s") == 0 ? 2 : 1, r->rate, r->unit,
+               100 * r->fraction, 100 * r->cpu_share);
     }
 }
 
