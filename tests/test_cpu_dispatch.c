@@ -74,7 +74,8 @@ KVA_TEST(cpu_dispatch_override_selects_or_refuses) {
             CHECK_MSG(strcmp(got, names[i]) == 0, "KVA_CPU_ISA=%s gave %s", names[i], got);
             ++supported;
         } else {
-            CHECK_MSG(st == KVA_ERR_UNSUPPORTED, "KVA_CPU_ISA=%s: %s", names[i], kva_status_str(st));
+            CHECK_MSG(st == KVA_ERR_UNSUPPORTED, "KVA_CPU_ISA=%s: %s", names[i],
+                      kva_status_str(st));
             CHECK_MSG(got[0] == 0, "KVA_CPU_ISA=%s failed but left a context", names[i]);
             CHECK(strstr(kva_last_error(), names[i]) != NULL);
         }

@@ -180,7 +180,8 @@ KVA__INLINE void kva__accumulate_group(kva_dtype dtype, int GB, int32_t D, const
         for (int32_t t = 0; t < T; ++t) {
             kva__vf v = kva__loadv(rows[t] + head_off + (ptrdiff_t)j * (ptrdiff_t)es, dtype);
 #pragma GCC unroll 8
-            for (int g = 0; g < GB; ++g) a[g] = kva__fma(kva__splat(p[(size_t)g * ld + t]), v, a[g]);
+            for (int g = 0; g < GB; ++g)
+                a[g] = kva__fma(kva__splat(p[(size_t)g * ld + t]), v, a[g]);
         }
 #pragma GCC unroll 8
         for (int g = 0; g < GB; ++g) kva__storeu(o + (size_t)g * D + j, a[g]);
