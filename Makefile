@@ -3,7 +3,7 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: all build test test-asan test-aarch64 clean run bench
+.PHONY: all build test test-asan test-aarch64 test-no-avx clean run bench
 
 all: build
 
@@ -30,6 +30,11 @@ test-aarch64:
 		-DCMAKE_TOOLCHAIN_FILE=cmake/aarch64-linux-gnu.cmake >/dev/null
 	cmake --build build-aarch64 -j $(JOBS) --target kvattn_tests
 	KVA_TEST_QUICK=1 qemu-aarch64 -L /usr/aarch64-linux-gnu ./build-aarch64/kvattn_tests
+
+# The same x86-64 binary on an emulated CPU without AVX (qemu-x86_64 -cpu Nehalem): dispatch must
+# pick the generic variant and nothing outside the AVX variants may use AVX. CPU tests, quick.
+test-no-avx: build
+	KVA_TEST_QUICK=1 qemu-x86_64 -cpu Nehalem ./$(BUILD)/kvattn_tests cpu decode prefill attention
 
 run: build
 	./$(BUILD)/kvattn run

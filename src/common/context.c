@@ -60,12 +60,15 @@ kva_status kva_context_create(kva_device_type device, int device_id, kva_context
     ctx->device = device;
     ctx->device_id = device_id;
     ctx->num_threads = kva__cpu_count();
-    kva_status st = kva__cpu_kernels_select(&ctx->cpu_kernels);
-    if (st != KVA_OK) {
-        free(ctx);
-        return st;
-    }
+    kva_status st;
     if (device == KVA_DEVICE_CPU) {
+        /* CUDA contexts never run the CPU kernels, so only CPU contexts choose a variant (and
+         * only they can fail on a bad KVA_CPU_ISA). */
+        st = kva__cpu_kernels_select(&ctx->cpu_kernels);
+        if (st != KVA_OK) {
+            free(ctx);
+            return st;
+        }
         cpu_model_name(ctx->name, sizeof ctx->name);
         ctx->num_sms = ctx->num_threads;
         st = ensure_cpu_scratch(ctx, ctx->num_threads);
