@@ -1,90 +1,124 @@
 #!/usr/bin/env python3
-"""bench_torch.py -- kvattn's paged decode against PyTorch SDPA, in one process, on one stream.
+"""bench_torch.py -- kvattn on the GPU against PyTorch SDPA, in one process, on one stream.
 
-Loads libkvattn.so with ctypes, hands it torch tensors' data_ptr()s and torch's current stream
-(kva_context_set_stream), and times ours and SDPA (flash and cuDNN backends, enable_gqa=True,
-contiguous KV) side by side with CUDA events. Also measures the device's read-bandwidth ceiling
-(a streaming reduction over 4 GiB, libkvattn_read_ceiling.so) in the same run, and CUDA-graph
-replay of our decode for the small shapes.
+Drives kvattn through its Python package (`import kvattn`: the C extension takes the torch
+tensors themselves and runs on torch's current stream; found installed, on PYTHONPATH, or in
+<build>/python of a CMake build) and times ours and PyTorch side by side with CUDA events (warm-up
+first, then the median of N calls; the GPU is given a sleep before the timed calls so that the
+host enqueues ahead of it). Inputs are random (never zeros) and every timed call uses the next
+of several input sets whose total is >= 4x the L2 (at least 2 sets), so no call starts from a
+warm cache. Two tables, each printed at the end under a heading starting with "## kvattn" (what
+scripts/gpu-check.sh shows), everything also written to --json, with the host overhead of one
+decode run() from Python (kvattn.bench.host_overhead("cuda"), key "host_overhead").
 
-Shapes: bf16, 32 query / 8 KV heads, head dim 128, page 16, physical pages shuffled, one query
-token per request. Inputs are random; every timed call uses the next of several input sets whose
-total size is well beyond L2, so no call reads from a warm cache. Reported: median time, GB/s of
-K+V read, fraction of the ceiling, and the ratio best-torch-time / our-time (> 1: we are faster).
+Decode table: paged decode, bf16, 32 query / 8 KV heads, head dim 128, page 16, physical pages
+shuffled, one query token per request; PyTorch SDPA (flash and cuDNN, enable_gqa=True) on a
+contiguous cache. Reported: median time, GB/s of K+V read, fraction of the read ceiling
+(a streaming 16-byte-load reduction over 4 GiB, libkvattn_read_ceiling.so, same run),
+CUDA-graph replay for the small shapes, best-torch-time / our-time (> 1: we are faster).
 
-Usage: bench_torch.py [--build DIR] [--quick] [--json FILE] [--shapes 1x1024,8x4096,...]
+Prefill table: 32 query / 8 KV heads, 16384 tokens per batch as batch x seq = 32x512, 8x2048,
+2x8192, 1x16384, causal and full; bf16 and f16 at head dim 128, bf16 at head dims 64 and 256.
+  - ours: kvattn.BatchPrefillWrapper.plan (kva_prefill_plan) with qo_indptr = kv_indptr = the
+    batch's cu_seqlens (equal lengths), planned once outside the timed loop; its run(q, k, v,
+    out=o) (kva_prefill_run_ragged) is timed. q/o are [tokens, 32, d], k/v [tokens, 8, d].
+    Batch-1 rows also time the dense kva_attention (kvattn.attention(..., planned=False), no
+    plan; column "dense").
+  - PyTorch: F.scaled_dot_product_attention on contiguous [batch, heads, seq, d] copies of the
+    same data, under torch.nn.attention.sdpa_kernel([SDPBackend.FLASH_ATTENTION]) (FA2) and
+    ([SDPBackend.CUDNN_ATTENTION]), enable_gqa=True; a backend that refuses GQA is retried with
+    K/V heads repeated (repeat_interleave, done outside the timed loop) and the row says
+    "gqa=repeat" in the JSON (variant name ends in "+rep").
+  - FLOPs: two matrix products (S = Q K^T, O = P V) of 2 FLOPs per multiply-add over the visible
+    (query, key) pairs: FLOPs = 4 * heads_q * d * pairs. Full: pairs = sum_b q_b * kv_b, i.e.
+    4 * seq^2 * 32 * d * batch for the equal rows. Causal counts half the score matrix:
+    pairs = sum_b (q_b * kv_b - q_b^2 / 2), i.e. 4 * seq^2 * 32 * d * batch / 2 (the diagonal's
+    half is not added). TFLOP/s = FLOPs / median time. Rows also give the fraction of the
+    compute ceiling: the bf16 matrix-product rate measured in the same run (torch.matmul of
+    random 8192 x 8192 x 8192 bf16, cuBLAS, median, 2 * 8192^3 FLOPs); f16's rate is printed too.
+  - ragged row (bf16, d 128, causal): prompt lengths drawn log-normal (seed 6, median 800,
+    sigma 1.0, clipped to 16..8192) until they hold 16384 tokens, the last one cut to fit. Ours:
+    one ragged plan over the batch. PyTorch: the best of (a) the padded batch [B, heads,
+    max_len, d] with is_causal (right padding: no valid query sees a pad key), (b) a loop of one
+    SDPA call per request, (c) for flash, the varlen kernel torch ships
+    (torch.ops.aten._flash_attention_forward with cu_seqlens); FLOPs count real tokens only.
+  - chunked-prefill row (bf16, d 128): 512 new tokens of one request over a 16384-token cached
+    prefix, the 512 new keys already appended (kv_len 16896), causal bottom-right aligned (query i
+    sits at position 16384 + i). Ours: paged, page 16, physical pages shuffled,
+    kva_prefill_run_paged (the wrapper planned with the page table, run on kvattn.KVPages).
+    PyTorch on contiguous K/V: SDPA's is_causal is top-left aligned, so
+    flash gets torch.nn.attention.bias.causal_lower_right(512, 16896) as attn_mask (torch runs
+    FA2's bottom-right causal kernel for it) and cuDNN an explicit bottom-right boolean mask
+    (built once, outside the timed loop); the flash varlen op (bottom-right natively) is tried
+    too; the best flash time is reported.
+  - correctness, before any timing, on input set 0 of every row: our output is poisoned (NaN)
+    before the run, then must be finite everywhere, within rel. error 2e-2 of the first working
+    torch variant over the whole tensor (||ours - torch|| / ||torch||; its max abs diff is
+    printed), and within rel. error 1e-2 of a float32 reference (on upcast inputs, TF32 off) on
+    ~128 sampled query rows of the first, the last and (ragged) the longest request. Every torch
+    variant must pass the same reference check to count. A row that fails posts no number (its
+    ours columns say WRONG) and the script exits 1. If ours returns KVA_ERR_UNSUPPORTED (before
+    the CUDA prefill kernel exists), the row says "unsupported", torch is still timed, and that
+    is not an error (kvattn raises KvattnError with .status_name == "KVA_ERR_UNSUPPORTED"); any
+    other non-OK status is printed in the row and fails the script.
+
+Usage: bench_torch.py [--build DIR] [--json FILE] [--quick] [--decode-only | --prefill-only]
+                      [--shapes 1x1024,8x4096,...] [--variants]            (decode)
+                      [--seqs 512,2048,8192,16384] [--prefill-sets bf16:128,f16:128,bf16:64,bf16:256]
+                      [--no-extra-rows]                                    (prefill)
+--quick: 30 decode / 10 prefill timed calls per measurement instead of 100 / 30.
 """
 import argparse
-import ctypes as C
+import datetime
 import json
 import math
 import os
-import statistics
 import sys
 
 import torch
 import torch.nn.functional as F
 
-# ---- the C API, mirrored -------------------------------------------------------------------
+# ---- the kvattn package -------------------------------------------------------------------
+
+kvattn = kb = None  # the package and kvattn.bench, set by load_kvattn()
 
 
-class Workspace(C.Structure):
-    _fields_ = [("device", C.c_void_p), ("device_bytes", C.c_size_t),
-                ("host", C.c_void_p), ("host_bytes", C.c_size_t)]
+def load_kvattn(build):
+    """Imports kvattn (installed or on PYTHONPATH), else the package a CMake build assembled in
+    <build>/python (the extension is <build>/python/kvattn/_ext.abi3.so)."""
+    global kvattn, kb
+    try:
+        import kvattn as pkg
+    except ImportError:
+        path = os.path.abspath(os.path.join(build, "python"))
+        sys.path.insert(0, path)
+        try:
+            import kvattn as pkg
+        except ImportError as e:
+            sys.exit("bench_torch.py: cannot import kvattn (%s): pip install . , or build with "
+                     "cmake -DPython_EXECUTABLE=$(command -v python3) so that %s/kvattn/_ext.abi3.so "
+                     "exists (--build DIR)" % (e, path))
+    import kvattn.bench as bench
+    kvattn, kb = pkg, bench
+    return pkg
 
 
-class PlanLimits(C.Structure):
-    _fields_ = [("max_batch", C.c_int32), ("max_total_pages", C.c_int64),
-                ("max_total_kv", C.c_int64), ("max_total_qo", C.c_int64),
-                ("num_qo_heads", C.c_int32), ("num_kv_heads", C.c_int32),
-                ("head_dim", C.c_int32), ("page_size", C.c_int32)]
+KVA_OK, KVA_ERR_UNSUPPORTED = 0, 3  # kva_status values (KvattnError.status)
 
 
-class PageTable(C.Structure):
-    _fields_ = [("batch_size", C.c_int32), ("indptr", C.c_void_p), ("indices", C.c_void_p),
-                ("last_page_len", C.c_void_p)]
+def status_text(e):
+    """A KvattnError as 'KVA_ERR_... (message)'."""
+    return "%s (%s)" % (e.status_name, e.message)
 
 
-class KVPages(C.Structure):
-    _fields_ = [("k_data", C.c_void_p), ("v_data", C.c_void_p), ("dtype", C.c_int),
-                ("num_pages", C.c_int32), ("page_size", C.c_int32), ("num_kv_heads", C.c_int32),
-                ("head_dim", C.c_int32), ("stride_page", C.c_int64), ("stride_token", C.c_int64),
-                ("stride_head", C.c_int64)]
+def kva_status_of(fn):
+    """Calls fn(): (KVA_OK, None), or a KvattnError's (status, 'KVA_ERR_... (message)')."""
+    try:
+        fn()
+    except kvattn.KvattnError as e:
+        return e.status, status_text(e)
+    return KVA_OK, None
 
-
-class Tensor(C.Structure):
-    _fields_ = [("data", C.c_void_p), ("dtype", C.c_int), ("stride_token", C.c_int64),
-                ("stride_head", C.c_int64)]
-
-
-class AttnParams(C.Structure):
-    _fields_ = [("num_qo_heads", C.c_int32), ("num_kv_heads", C.c_int32), ("head_dim", C.c_int32),
-                ("sm_scale", C.c_float), ("causal", C.c_int32), ("window_left", C.c_int32),
-                ("logits_soft_cap", C.c_float), ("score_mod", C.c_void_p),
-                ("score_mod_user", C.c_void_p)]
-
-
-class PlanOptions(C.Structure):
-    _fields_ = [("flags", C.c_uint32), ("fixed_chunk_size", C.c_int32), ("algo", C.c_int)]
-
-
-class Plan(C.Structure):
-    _fields_ = [("magic", C.c_uint32), ("kind", C.c_int32), ("batch_size", C.c_int32),
-                ("num_qo_heads", C.c_int32), ("num_kv_heads", C.c_int32), ("head_dim", C.c_int32),
-                ("page_size", C.c_int32), ("kv_chunk_size", C.c_int32),
-                ("qo_tile_size", C.c_int32), ("num_work", C.c_int32), ("padded_work", C.c_int32),
-                ("split_kv", C.c_int32), ("flags", C.c_uint32), ("algo", C.c_int),
-                ("request_indices", C.c_void_p), ("qo_tile_indices", C.c_void_p),
-                ("kv_tile_indices", C.c_void_p), ("merge_indptr", C.c_void_p),
-                ("workspace", Workspace)]
-
-
-class DeviceInfo(C.Structure):
-    _fields_ = [("name", C.c_char * 128), ("num_sms", C.c_int), ("l2_bytes", C.c_size_t),
-                ("total_memory", C.c_size_t)]
-
-
-KVA_BF16, KVA_DEVICE_CUDA, KVA_PLAN_GRAPH = 2, 1, 2
 
 HQ, HK, D, PS = 32, 8, 128, 16
 SHAPES = [(1, 1024), (1, 8192), (1, 32768), (8, 4096), (16, 8192), (32, 4096), (64, 2048),
@@ -97,134 +131,16 @@ FLASHINFER_H200 = {(1, 1024): (308, 336), (1, 8192): (1465, 1476), (1, 32768): (
                    (128, 4096): (2848, 4385), (256, 512): (2832, 3711)}
 
 
-class Kvattn:
-    def __init__(self, path):
-        self.lib = C.CDLL(path)
-        L = self.lib
-        L.kva_last_error.restype = C.c_char_p
-        L.kva_status_str.restype = C.c_char_p
-        self.ctx = C.c_void_p()
-        self.check(L.kva_context_create(KVA_DEVICE_CUDA, torch.cuda.current_device(),
-                                        C.byref(self.ctx)), "kva_context_create")
-
-    def check(self, status, what):
-        if status != 0:
-            raise RuntimeError("%s: %s (%s)" % (what, self.lib.kva_status_str(status).decode(),
-                                                self.lib.kva_last_error().decode()))
-
-    def set_stream(self, stream):
-        self.check(self.lib.kva_context_set_stream(self.ctx, C.c_void_p(stream.cuda_stream)),
-                   "kva_context_set_stream")
-
-    def info(self):
-        i = DeviceInfo()
-        self.check(self.lib.kva_context_info(self.ctx, C.byref(i)), "kva_context_info")
-        return i
-
-
-class OurDecode:
-    """One shape: pools (one per input set), page table, plan and workspace of our decode."""
-
-    def __init__(self, kva, batch, ctx_len, nsets, graph=False, flags=0, fixed_chunk=0, hnd=False):
-        self.kva, self.B, self.L = kva, batch, ctx_len
-        ppr = (ctx_len + PS - 1) // PS
-        self.num_pages = batch * ppr
-        gen = torch.Generator(device="cpu").manual_seed(1234 + batch * 7 + ctx_len)
-        self.perm = torch.randperm(self.num_pages, generator=gen).to(torch.int32)
-        self.indptr = (torch.arange(batch + 1, dtype=torch.int32) * ppr).contiguous()
-        self.last = torch.full((batch,), ctx_len - (ppr - 1) * PS, dtype=torch.int32)
-        self.table = PageTable(batch, self.indptr.data_ptr(), self.perm.data_ptr(),
-                               self.last.data_ptr())
-        shape = (self.num_pages, HK, PS, D) if hnd else (self.num_pages, PS, HK, D)
-        self.hnd = hnd
-        self.k = [torch.randn(*shape, device="cuda", dtype=torch.bfloat16) for _ in range(nsets)]
-        self.v = [torch.randn(*shape, device="cuda", dtype=torch.bfloat16) for _ in range(nsets)]
-        self.q = [torch.randn(batch, HQ, D, device="cuda", dtype=torch.bfloat16)
-                  for _ in range(nsets)]
-        self.o = torch.empty(batch, HQ, D, device="cuda", dtype=torch.bfloat16)
-        self.params = AttnParams(HQ, HK, D, 0.0, 0, -1, 0.0, None, None)
-        self.limits = PlanLimits(batch, self.num_pages, 0, 0, HQ, HK, D, PS)
-        lib = kva.lib
-        dev_b, host_b = C.c_size_t(), C.c_size_t()
-        kva.check(lib.kva_decode_workspace_size(kva.ctx, C.byref(self.limits), C.byref(dev_b),
-                                                C.byref(host_b)), "workspace_size")
-        self.ws_dev = torch.empty(dev_b.value, dtype=torch.uint8, device="cuda")
-        host = C.c_void_p()
-        kva.check(lib.kva_host_alloc(kva.ctx, C.c_size_t(host_b.value), C.byref(host)), "host_alloc")
-        self.ws_host = host
-        self.ws = Workspace(self.ws_dev.data_ptr(), dev_b.value, host.value, host_b.value)
-        self.plan = Plan()
-        opt = PlanOptions(flags | (KVA_PLAN_GRAPH if graph else 0), fixed_chunk, 0)
-        kva.check(lib.kva_decode_plan(kva.ctx, C.byref(self.limits), C.byref(self.table),
-                                      self.num_pages, C.byref(opt), self.ws, C.byref(self.plan)),
-                  "kva_decode_plan")
-        self.pages = []
-        for s in range(nsets):
-            st_tok, st_head = (D, PS * D) if hnd else (HK * D, D)
-            self.pages.append(KVPages(self.k[s].data_ptr(), self.v[s].data_ptr(), KVA_BF16,
-                                      self.num_pages, PS, HK, D, PS * HK * D, st_tok, st_head))
-        self.qt = [Tensor(q.data_ptr(), KVA_BF16, HQ * D, D) for q in self.q]
-        self.ot = Tensor(self.o.data_ptr(), KVA_BF16, HQ * D, D)
-
-    def run(self, s):
-        st = self.kva.lib.kva_decode_run(self.kva.ctx, C.byref(self.plan), C.byref(self.params),
-                                         self.qt[s], C.byref(self.pages[s]), self.ot, None)
-        if st != 0:
-            self.kva.check(st, "kva_decode_run")
-
-    def contiguous_kv(self, s):
-        """Set s's K and V as torch wants them: [B, HK, L, D], logical order."""
-        ppr = self.num_pages // self.B
-        idx = self.perm.long().to("cuda")
-        assert not self.hnd
-        k = self.k[s][idx].reshape(self.B, ppr * PS, HK, D)[:, : self.L].permute(0, 2, 1, 3)
-        v = self.v[s][idx].reshape(self.B, ppr * PS, HK, D)[:, : self.L].permute(0, 2, 1, 3)
-        return k.contiguous(), v.contiguous()
-
-    def free(self):
-        self.kva.lib.kva_host_free(self.kva.ctx, self.ws_host)
+def our_decode(batch, ctx_len, nsets, graph=False, flags=0, fixed_chunk=0, hnd=False):
+    """One decode shape (pools per input set, shuffled page table, plan): kvattn.bench.PagedDecode.
+    flags bit 0 = KVA_PLAN_NO_SPLIT."""
+    return kb.PagedDecode(batch, ctx_len, nsets, hq=HQ, hk=HK, d=D, page=PS, graph=graph,
+                          no_split=bool(flags & 1), fixed_chunk=fixed_chunk, hnd=hnd)
 
 
 def time_calls(fn, nsets, iters, warmup=5):
-    """Median milliseconds of fn(set) over iters calls, each bracketed by CUDA events. The GPU is
-    first given a sleep so that the host enqueues ahead of it and launch latency on the host side
-    does not leak into the event times."""
-    for i in range(warmup):
-        fn(i % nsets)
-    torch.cuda.synchronize()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-    torch.cuda._sleep(20_000_000)
-    for i in range(iters):
-        starts[i].record()
-        fn(i % nsets)
-        ends[i].record()
-    torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
-
-
-def read_ceiling(build, gib=4):
-    lib = C.CDLL(os.path.join(build, "libkvattn_read_ceiling.so"))
-    nbytes = gib << 30
-    buf = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
-    buf.random_(0, 255)
-    sink = torch.zeros(65536, dtype=torch.int32, device="cuda")
-    stream = torch.cuda.current_stream().cuda_stream
-
-    def fn(_):
-        err = lib.kva_bench_read(C.c_void_p(buf.data_ptr()), C.c_size_t(nbytes),
-                                 C.c_void_p(sink.data_ptr()), C.c_void_p(stream))
-        if err != 0:
-            raise RuntimeError("read ceiling kernel: cuda error %d" % err)
-
-    ms = time_calls(fn, 1, 15, warmup=3)
-    del buf
-
-    def empty(_):  # one empty 1-block kernel: the launch floor as these events see it
-        lib.kva_bench_empty(C.c_void_p(stream))
-
-    floor_ms = time_calls(empty, 1, 50)
-    return nbytes / (ms * 1e-3) / 1e9, floor_ms * 1e3
+    """Median milliseconds of fn(set) over iters calls bracketed by CUDA events (kvattn.bench)."""
+    return kb.time_calls(fn, nsets, iters, warmup=warmup)
 
 
 def sdpa_backends():
@@ -232,26 +148,15 @@ def sdpa_backends():
     return [("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)]
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--build", default=os.environ.get("KVA_BUILD", "build"))
-    ap.add_argument("--quick", action="store_true", help="fewer iterations")
-    ap.add_argument("--json", default=None)
-    ap.add_argument("--shapes", default=None, help="e.g. 1x8192,64x4096")
-    ap.add_argument("--variants", action="store_true", help="also time other split choices")
-    args = ap.parse_args()
+def run_decode(args, info):
+    """The decode table's measurements (unchanged method); returns its results as a dict."""
     from torch.nn.attention import sdpa_kernel
 
-    torch.manual_seed(0)
-    kva = Kvattn(os.path.join(args.build, "libkvattn.so"))
-    stream = torch.cuda.current_stream()
-    kva.set_stream(stream)
-    info = kva.info()
-    dev_name = info.name.decode()
-    l2 = info.l2_bytes
-    ceiling, launch_floor_us = read_ceiling(args.build)
+    dev_name = info["name"]
+    l2 = info["l2_bytes"]
+    ceiling, launch_floor_us = kb.read_ceiling(args.build)
     print("device: %s, %d SMs, L2 %.0f MB; read ceiling %.0f GB/s; empty-kernel launch %.1f us" %
-          (dev_name, info.num_sms, l2 / 1e6, ceiling, launch_floor_us), flush=True)
+          (dev_name, info["num_sms"], l2 / 1e6, ceiling, launch_floor_us), flush=True)
     shapes = SHAPES
     if args.shapes:
         shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
@@ -261,10 +166,10 @@ def main():
     for (B, L) in shapes:
         kv_bytes = B * L * HK * D * 2 * 2
         nsets = max(1, math.ceil(rot_bytes / kv_bytes))
-        ours = OurDecode(kva, B, L, nsets)
+        ours = our_decode(B, L, nsets)
         row = {"batch": B, "ctx": L, "kv_bytes": kv_bytes, "sets": nsets,
-               "chunk": ours.plan.kv_chunk_size, "work": ours.plan.num_work,
-               "split": ours.plan.split_kv}
+               "chunk": ours.plan_info["kv_chunk_size"], "work": ours.plan_info["num_work"],
+               "split": ours.plan_info["split_kv"]}
         # correctness against SDPA (math on the same data, f32) on set 0
         ours.run(0)
         k0, v0 = ours.contiguous_kv(0)
@@ -278,22 +183,20 @@ def main():
         row["ours_gbs"] = kv_bytes / (ms * 1e-3) / 1e9
         row["ours_frac"] = row["ours_gbs"] / ceiling
         if (B, L) in GRAPH_SHAPES:
-            g_ours = OurDecode(kva, B, L, nsets, graph=True)
+            g_ours = our_decode(B, L, nsets, graph=True)
             graphs = []
             side = torch.cuda.Stream()
             for s in range(nsets):
                 g = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(g, stream=side):
-                    kva.set_stream(torch.cuda.current_stream())
+                with torch.cuda.graph(g, stream=side):  # kvattn runs on the capture stream (current)
                     g_ours.run(s)
                 graphs.append(g)
-            kva.set_stream(stream)
             gms = time_calls(lambda s: graphs[s].replay(), nsets, iters)
             row["graph_us"] = gms * 1e3
             del graphs
             g_ours.free()
         if args.variants:
-            h = OurDecode(kva, B, L, nsets, hnd=True)
+            h = our_decode(B, L, nsets, hnd=True)
             row["hnd_us"] = time_calls(h.run, nsets, iters) * 1e3
             h.free()
             del h
@@ -304,10 +207,10 @@ def main():
             for label, flags, fixed in [("nosplit", 1, 0), ("c128", 0, 128), ("c256", 0, 256),
                                         ("c512", 0, 512), ("c1024", 0, 1024), ("c2048", 0, 2048)]:
                 try:
-                    v = OurDecode(kva, B, L, nsets, flags=flags, fixed_chunk=fixed)
-                except RuntimeError:
+                    v = our_decode(B, L, nsets, flags=flags, fixed_chunk=fixed)
+                except RuntimeError:  # kvattn.KvattnError: a split the plan refuses
                     continue
-                row["variants"][label] = (v.plan.num_work, time_calls(v.run, nsets, iters) * 1e3)
+                row["variants"][label] = (v.plan_info["num_work"], time_calls(v.run, nsets, iters) * 1e3)
                 v.free()
                 del v
             print("    variants (work items, us):", row["variants"], flush=True)
@@ -344,9 +247,16 @@ def main():
             ("%.1f us" % row["cudnn_us"]) if row.get("cudnn_us") else "n/a",
             row["ratio_vs_best_torch"], row["max_abs_err"]), flush=True)
 
+    bad = [r for r in rows if not (r["max_abs_err"] < 2e-2)]
+    return {"ceiling_gbs": ceiling, "launch_floor_us": launch_floor_us, "rows": rows,
+            "failed": [(r["batch"], r["ctx"]) for r in bad]}
+
+
+def print_decode_table(dev_name, date, res):
+    rows, ceiling, launch_floor_us = res["rows"], res["ceiling_gbs"], res["launch_floor_us"]
     print()
-    print("## kvattn paged decode vs PyTorch SDPA -- %s, read ceiling %.0f GB/s, empty launch %.1f us" %
-          (dev_name, ceiling, launch_floor_us))
+    print("## kvattn paged decode vs PyTorch SDPA -- %s, %s, read ceiling %.0f GB/s, empty launch %.1f us" %
+          (dev_name, date, ceiling, launch_floor_us))
     print("bf16, %d q / %d kv heads, d=%d, page %d (shuffled); GB/s of K+V read; ratio = best torch time / ours" % (HQ, HK, D, PS))
     print("| batch x ctx | ours us | ours GB/s | % ceil | graph us | flash GB/s | cuDNN GB/s | ratio | chunk/work |")
     print("|---|---|---|---|---|---|---|---|---|")
@@ -357,15 +267,781 @@ def main():
             ("%.0f" % r["flash_gbs"]) if r.get("flash_us") else "n/a",
             ("%.0f" % r["cudnn_gbs"]) if r.get("cudnn_us") else "n/a",
             r["ratio_vs_best_torch"], r["chunk"], r["work"]))
+
+
+# ---- prefill -------------------------------------------------------------------------------
+
+PF_HQ, PF_HK = 32, 8
+PF_TOKENS = 16384
+PF_SEQS = [512, 2048, 8192, 16384]
+PF_SETS = [("bf16", 128), ("f16", 128), ("bf16", 64), ("bf16", 256)]  # (dtype, head dim)
+PF_DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16}
+RAGGED_SEED, RAGGED_MEDIAN, RAGGED_SIGMA, RAGGED_LO, RAGGED_HI = 6, 800, 1.0, 16, 8192
+CHUNK_NEW, CHUNK_PREFIX, CHUNK_PAGE = 512, 16384, 16
+REL_TOL_REF = 1e-2    # ours (or a torch variant) vs the float32 reference, sampled rows
+REL_TOL_TORCH = 2e-2  # ours vs a torch output over the whole tensor
+
+
+def attn_flops(q_lens, kv_lens, causal, hq, d):
+    """4 * hq * d FLOPs per visible (query, key) pair (two products, 2 FLOPs per multiply-add);
+    causal (bottom-right) sees q*kv - q^2/2 pairs per request: half the square when q == kv."""
+    pairs = 0.0
+    for q, k in zip(q_lens, kv_lens):
+        pairs += q * k - (q * q / 2.0 if causal else 0.0)
+    return 4.0 * hq * d * pairs
+
+
+def ragged_lengths(total):
+    """Prompt lengths, log-normal (seeded), clipped, summing to exactly `total`."""
+    import random
+    rng = random.Random(RAGGED_SEED)
+    lens = []
+    while sum(lens) < total:
+        x = rng.lognormvariate(math.log(RAGGED_MEDIAN), RAGGED_SIGMA)
+        lens.append(int(min(RAGGED_HI, max(RAGGED_LO, round(x)))))
+    lens[-1] -= sum(lens) - total  # stays >= 1: the sum was < total before the last draw
+    if lens[-1] < RAGGED_LO and len(lens) > 1:
+        lens[-2] += lens.pop()
+    return lens
+
+
+def cumsum0(xs):
+    out = [0]
+    for x in xs:
+        out.append(out[-1] + x)
+    return out
+
+
+def rotation_sets(set_bytes, l2):
+    """How many input sets: their total >= 4x L2 (at least 50 MB of L2 assumed), >= 2 sets."""
+    return max(2, math.ceil(4 * max(l2, 50 << 20) / max(1, set_bytes)))
+
+
+class OurPrefill:
+    """Our prefill of one batch over input sets, through kvattn.BatchPrefillWrapper (which owns
+    its workspace). Ragged (k/v [tokens, HK, d], kv_indptr) or paged (pools + page table).
+    plan_status / plan_error: the plan's kva_status and text (KvattnError caught), so callers
+    can tell KVA_ERR_UNSUPPORTED from an error; run(s) and run_dense(s) raise KvattnError."""
+
+    def __init__(self, hq, hk, d, causal, q_lens, kv_lens, q_sets, o, kv_sets=None, paged=None):
+        self.q_lens, self.kv_lens = list(q_lens), list(kv_lens)
+        self.causal = bool(causal)
+        self.q_sets, self.o = q_sets, o
+        self.paged = paged is not None
+        self.wrapper = kvattn.BatchPrefillWrapper(str(o.device))
+        qo_indptr = cumsum0(q_lens)
+        if not self.paged:
+            self.kv_sets = kv_sets
+            plan = lambda: self.wrapper.plan(qo_indptr, cumsum0(kv_lens), hq, hk, d, causal=self.causal)
+        else:
+            # paged = (page_indptr, page_indices, last_page_len [host int32 tensors], pools,
+            #          num_pages, page_size); pools = [(k_pool, v_pool)] of [pages, ps, HK, d]
+            p_indptr, p_idx, p_last, pools, num_pages, ps = paged
+            self.pages = [kvattn.KVPages(kp, vp) for kp, vp in pools]
+            plan = lambda: self.wrapper.plan(qo_indptr, None, hq, hk, d, page_size=ps,
+                                             paged_kv_indptr=p_indptr, paged_kv_indices=p_idx,
+                                             paged_kv_last_page_len=p_last, num_pages=num_pages,
+                                             causal=self.causal)
+        self.plan_status, err = kva_status_of(plan)
+        self.plan_error = None
+        if self.plan_status != KVA_OK:
+            # the wrapper sizes its workspace inside plan(): no workspace means that step failed
+            sized = "device_bytes" in self.wrapper.plan_info
+            self.plan_error = ("plan: " if sized else "workspace size: ") + err
+
+    def plan_info(self):
+        p = self.wrapper.plan_info
+        return {"qo_tile": p["qo_tile_size"], "kv_chunk": p["kv_chunk_size"], "work": p["num_work"],
+                "split_kv": p["split_kv"]}
+
+    def run(self, s):
+        if self.paged:
+            self.wrapper.run(self.q_sets[s], self.pages[s], out=self.o)
+        else:
+            self.wrapper.run(self.q_sets[s], self.kv_sets[s][0], self.kv_sets[s][1], out=self.o)
+
+    def run_dense(self, s):
+        """kva_attention (no plan) on the same set; batch 1, ragged inputs only."""
+        k, v = self.kv_sets[s]
+        kvattn.attention(self.q_sets[s], k, v, causal=self.causal, out=self.o, planned=False)
+
+    def free(self):
+        self.wrapper = None  # frees the workspace (after waiting for runs in flight)
+
+
+def reference_rows(q, k, v, rows, causal, group):
+    """float32 attention of one request for the query rows `rows` (LongTensor on the GPU).
+    q: [q_len, HQ, d], k, v: [kv_len, HK, d] (any float dtype); bottom-right causal."""
+    q_len, kv_len, d = q.shape[0], k.shape[0], q.shape[2]
+    qf = q[rows].float()
+    kf = k.float().repeat_interleave(group, dim=1)
+    vf = v.float().repeat_interleave(group, dim=1)
+    s = torch.einsum("rhd,khd->hrk", qf, kf) * (1.0 / math.sqrt(d))
+    if causal:
+        qpos = rows + (kv_len - q_len)
+        kpos = torch.arange(kv_len, device=q.device)
+        s.masked_fill_((kpos[None, :] > qpos[:, None])[None], float("-inf"))
+    p = torch.softmax(s, dim=-1)
+    return torch.einsum("hrk,khd->rhd", p, vf)
+
+
+def sample_rows(q_len, gen):
+    """First 32, last 32 and 64 random query rows (sorted, unique)."""
+    idx = set(range(min(32, q_len))) | set(range(max(0, q_len - 32), q_len))
+    if q_len > 64:
+        idx |= set(torch.randint(0, q_len, (64,), generator=gen).tolist())
+    return torch.tensor(sorted(idx), dtype=torch.long, device="cuda")
+
+
+class Check:
+    """Reference data of one case on input set 0: sampled rows' float32 outputs per request."""
+
+    def __init__(self, q, k, v, q_lens, kv_lens, causal, group, requests):
+        qi, ki = cumsum0(q_lens), cumsum0(kv_lens)
+        gen = torch.Generator(device="cpu").manual_seed(99)
+        self.q_lens, self.qi = q_lens, qi
+        self.samples = []  # (request, rows, reference [R, HQ, d] f32)
+        for b in requests:
+            rows = sample_rows(q_lens[b], gen)
+            ref = reference_rows(q[qi[b]:qi[b + 1]], k[ki[b]:ki[b + 1]], v[ki[b]:ki[b + 1]],
+                                 rows, causal, group)
+            self.samples.append((b, rows, ref))
+
+    def rel_err(self, per_request):
+        """||x - ref|| / ||ref|| over the sampled rows; per_request(b) -> [q_len_b, HQ, d]."""
+        num = den = 0.0
+        for b, rows, ref in self.samples:
+            x = per_request(b)[rows].float()
+            if not bool(torch.isfinite(x).all()):
+                return float("inf")
+            num += float(((x - ref) ** 2).sum())
+            den += float((ref ** 2).sum())
+        return math.sqrt(num / max(den, 1e-30))
+
+    def compare(self, o_ours, per_request):
+        """Whole-tensor comparison of ours ([tokens, HQ, d]) with a torch output:
+        (relative L2 difference, max abs difference)."""
+        num = den = 0.0
+        mx = 0.0
+        for b in range(len(self.q_lens)):
+            a = o_ours[self.qi[b]:self.qi[b + 1]].float()
+            t = per_request(b).float()
+            dlt = a - t
+            num += float((dlt ** 2).sum())
+            den += float((t ** 2).sum())
+            if dlt.numel():
+                m = float(dlt.abs().max())
+                mx = float("nan") if (m != m or mx != mx) else max(mx, m)  # NaN sticks
+        return math.sqrt(num / max(den, 1e-30)), mx
+
+
+class TorchVariant:
+    """One way of running a case through PyTorch: fn(s) -> output; per_request(out, b) -> the
+    output rows of request b as [q_len_b, HQ, d]; backend = SDPBackend (entered around calls)."""
+
+    def __init__(self, name, column, backend, fn, per_request, note=""):
+        self.name, self.column, self.backend = name, column, backend
+        self.fn, self.per_request, self.note = fn, per_request, note
+
+
+def run_torch_variant(tv, check, nsets, iters, o_ours, kva_ok):
+    """Checks and times one torch variant; returns a result dict (time or why not)."""
+    from torch.nn.attention import sdpa_kernel
+    res = {"name": tv.name, "column": tv.column, "note": tv.note}
+    try:
+        with sdpa_kernel([tv.backend]):
+            out = tv.fn(0)
+            torch.cuda.synchronize()
+            rel = check.rel_err(lambda b: tv.per_request(out, b))
+            res["rel_err_ref"] = rel
+            if kva_ok:
+                res["rel_vs_ours"], res["max_abs_vs_ours"] = check.compare(
+                    o_ours, lambda b: tv.per_request(out, b))
+            del out
+            if not rel < REL_TOL_REF:
+                res["error"] = "wrong output (rel err %.2e vs float32 reference)" % rel
+                return res
+            res["ms"] = time_calls(tv.fn, nsets, iters, warmup=3)
+    except Exception as e:  # a backend that refuses the shape, mask or GQA
+        res["error"] = (str(e).strip().splitlines() or ["?"])[0][:160]
+        res.pop("ms", None)
+    return res
+
+
+def make_gqa_variants(F, name_col_backend, q, k, v, extra_kw, per_request, note):
+    """SDPA with enable_gqa=True per backend (time_torch retries a refusal with K/V heads
+    repeated)."""
+    variants = []
+    for name, column, backend in name_col_backend:
+        variants.append(TorchVariant(
+            name, column, backend,
+            (lambda s, q=q, k=k, v=v: F.scaled_dot_product_attention(
+                q[s], k[s], v[s], enable_gqa=True, **extra_kw)),
+            per_request, note + " enable_gqa=True"))
+    return variants
+
+
+def repeated_variant(F, tv, q, k, v, group, extra_kw):
+    """The same variant with K/V heads repeated (for a backend that refuses enable_gqa)."""
+    k_rep = [x.repeat_interleave(group, dim=1) for x in k]
+    v_rep = [x.repeat_interleave(group, dim=1) for x in v]
+    fn = lambda s: F.scaled_dot_product_attention(q[s], k_rep[s], v_rep[s], **extra_kw)
+    return TorchVariant(tv.name + "+rep", tv.column, tv.backend, fn, tv.per_request,
+                        tv.note.replace("enable_gqa=True", "K/V heads repeated")), (k_rep, v_rep)
+
+
+def time_torch(F, variants, rep_inputs, check, nsets, iters, o_ours, kva_ok):
+    """Runs every variant; a GQA SDPA variant that fails is retried with repeated K/V heads."""
+    results = []
+    for tv in variants:
+        r = run_torch_variant(tv, check, nsets, iters, o_ours, kva_ok)
+        if "error" in r and tv.name in rep_inputs and "wrong output" not in r["error"]:
+            q, k, v, group, kw = rep_inputs[tv.name]
+            try:
+                tv2, keep = repeated_variant(F, tv, q, k, v, group, kw)
+                r2 = run_torch_variant(tv2, check, nsets, iters, o_ours, kva_ok)
+                r2["gqa_error"] = r["error"]
+                r = r2
+                del keep
+            except Exception as e:  # out of memory for the repeated heads, ...
+                r["error_rep"] = str(e).splitlines()[0][:160] if str(e) else "?"
+        results.append(r)
+    torch.cuda.empty_cache()
+    return results
+
+
+def best_by_column(results):
+    """{column: (ms, variant name)} of the fastest correct variant per column."""
+    best = {}
+    for r in results:
+        if r.get("ms") is None:
+            continue
+        c = r["column"]
+        if c not in best or r["ms"] < best[c][0]:
+            best[c] = (r["ms"], r["name"])
+    return best
+
+
+def first_ok_output(results):
+    for r in results:
+        if "rel_vs_ours" in r and r.get("rel_err_ref", 1.0) < REL_TOL_REF:
+            return r
+    return None
+
+
+def finish_case(row, ours_res, torch_res, flops, gemm_tflops):
+    """Fills the row's derived numbers and verdict from ours' and torch's results."""
+    row["flops"] = flops
+    row["torch"] = torch_res
+    best = best_by_column(torch_res)
+    for col in ("flash", "cudnn"):
+        if col in best:
+            row[col + "_ms"], row[col + "_variant"] = best[col]
+            row[col + "_tflops"] = flops / (best[col][0] * 1e-3) / 1e12
+    row.update(ours_res)
+    ref = first_ok_output(torch_res)
+    if ref is not None:
+        row["rel_vs_torch"], row["max_abs_vs_torch"] = ref["rel_vs_ours"], ref["max_abs_vs_ours"]
+        row["compared_with"] = ref["name"]
+    if row.get("ours_state") == "ok":
+        wrong = []
+        if not row.get("finite", False):
+            wrong.append("non-finite or unwritten outputs")
+        if not row.get("rel_err_ref", float("inf")) < REL_TOL_REF:
+            wrong.append("rel err %.2e vs float32 reference" % row.get("rel_err_ref", float("inf")))
+        if ref is not None and not row["rel_vs_torch"] < REL_TOL_TORCH:
+            wrong.append("rel diff %.2e vs %s" % (row["rel_vs_torch"], ref["name"]))
+        if wrong:
+            row["ours_state"] = "WRONG"
+            row["ours_error"] = "; ".join(wrong)
+            row.pop("ours_ms", None)
+            row.pop("dense_ms", None)
+    if row.get("ours_ms"):
+        row["ours_tflops"] = flops / (row["ours_ms"] * 1e-3) / 1e12
+        row["ours_frac_gemm"] = row["ours_tflops"] / gemm_tflops if gemm_tflops else None
+        if row.get("flash_ms"):
+            row["flash_over_ours"] = row["flash_ms"] / row["ours_ms"]
+        tb = [row[c + "_ms"] for c in ("flash", "cudnn") if row.get(c + "_ms")]
+        if tb:
+            row["best_torch_over_ours"] = min(tb) / row["ours_ms"]
+    if row.get("dense_ms"):
+        row["dense_tflops"] = flops / (row["dense_ms"] * 1e-3) / 1e12
+    return row
+
+
+def ours_check_and_time(ours, check, o, nsets, iters, dense=False):
+    """Plan status, poisoned check run, accuracy, then timing; never raises for a kvattn
+    status. Returns a dict: ours_state ok / unsupported / error, numbers when ok."""
+    res = {}
+    if ours.plan_status != KVA_OK:
+        res["ours_state"] = "unsupported" if ours.plan_status == KVA_ERR_UNSUPPORTED else "error"
+        res["ours_error"] = ours.plan_error
+        return res
+    res["plan"] = ours.plan_info()
+    o.fill_(float("nan"))
+    st, err = kva_status_of(lambda: ours.run(0))
+    torch.cuda.synchronize()
+    if st != KVA_OK:
+        res["ours_state"] = "unsupported" if st == KVA_ERR_UNSUPPORTED else "error"
+        res["ours_error"] = "run: " + err
+        return res
+    res["ours_state"] = "ok"
+    res["finite"] = bool(torch.isfinite(o).all())
+    qi = check.qi
+    res["rel_err_ref"] = check.rel_err(lambda b: o[qi[b]:qi[b + 1]])
+    if res["finite"] and res["rel_err_ref"] < REL_TOL_REF:
+        def fn(s):
+            try:
+                ours.run(s)
+            except kvattn.KvattnError as e:
+                raise RuntimeError("kvattn prefill run: " + status_text(e))
+        res["ours_ms"] = time_calls(fn, nsets, iters, warmup=3)
+    if dense:
+        o.fill_(float("nan"))
+        st, err = kva_status_of(lambda: ours.run_dense(0))
+        torch.cuda.synchronize()
+        if st != KVA_OK:
+            res["dense_state"] = "unsupported" if st == KVA_ERR_UNSUPPORTED else "error"
+            res["dense_error"] = err
+        else:
+            fin = bool(torch.isfinite(o).all())
+            rel = check.rel_err(lambda b: o[qi[b]:qi[b + 1]])
+            res["dense_rel_err_ref"] = rel
+            if fin and rel < REL_TOL_REF:
+                res["dense_state"] = "ok"
+
+                def fn_dense(s):
+                    try:
+                        ours.run_dense(s)
+                    except kvattn.KvattnError as e:
+                        raise RuntimeError("kva_attention: " + status_text(e))
+                res["dense_ms"] = time_calls(fn_dense, nsets, iters, warmup=3)
+            else:
+                res["dense_state"] = "WRONG"
+    # leave o holding set 0's result of the planned path for the whole-tensor comparison with
+    # torch (the timed calls and the dense run overwrote it)
+    st, err = kva_status_of(lambda: ours.run(0))
+    if st != KVA_OK:
+        raise RuntimeError("kvattn prefill run: " + err)
+    torch.cuda.synchronize()
+    return res
+
+
+def backends_list():
+    from torch.nn.attention import SDPBackend
+    return [("flash", "flash", SDPBackend.FLASH_ATTENTION),
+            ("cudnn", "cudnn", SDPBackend.CUDNN_ATTENTION)]
+
+
+def case_equal(F, dname, d, B, S, causal, l2, iters, gemm):
+    """One row of the main table: B requests of S tokens each (q_len = kv_len = S)."""
+    tdt = PF_DTYPES[dname]
+    hq, hk, g = PF_HQ, PF_HK, PF_HQ // PF_HK
+    T = B * S
+    set_bytes = T * (hq + 2 * hk) * d * 2
+    nsets = rotation_sets(set_bytes, l2)
+    row = {"kind": "equal", "dtype": dname, "d": d, "batch": B, "seq": S,
+           "causal": bool(causal), "sets": nsets}
+    q = [torch.randn(T, hq, d, device="cuda", dtype=tdt) for _ in range(nsets)]
+    k = [torch.randn(T, hk, d, device="cuda", dtype=tdt) for _ in range(nsets)]
+    v = [torch.randn(T, hk, d, device="cuda", dtype=tdt) for _ in range(nsets)]
+    o = torch.empty(T, hq, d, device="cuda", dtype=tdt)
+    lens = [S] * B
+    check = Check(q[0], k[0], v[0], lens, lens, causal, g, sorted({0, B - 1}))
+    ours = OurPrefill(hq, hk, d, causal, lens, lens, q, o, kv_sets=list(zip(k, v)))
+    ours_res = ours_check_and_time(ours, check, o, nsets, iters, dense=(B == 1))
+    # torch: contiguous [B, heads, S, d] copies of the same sets
+    tq = [x.view(B, S, hq, d).transpose(1, 2).contiguous() for x in q]
+    tk = [x.view(B, S, hk, d).transpose(1, 2).contiguous() for x in k]
+    tv = [x.view(B, S, hk, d).transpose(1, 2).contiguous() for x in v]
+    per_req = lambda out, b: out[b].transpose(0, 1)
+    kw = {"is_causal": bool(causal)}
+    variants = make_gqa_variants(F, backends_list(), tq, tk, tv, kw, per_req,
+                                 "SDPA on contiguous [%d, heads, %d, d], is_causal=%s," % (B, S, bool(causal)))
+    rep = {tvar.name: (tq, tk, tv, g, kw) for tvar in variants}
+    torch_res = time_torch(F, variants, rep, check, nsets, iters, o, ours_res.get("ours_state") == "ok")
+    row = finish_case(row, ours_res, torch_res, attn_flops(lens, lens, causal, hq, d), gemm)
+    ours.free()
+    del q, k, v, o, tq, tk, tv, ours, check
+    torch.cuda.empty_cache()
+    return row
+
+
+def case_ragged(F, l2, iters, gemm, dname="bf16", d=128, causal=True):
+    """Prompts of log-normal lengths, 16384 tokens in all, one ragged plan; torch padded, looped
+    and (flash) varlen."""
+    tdt = PF_DTYPES[dname]
+    hq, hk, g = PF_HQ, PF_HK, PF_HQ // PF_HK
+    lens = ragged_lengths(PF_TOKENS)
+    B, T, M = len(lens), sum(lens), max(lens)
+    qi = cumsum0(lens)
+    nsets = rotation_sets(T * (hq + 2 * hk) * d * 2, l2)
+    row = {"kind": "ragged", "dtype": dname, "d": d, "batch": B, "seq": M, "lens": lens,
+           "tokens": T, "causal": bool(causal), "sets": nsets}
+    q = [torch.randn(T, hq, d, device="cuda", dtype=tdt) for _ in range(nsets)]
+    k = [torch.randn(T, hk, d, device="cuda", dtype=tdt) for _ in range(nsets)]
+    v = [torch.randn(T, hk, d, device="cuda", dtype=tdt) for _ in range(nsets)]
+    o = torch.empty(T, hq, d, device="cuda", dtype=tdt)
+    longest = max(range(B), key=lambda b: lens[b])
+    check = Check(q[0], k[0], v[0], lens, lens, causal, g, sorted({0, B - 1, longest}))
+    ours = OurPrefill(hq, hk, d, causal, lens, lens, q, o, kv_sets=list(zip(k, v)))
+    ours_res = ours_check_and_time(ours, check, o, nsets, iters)
+
+    def padded(x, h):  # [B, h, M, d], random padding (right), request b's rows at [b, :, :len]
+        p = torch.randn(B, h, M, d, device="cuda", dtype=tdt)
+        for b in range(B):
+            p[b, :, :lens[b]] = x[qi[b]:qi[b + 1]].transpose(0, 1)
+        return p
+    pq = [padded(x, hq) for x in q]
+    pk = [padded(x, hk) for x in k]
+    pv = [padded(x, hk) for x in v]
+    kw = {"is_causal": bool(causal)}
+    per_pad = lambda out, b: out[b, :, :lens[b]].transpose(0, 1)
+    variants, rep = [], {}
+    for name, col, backend in backends_list():
+        vp = TorchVariant(
+            name + "-padded", col, backend,
+            lambda s: F.scaled_dot_product_attention(pq[s], pk[s], pv[s], enable_gqa=True, **kw),
+            per_pad, "SDPA on the right-padded batch [%d, heads, %d, d], is_causal, enable_gqa=True" % (B, M))
+        variants.append(vp)
+        rep[vp.name] = (pq, pk, pv, g, kw)
+
+        def loop(s):
+            return [F.scaled_dot_product_attention(pq[s][b:b + 1, :, :lens[b]],
+                                                   pk[s][b:b + 1, :, :lens[b]],
+                                                   pv[s][b:b + 1, :, :lens[b]],
+                                                   enable_gqa=True, **kw) for b in range(B)]
+        variants.append(TorchVariant(name + "-loop", col, backend, loop,
+                                     lambda out, b: out[b][0].transpose(0, 1),
+                                     "one SDPA call per request (%d calls), is_causal, enable_gqa=True" % B))
+    # FA2's varlen kernel as torch ships it (cu_seqlens; GQA native; causal bottom-right)
+    from torch.nn.attention import SDPBackend
+    cu = torch.tensor(qi, dtype=torch.int32, device="cuda")
+
+    def varlen(s):
+        return torch.ops.aten._flash_attention_forward(q[s], k[s], v[s], cu, cu, M, M, 0.0,
+                                                       bool(causal), False)[0]
+    variants.append(TorchVariant("flash-varlen", "flash", SDPBackend.FLASH_ATTENTION, varlen,
+                                 lambda out, b: out[qi[b]:qi[b + 1]],
+                                 "torch.ops.aten._flash_attention_forward with cu_seqlens"))
+    torch_res = time_torch(F, variants, rep, check, nsets, iters, o, ours_res.get("ours_state") == "ok")
+    row = finish_case(row, ours_res, torch_res, attn_flops(lens, lens, causal, hq, d), gemm)
+    ours.free()
+    del q, k, v, o, pq, pk, pv, ours, check
+    torch.cuda.empty_cache()
+    return row
+
+
+def case_chunked(F, l2, iters, gemm, dname="bf16", d=128):
+    """512 new tokens over a 16384-token cached prefix (kv_len 16896), causal bottom-right.
+    Ours paged (page 16, shuffled); torch on contiguous K/V."""
+    tdt = PF_DTYPES[dname]
+    hq, hk, g = PF_HQ, PF_HK, PF_HQ // PF_HK
+    nq, nk, ps = CHUNK_NEW, CHUNK_PREFIX + CHUNK_NEW, CHUNK_PAGE
+    num_pages = (nk + ps - 1) // ps
+    nsets = rotation_sets(num_pages * ps * hk * d * 2 * 2 + nq * hq * d * 2, l2)
+    row = {"kind": "chunked", "dtype": dname, "d": d, "batch": 1, "seq": nq, "kv_len": nk,
+           "page_size": ps, "causal": True, "sets": nsets}
+    gen = torch.Generator(device="cpu").manual_seed(4242)
+    perm = torch.randperm(num_pages, generator=gen).to(torch.int32)
+    p_indptr = torch.tensor([0, num_pages], dtype=torch.int32)
+    p_last = torch.tensor([nk - (num_pages - 1) * ps], dtype=torch.int32)
+    q = [torch.randn(nq, hq, d, device="cuda", dtype=tdt) for _ in range(nsets)]
+    kp = [torch.randn(num_pages, ps, hk, d, device="cuda", dtype=tdt) for _ in range(nsets)]
+    vp = [torch.randn(num_pages, ps, hk, d, device="cuda", dtype=tdt) for _ in range(nsets)]
+    o = torch.empty(nq, hq, d, device="cuda", dtype=tdt)
+    idx = perm.long().cuda()
+    # logical K/V, [kv_len, HK, d] contiguous (NHD), gathered through the page table
+    k = [x[idx].reshape(num_pages * ps, hk, d)[:nk].contiguous() for x in kp]
+    v = [x[idx].reshape(num_pages * ps, hk, d)[:nk].contiguous() for x in vp]
+    check = Check(q[0], k[0], v[0], [nq], [nk], True, g, [0])
+    ours = OurPrefill(hq, hk, d, True, [nq], [nk], q, o,
+                      paged=(p_indptr, perm, p_last, list(zip(kp, vp)), num_pages, ps))
+    ours_res = ours_check_and_time(ours, check, o, nsets, iters)
+    from torch.nn.attention import SDPBackend
+    from torch.nn.attention.bias import causal_lower_right
+    tq = [x.transpose(0, 1).unsqueeze(0).contiguous() for x in q]   # [1, HQ, nq, d]
+    tk = [x.transpose(0, 1).unsqueeze(0).contiguous() for x in k]   # [1, HK, nk, d]
+    tv = [x.transpose(0, 1).unsqueeze(0).contiguous() for x in v]
+    per_req = lambda out, b: out[0].transpose(0, 1)
+    bias = causal_lower_right(nq, nk)
+    # True = visible: key j <= query i's position nk - nq + i
+    mask = (torch.arange(nk, device="cuda")[None, :] <=
+            torch.arange(nq, device="cuda")[:, None] + (nk - nq))
+    kw_flash, kw_cudnn = {"attn_mask": bias}, {"attn_mask": mask}
+    variants = [
+        TorchVariant("flash-lower-right", "flash", SDPBackend.FLASH_ATTENTION,
+                     lambda s: F.scaled_dot_product_attention(tq[s], tk[s], tv[s], enable_gqa=True, **kw_flash),
+                     per_req, "SDPA, attn_mask=causal_lower_right(%d, %d), enable_gqa=True" % (nq, nk)),
+        TorchVariant("cudnn-mask", "cudnn", SDPBackend.CUDNN_ATTENTION,
+                     lambda s: F.scaled_dot_product_attention(tq[s], tk[s], tv[s], enable_gqa=True, **kw_cudnn),
+                     per_req, "SDPA, explicit bottom-right bool mask [%d, %d], enable_gqa=True" % (nq, nk)),
+    ]
+    rep = {"flash-lower-right": (tq, tk, tv, g, kw_flash), "cudnn-mask": (tq, tk, tv, g, kw_cudnn)}
+    cq = torch.tensor([0, nq], dtype=torch.int32, device="cuda")
+    ck = torch.tensor([0, nk], dtype=torch.int32, device="cuda")
+
+    def varlen(s):
+        return torch.ops.aten._flash_attention_forward(q[s], k[s], v[s], cq, ck, nq, nk, 0.0,
+                                                       True, False)[0]
+    variants.append(TorchVariant("flash-varlen", "flash", SDPBackend.FLASH_ATTENTION, varlen,
+                                 lambda out, b: out,
+                                 "torch.ops.aten._flash_attention_forward (FA2, bottom-right causal)"))
+    torch_res = time_torch(F, variants, rep, check, nsets, iters, o, ours_res.get("ours_state") == "ok")
+    row = finish_case(row, ours_res, torch_res, attn_flops([nq], [nk], True, hq, d), gemm)
+    ours.free()
+    del q, kp, vp, k, v, o, tq, tk, tv, ours, check, mask
+    torch.cuda.empty_cache()
+    return row
+
+
+def gemm_rate(dtype, iters, n=8192):
+    """TFLOP/s of torch.matmul n^3 (cuBLAS) on random data, median, 2 operand sets."""
+    a = [torch.randn(n, n, device="cuda", dtype=dtype) for _ in range(2)]
+    b = [torch.randn(n, n, device="cuda", dtype=dtype) for _ in range(2)]
+    c = torch.empty(n, n, device="cuda", dtype=dtype)
+    ms = time_calls(lambda s: torch.matmul(a[s], b[s], out=c), 2, iters, warmup=5)
+    del a, b, c
+    torch.cuda.empty_cache()
+    return 2.0 * n ** 3 / (ms * 1e-3) / 1e12
+
+
+def row_label(r):
+    if r["kind"] == "ragged":
+        return "ragged %d req, %d tok (max %d)" % (r["batch"], r["tokens"], r["seq"])
+    if r["kind"] == "chunked":
+        return "chunk %d over %d (paged %d)" % (r["seq"], r["kv_len"] - r["seq"], r["page_size"])
+    return "%d x %d" % (r["batch"], r["seq"])
+
+
+def ours_cell(r):
+    st = r.get("ours_state")
+    if st == "ok" and r.get("ours_ms"):
+        return "%.3f" % r["ours_ms"], "%.0f" % r["ours_tflops"], (
+            "%.0f%%" % (100 * r["ours_frac_gemm"]) if r.get("ours_frac_gemm") else "-")
+    if st == "unsupported":
+        return "unsupported", "-", "-"
+    if st == "WRONG":
+        return "WRONG", "-", "-"
+    if st == "aborted":
+        return "aborted", "-", "-"
+    return "error", "-", "-"
+
+
+def prefill_line(r):
+    ms, tf, frac = ours_cell(r)
+    return "  %-5s d%-3d %-34s %-6s ours %11s ms %5s TFLOP/s %4s  flash %s  cudnn %s%s" % (
+        r["dtype"], r["d"], row_label(r), "causal" if r["causal"] else "full", ms, tf, frac,
+        ("%.0f" % r["flash_tflops"]) if r.get("flash_tflops") else "n/a",
+        ("%.0f" % r["cudnn_tflops"]) if r.get("cudnn_tflops") else "n/a",
+        ("  [%s]" % r["ours_error"]) if r.get("ours_error") else "")
+
+
+def run_prefill(args, info):
+    torch.backends.cuda.matmul.allow_tf32 = False  # the float32 reference stays float32
+    l2 = info["l2_bytes"]
+    iters = 10 if args.quick else 30
+    gemm_bf16 = gemm_rate(torch.bfloat16, iters)
+    gemm_f16 = gemm_rate(torch.float16, iters)
+    print("prefill: bf16 GEMM 8192^3 %.0f TFLOP/s, f16 %.0f TFLOP/s (median of %d)" %
+          (gemm_bf16, gemm_f16, iters), flush=True)
+    seqs = [int(x) for x in args.seqs.split(",")] if args.seqs else PF_SEQS
+    sets = PF_SETS
+    if args.prefill_sets:
+        sets = [(s.split(":")[0], int(s.split(":")[1])) for s in args.prefill_sets.split(",")]
+    cases = []
+    for dname, d in sets:
+        for S in seqs:
+            for causal in (True, False):
+                cases.append(("equal", dname, d, PF_TOKENS // S, S, causal))
+    if not args.no_extra_rows:
+        cases.append(("ragged",))
+        cases.append(("chunked",))
+    rows = []
+    aborted = None
+    for c in cases:
+        if aborted:
+            break
+        try:
+            if c[0] == "equal":
+                _, dname, d, B, S, causal = c
+                r = case_equal(F, dname, d, B, S, causal, l2, iters, gemm_bf16)
+            elif c[0] == "ragged":
+                r = case_ragged(F, l2, iters, gemm_bf16)
+            else:
+                r = case_chunked(F, l2, iters, gemm_bf16)
+        except Exception as e:  # a CUDA error, out of memory, ...: record it, go on if possible
+            msg = (str(e).strip().splitlines() or ["?"])[0][:200]
+            r = {"kind": c[0], "dtype": c[1] if c[0] == "equal" else "bf16",
+                 "d": c[2] if c[0] == "equal" else 128, "batch": c[3] if c[0] == "equal" else 0,
+                 "seq": c[4] if c[0] == "equal" else 0, "causal": c[5] if c[0] == "equal" else True,
+                 "ours_state": "error", "ours_error": "exception: " + msg}
+            if c[0] == "ragged":
+                r.update({"tokens": PF_TOKENS, "seq": 0})
+            if c[0] == "chunked":
+                r.update({"seq": CHUNK_NEW, "kv_len": CHUNK_PREFIX + CHUNK_NEW, "page_size": CHUNK_PAGE})
+            try:
+                torch.cuda.synchronize()
+                torch.cuda.empty_cache()
+            except Exception:  # the context is gone (sticky CUDA error): stop here
+                aborted = msg
+        rows.append(r)
+        print(prefill_line(r), flush=True)
+    if aborted:
+        print("prefill: aborted after a CUDA error: %s" % aborted, flush=True)
+    return {"gemm_bf16_tflops": gemm_bf16, "gemm_f16_tflops": gemm_f16, "iters": iters,
+            "rows": rows, "aborted": aborted,
+            "flops_formula": "4 * heads_q * d * sum_b(q_b * kv_b) full; causal "
+                             "4 * heads_q * d * sum_b(q_b * kv_b - q_b^2 / 2) "
+                             "(= 4 * seq^2 * heads * d * batch / 2 for q = kv = seq)"}
+
+
+def prefill_failures(res):
+    """Rows that make the script fail: wrong results and kvattn errors (not 'unsupported')."""
+    return [r for r in res["rows"] if r.get("ours_state") in ("WRONG", "error") or
+            r.get("dense_state") in ("WRONG", "error")]
+
+
+def print_prefill_table(dev_name, date, res):
+    print()
+    print("## kvattn prefill vs PyTorch SDPA -- %s, %s, bf16 GEMM %.0f TFLOP/s (f16 %.0f)" % (
+        dev_name, date, res["gemm_bf16_tflops"], res["gemm_f16_tflops"]))
+    print("%d q / %d kv heads; TFLOP/s = 4*seq^2*heads*d*batch / time, causal counts half; "
+          "%% GEMM = of the bf16 8192^3 torch.matmul rate; x flash, x best = torch time / ours; "
+          "CUDA-event medians of %d, inputs rotated over >= 4x L2" % (PF_HQ, PF_HK, res["iters"]))
+    print("| dtype | d | batch x seq | mask | ours ms | ours TFLOP/s | % GEMM | dense ms | "
+          "flash TFLOP/s | cuDNN TFLOP/s | x flash | x best | max abs diff | rel err |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in res["rows"]:
+        ms, tf, frac = ours_cell(r)
+        dense = "-"
+        if r.get("dense_ms"):
+            dense = "%.3f" % r["dense_ms"]
+        elif r.get("dense_state"):
+            dense = r["dense_state"]
+        print("| %s | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
+            r["dtype"], r["d"], row_label(r), "causal" if r["causal"] else "full", ms, tf, frac,
+            dense,
+            ("%.0f" % r["flash_tflops"]) if r.get("flash_tflops") else "n/a",
+            ("%.0f" % r["cudnn_tflops"]) if r.get("cudnn_tflops") else "n/a",
+            ("%.2f" % r["flash_over_ours"]) if r.get("flash_over_ours") else "-",
+            ("%.2f" % r["best_torch_over_ours"]) if r.get("best_torch_over_ours") else "-",
+            ("%.1e" % r["max_abs_vs_torch"]) if r.get("max_abs_vs_torch") is not None else "-",
+            ("%.1e" % r["rel_err_ref"]) if r.get("rel_err_ref") is not None else "-"))
+    notes = []
+    for r in res["rows"]:
+        if r["kind"] in ("ragged", "chunked"):
+            for col in ("flash", "cudnn"):
+                name = r.get(col + "_variant")
+                if name:
+                    note = next((t["note"] for t in r.get("torch", []) if t["name"] == name), "")
+                    notes.append("%s %s: torch %s = %s (%s)" % (r["kind"], col, col, name, note))
+        if r.get("ours_error"):
+            notes.append("%s d%d %s %s: %s" % (r["dtype"], r["d"], row_label(r),
+                                               "causal" if r["causal"] else "full", r["ours_error"]))
+        for t in r.get("torch", []):
+            if t.get("error"):
+                notes.append("%s d%d %s %s: torch %s refused/failed: %s" % (
+                    r["dtype"], r["d"], row_label(r), "causal" if r["causal"] else "full",
+                    t["name"], t["error"]))
+            elif t["name"].endswith("+rep"):
+                notes.append("%s d%d %s %s: torch %s needed K/V heads repeated (%s)" % (
+                    r["dtype"], r["d"], row_label(r), "causal" if r["causal"] else "full",
+                    t["name"], t.get("gqa_error", "")))
+    ragged = [r for r in res["rows"] if r["kind"] == "ragged" and r.get("lens")]
+    if ragged:
+        notes.append("ragged lengths (log-normal, seed %d, median %d, sigma %.1f): %s" % (
+            RAGGED_SEED, RAGGED_MEDIAN, RAGGED_SIGMA, ",".join(str(x) for x in ragged[0]["lens"])))
+    for n in notes[:60]:
+        print("- " + n)
+    if len(notes) > 60:
+        print("- (%d more notes in the JSON)" % (len(notes) - 60))
+
+
+def run_host_overhead():
+    """Host time of one decode run() from Python over the bare C call (kvattn.bench), one line;
+    the result (or the error) for the JSON. Own RNG state: the benchmark's inputs stay as they
+    were without it."""
+    try:
+        with torch.random.fork_rng(devices=[torch.cuda.current_device()]):
+            r = kb.host_overhead("cuda")
+    except Exception as e:  # not a reason to skip the tables
+        msg = (str(e).strip().splitlines() or ["?"])[0][:200]
+        print("host overhead: failed: %s" % msg, flush=True)
+        return {"error": msg}
+    hot = r["styles"]["run(q, KVPages, out=out)"]
+    print("host overhead: decode run() from Python %.2f us, bare C call %.2f us: %+.2f us per call "
+          "(target <= 3 us: %s)" % (hot["python_us"], r["c_call_us"], r["overhead_us"],
+                                    "met" if r["overhead_us"] <= 3.0 else "MISSED"), flush=True)
+    return r
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--build", default=os.environ.get("KVA_BUILD", "build"))
+    ap.add_argument("--quick", action="store_true",
+                    help="fewer timed calls (decode 30, prefill 10 instead of 100 / 30)")
+    ap.add_argument("--json", default=None, help="write every number to this file")
+    which = ap.add_mutually_exclusive_group()
+    which.add_argument("--decode-only", action="store_true", help="only the decode table")
+    which.add_argument("--prefill-only", action="store_true", help="only the prefill table")
+    ap.add_argument("--shapes", default=None, help="decode shapes, e.g. 1x8192,64x4096")
+    ap.add_argument("--variants", action="store_true", help="decode: also time other split choices")
+    ap.add_argument("--seqs", default=None,
+                    help="prefill sequence lengths (16384 tokens per batch), default 512,2048,8192,16384")
+    ap.add_argument("--prefill-sets", default=None,
+                    help="prefill dtype:head_dim list, default bf16:128,f16:128,bf16:64,bf16:256")
+    ap.add_argument("--no-extra-rows", action="store_true",
+                    help="prefill: skip the ragged and chunked-prefill rows")
+    args = ap.parse_args()
+
+    torch.manual_seed(0)
+    load_kvattn(args.build)
+    info = kvattn.device_info("cuda:%d" % torch.cuda.current_device())
+    dev_name = info["name"]
+    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    print("device: %s (%d SMs, L2 %.0f MB), torch %s, %s" %
+          (dev_name, info["num_sms"], info["l2_bytes"] / 1e6, torch.__version__, date), flush=True)
+    out = {"device": dev_name, "date": date, "torch": torch.__version__,
+           "num_sms": info["num_sms"], "l2_bytes": info["l2_bytes"]}
+    out["host_overhead"] = run_host_overhead()
+    status = 0
+    dec = pre = None
+    if not args.prefill_only:
+        dec = run_decode(args, info)
+        # the decode results stay at the top level, as before ("rows", "ceiling_gbs", ...)
+        out.update({k: v for k, v in dec.items()})
+    if not args.decode_only:
+        print(flush=True)
+        pre = run_prefill(args, info)
+        out["prefill"] = pre
+    # the tables last, so that `sed -n '/^## kvattn/,$p'` shows both and nothing else
+    if dec is not None:
+        print_decode_table(dev_name, date, dec)
+    if pre is not None:
+        print_prefill_table(dev_name, date, pre)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"device": dev_name, "ceiling_gbs": ceiling, "launch_floor_us": launch_floor_us,
-                       "rows": rows}, f, indent=1)
-    bad = [r for r in rows if not (r["max_abs_err"] < 2e-2)]
-    if bad:
-        print("ERROR: outputs differ from SDPA for", [(r["batch"], r["ctx"]) for r in bad])
-        return 1
-    return 0
+            json.dump(out, f, indent=1, default=str)
+    if dec is not None and dec["failed"]:
+        print("ERROR: decode outputs differ from SDPA for", dec["failed"])
+        status = 1
+    if pre is not None:
+        bad = prefill_failures(pre)
+        if bad:
+            print("ERROR: prefill rows wrong or failing: %s" % "; ".join(
+                "%s d%d %s %s: %s" % (r["dtype"], r["d"], row_label(r),
+                                      "causal" if r["causal"] else "full",
+                                      r.get("ours_error") or r.get("dense_error") or r.get("dense_state"))
+                for r in bad))
+            status = 1
+        if pre["aborted"]:
+            status = 1
+        states = [r.get("ours_state", "?") for r in pre["rows"]]
+        print("prefill rows: %d ok, %d unsupported, %d wrong, %d error (of %d)%s" % (
+            states.count("ok"), states.count("unsupported"), states.count("WRONG"),
+            states.count("error"), len(states), "; aborted" if pre["aborted"] else ""))
+    return status
 
 
 if __name__ == "__main__":

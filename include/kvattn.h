@@ -270,7 +270,8 @@ kva_attn_params kva_attn_params_default(int32_t num_qo_heads, int32_t num_kv_hea
 /* q, o: [qo_len, num_qo_heads, head_dim]; k, v: [kv_len, num_kv_heads, head_dim]; all of one
  * dtype; lse: NULL or f32 [qo_len, num_qo_heads]. With causal and qo_len > kv_len the first
  * queries sit at negative positions, see no key, and get output 0 and LSE -inf.
- * Synchronous on the CPU; enqueued on the stream on CUDA. CPU only in this version. */
+ * Synchronous on the CPU; enqueued on the stream on CUDA (the prefill kernel without a plan:
+ * no split of the keys, so one long sequence still fills the GPU only through its query tiles). */
 kva_status kva_attention(kva_context *ctx, const kva_attn_params *params, int32_t qo_len,
                          int32_t kv_len, kva_tensor q, kva_tensor k, kva_tensor v, kva_tensor o,
                          float *lse);

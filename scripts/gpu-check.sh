@@ -1,15 +1,21 @@
 #!/usr/bin/env bash
 # gpu-check.sh -- everything a GPU machine run needs, in one go, from the repository root:
 #   1. build for sm_90a (KVA_CUDA_ARCHS=90a) into $BUILD (default build-gpu),
-#   2. the GPU tests (kvattn_tests cuda*: decode sweep, graphs, merge, cache, errors) against
-#      the float64 reference,
+#   2. the GPU tests (kvattn_tests cuda*: decode sweep, prefill (cuda_prefill*), graphs, merge,
+#      cache, errors) against the float64 reference,
 #   3. the same under compute-sanitizer memcheck, and racecheck, on the small sweep
-#      (KVA_TEST_QUICK=1),
-#   4. the benchmark (bench/bench_torch.py: read ceiling, ours vs PyTorch SDPA, graph replays),
-#   5. a summary, printed last.
+#      (KVA_TEST_QUICK=1; prefill: the cuda_prefill_quick subset),
+#   4. the Python package's tests (python/tests with torch on CUDA: streams, graph capture, the
+#      transformers integration against sdpa on CPU f32 and GPU bf16) and the host overhead of a
+#      decode run from Python (python -m kvattn.bench --device cuda),
+#   5. the benchmark (bench/bench_torch.py: decode table -- read ceiling, ours vs PyTorch SDPA,
+#      graph replays -- and prefill table -- bf16 GEMM ceiling, ours ragged / paged / dense vs
+#      SDPA flash and cuDNN; both tables printed at the end, numbers in bench.json),
+#   6. a summary, printed last.
 # Full logs go to $OUT (default ./gpu-check-out). Knobs: GPU_CHECK_SANITIZE=0 skips step 3,
-# GPU_CHECK_BENCH=0 skips step 4, GPU_CHECK_BENCH_ARGS passes options to bench_torch.py
-# (e.g. "--quick --shapes 1x8192,64x4096"), GPU_CHECK_TESTS selects tests (default "cuda").
+# GPU_CHECK_PYTHON=0 skips step 4, GPU_CHECK_BENCH=0 skips step 5, GPU_CHECK_BENCH_ARGS passes
+# options to bench_torch.py (e.g. "--quick --shapes 1x8192,64x4096", "--prefill-only",
+# "--decode-only"), GPU_CHECK_TESTS selects tests (default "cuda", which includes cuda_prefill*).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-check-out}
@@ -27,11 +33,15 @@ gen=()
 command -v ninja >/dev/null && gen=(-G Ninja)
 t0=$(date +%s)
 if cmake -S . -B "$BUILD" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DKVA_CUDA=ON -DKVA_CUDA_ARCHS=90a \
+        -DKVA_VERBOSE_PTXAS=ON -DPython_EXECUTABLE="$(command -v python3)" \
         >"$OUT/build.log" 2>&1 &&
    cmake --build "$BUILD" -j "$(nproc)" >>"$OUT/build.log" 2>&1; then
     note "build: ok ($(( $(date +%s) - t0 )) s)"
     grep -A2 "Compiling entry function '_Z18kva__decode_kernel" "$OUT/build.log" \
         | grep -E "registers|spill" | sort | uniq -c >"$OUT/ptxas.txt" || true
+    # prefill kernels (any entry function with "prefill" in its mangled name)
+    grep -A3 -E "Compiling entry function '[^']*prefill" "$OUT/build.log" \
+        | grep -E "registers|spill" | sort | uniq -c | sed 's/^/prefill: /' >>"$OUT/ptxas.txt" || true
 else
     tail -40 "$OUT/build.log"
     note "build: FAILED (see build.log)"
@@ -57,14 +67,23 @@ run_tests() { # name, log, command...
 }
 
 run_tests "tests" tests.log "./$BUILD/kvattn_tests" $TESTS
+# The prefill sweep again on the mma.sync kernels (on a Hopper GPU the default is wgmma).
+run_tests "tests (prefill, mma.sync path)" tests-mma.log env KVA_PREFILL_PATH=mma \
+    "./$BUILD/kvattn_tests" cuda_prefill
 
 if [ "${GPU_CHECK_SANITIZE:-1}" != 0 ]; then
     run_tests "memcheck" memcheck.log env KVA_TEST_QUICK=1 compute-sanitizer --tool memcheck \
-        --leak-check no --error-exitcode 9 "./$BUILD/kvattn_tests" cuda_decode cuda_merge cuda_cache cuda_graph
+        --leak-check no --error-exitcode 9 "./$BUILD/kvattn_tests" cuda_decode cuda_merge cuda_cache cuda_graph \
+        cuda_prefill
     grep -E "ERROR SUMMARY" "$OUT/memcheck.log" | tail -1
     run_tests "racecheck" racecheck.log env KVA_TEST_QUICK=1 compute-sanitizer --tool racecheck \
-        --error-exitcode 9 "./$BUILD/kvattn_tests" cuda_decode_sweep cuda_decode_long
+        --error-exitcode 9 "./$BUILD/kvattn_tests" cuda_decode_sweep cuda_decode_long \
+        cuda_prefill_quick
     grep -E "RACECHECK SUMMARY|ERROR SUMMARY" "$OUT/racecheck.log" | tail -1
+    run_tests "racecheck (prefill, mma.sync path)" racecheck-mma.log env KVA_TEST_QUICK=1 KVA_PREFILL_PATH=mma \
+        compute-sanitizer --tool racecheck --error-exitcode 9 "./$BUILD/kvattn_tests" cuda_prefill_quick
+    run_tests "synccheck (prefill)" synccheck.log env KVA_TEST_QUICK=1 compute-sanitizer --tool synccheck \
+        --error-exitcode 9 "./$BUILD/kvattn_tests" cuda_prefill_quick
 fi
 
 # End to end through the command: one shape against the float64 reference, then a short
@@ -75,18 +94,44 @@ if [ "${GPU_CHECK_E2E:-1}" != 0 ]; then
     tail -25 "$OUT/run.log"
 fi
 
+if [ "${GPU_CHECK_PYTHON:-1}" != 0 ]; then
+    if [ ! -f "$BUILD/python/kvattn/_ext.abi3.so" ]; then
+        note "python: SKIPPED (extension not built: no Python development headers)"
+    elif ! python3 -c "import pytest" 2>/dev/null; then
+        note "python: SKIPPED (no pytest on this machine)"
+    else
+        run_tests "python tests" python.log env PYTHONPATH="$PWD/$BUILD/python" python3 -m pytest -q -rs \
+            -p no:cacheprovider python/tests
+        grep -E "passed|failed|SKIPPED" "$OUT/python.log" | tail -8
+    fi
+    if [ -f "$BUILD/python/kvattn/_ext.abi3.so" ]; then
+        PYTHONPATH="$PWD/$BUILD/python" python3 -m kvattn.bench --device cuda --json "$OUT/host_overhead.json" \
+            >"$OUT/host_overhead.log" 2>&1 && note "host overhead: $(tail -1 "$OUT/host_overhead.log")" \
+            || note "host overhead: FAILED (see host_overhead.log)"
+        cat "$OUT/host_overhead.log"
+    fi
+fi
+
+# Both tables (decode, then prefill; ~2-3 minutes).
 if [ "${GPU_CHECK_BENCH:-1}" != 0 ]; then
     t=$(date +%s)
     # shellcheck disable=SC2086
     if PYTHONUNBUFFERED=1 python3 bench/bench_torch.py --build "$BUILD" --json "$OUT/bench.json" \
             ${GPU_CHECK_BENCH_ARGS:-} >"$OUT/bench.log" 2>&1; then
-        note "bench: ok ($(( $(date +%s) - t )) s)"
+        note "bench: ok ($(( $(date +%s) - t )) s) $(grep -E '^prefill rows:' "$OUT/bench.log" | tail -1)"
     else
         status=1
         tail -20 "$OUT/bench.log"
-        note "bench: FAILED (see bench.log)"
+        note "bench: FAILED (see bench.log) $(grep -E '^prefill rows:' "$OUT/bench.log" | tail -1)"
     fi
     sed -n '/^## kvattn/,$p' "$OUT/bench.log"
+    # The mma.sync prefill path beside it (d = 128 rows), for the path comparison.
+    if [ "${GPU_CHECK_BENCH_MMA:-1}" != 0 ]; then
+        KVA_PREFILL_PATH=mma PYTHONUNBUFFERED=1 python3 bench/bench_torch.py --build "$BUILD" --prefill-only \
+            --prefill-sets bf16:128 --no-extra-rows --json "$OUT/bench-mma.json" >"$OUT/bench-mma.log" 2>&1 ||
+            note "bench (mma.sync path): FAILED"
+        sed -n '/^## kvattn/,$p' "$OUT/bench-mma.log" | grep -E "^\| bf16 \| 128" | sed 's/^/mma.sync: /'
+    fi
 fi
 
 echo

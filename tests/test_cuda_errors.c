@@ -77,11 +77,16 @@ KVA_TEST(cuda_errors_are_reported) {
                  KVA_ERR_OUT_OF_RANGE);
     pb.indices[0] = saved;
 
-    /* The global-rowmax algorithm and dense/prefill attention are CPU only. */
+    /* The global-rowmax algorithm is CPU only; prefill workspaces refuse head dims with no
+     * CUDA prefill kernel at sizing time, before any plan could succeed. */
     kva_plan_options opt = {0, 0, KVA_DECODE_GLOBAL_ROWMAX};
     CHECK_STATUS(kva_decode_plan(ctx, &lim, &pb.table, pb.num_pages, &opt, w.ws, &plan2),
                  KVA_ERR_UNSUPPORTED);
-    CHECK_STATUS(kva_attention(ctx, &p, 1, 1, qt, qt, qt, ot, NULL), KVA_ERR_UNSUPPORTED);
+    kva_plan_limits odd = lim;
+    odd.head_dim = 96;
+    odd.max_total_qo = 64;
+    size_t db = 0, hb = 0;
+    CHECK_STATUS(kva_prefill_workspace_size(ctx, &odd, &db, &hb), KVA_ERR_UNSUPPORTED);
     CHECK_STATUS(kva_merge_states(ctx, 4, 2, 0, KVA_BF16, q, (const float *)q, o, NULL), KVA_ERR_BAD_SHAPE);
 
     /* None of the failed calls wrote o: it is still all poison. */

@@ -21,7 +21,7 @@ kva_status kva_attention(kva_context *ctx, const kva_attn_params *params, int32_
     KVA_TRY(kva__check_tensor("v", v, dt, kv_len));
     KVA_TRY(kva__check_tensor("o", o, dt, qo_len));
     if (ctx->device == KVA_DEVICE_CUDA)
-        return kva__fail(KVA_ERR_UNSUPPORTED, "kva_attention: CPU only in this version");
+        return kva__cuda_attention(ctx, params, qo_len, kv_len, q, k, v, o, lse);
     return kva__cpu_attention(ctx, params, qo_len, kv_len, q, k, v, o, lse);
 }
 
@@ -59,7 +59,7 @@ kva_status kva_prefill_run_ragged(kva_context *ctx, const kva_plan *plan,
     KVA_TRY(kva__check_tensor("v", v, dt, nk));
     KVA_TRY(kva__check_tensor("o", o, dt, nq));
     if (ctx->device == KVA_DEVICE_CUDA)
-        return kva__fail(KVA_ERR_UNSUPPORTED, "prefill: CPU only in this version");
+        return kva__cuda_prefill_run(ctx, plan, params, q, k, v, NULL, o, lse);
     return kva__cpu_prefill_run_ragged(ctx, plan, params, q, k, v, o, lse);
 }
 
@@ -73,8 +73,10 @@ kva_status kva_prefill_run_paged(kva_context *ctx, const kva_plan *plan,
     int64_t nq = total_qo(plan);
     KVA_TRY(kva__check_tensor("q", q, pages->dtype, nq));
     KVA_TRY(kva__check_tensor("o", o, pages->dtype, nq));
-    if (ctx->device == KVA_DEVICE_CUDA)
-        return kva__fail(KVA_ERR_UNSUPPORTED, "prefill: CPU only in this version");
+    if (ctx->device == KVA_DEVICE_CUDA) {
+        kva_tensor none = {NULL, pages->dtype, 0, 0};
+        return kva__cuda_prefill_run(ctx, plan, params, q, none, none, pages, o, lse);
+    }
     return kva__cpu_prefill_run_paged(ctx, plan, params, q, pages, o, lse);
 }
 

@@ -97,7 +97,9 @@ kva_status kva__cpu_attention(kva_context *ctx, const kva_attn_params *params, i
         task.kv = (kva__kv_source){.k = k.data,
                                    .v = v.data,
                                    .stride_token = k.stride_token,
-                                   .stride_head = k.stride_head};
+                                   .stride_head = k.stride_head,
+                                   .v_stride_token = v.stride_token,
+                                   .v_stride_head = v.stride_head};
         task.out = (void *)row_of(o, tok0);
         task.out_dtype = o.dtype;
         task.out_stride_token = o.stride_token;
@@ -185,6 +187,8 @@ static kva_status run_plan(kva_context *ctx, const kva_plan *plan, const kva_att
                                        .v = v.data,
                                        .stride_token = k.stride_token,
                                        .stride_head = k.stride_head,
+                                       .v_stride_token = v.stride_token,
+                                       .v_stride_head = v.stride_head,
                                        .first_row = kv_indptr[b]};
         const bool split = nkv > chunk;
         if (split) {

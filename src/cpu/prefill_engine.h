@@ -16,13 +16,15 @@
 #include <stdint.h>
 
 /* Where a request's keys and values live. Key j (0-based in the request), head h:
- *   contiguous rows: k + ((first_row + j) * stride_token + h * stride_head) elements
+ *   contiguous rows: k + ((first_row + j) * stride_token + h * stride_head) elements, and
+ *                    v + ((first_row + j) * v_stride_token + h * v_stride_head) elements
+ *                    (ragged K and V tensors may have different layouts)
  *   paged:           k + (pages[j / page_size] * stride_page + (j % page_size) * stride_token
- *                         + h * stride_head) elements
- * and the same offsets from v. */
+ *                         + h * stride_head) elements, the same offsets from v. */
 typedef struct kva__kv_source {
     const void *k, *v;
     int64_t stride_token, stride_head; /* elements */
+    int64_t v_stride_token, v_stride_head; /* contiguous rows only */
     int64_t first_row;                 /* contiguous rows only */
     const int32_t *pages;              /* NULL: contiguous rows */
     int32_t page_size;

@@ -41,6 +41,16 @@ kva_status kva__cuda_decode_run(kva_context *ctx, const kva_plan *plan,
                                 const kva_attn_params *params, kva_tensor q,
                                 const kva_kv_pages *pages, kva_tensor o, float *lse);
 
+/* Prefill from a plan: ragged K/V (pages == NULL; k, v tensors) or paged (pages). */
+kva_status kva__cuda_prefill_run(kva_context *ctx, const kva_plan *plan,
+                                 const kva_attn_params *params, kva_tensor q, kva_tensor k,
+                                 kva_tensor v, const kva_kv_pages *pages, kva_tensor o, float *lse);
+
+/* Dense attention of one sequence (kva_attention), no plan. */
+kva_status kva__cuda_attention(kva_context *ctx, const kva_attn_params *params, int32_t qo_len,
+                               int32_t kv_len, kva_tensor q, kva_tensor k, kva_tensor v,
+                               kva_tensor o, float *lse);
+
 kva_status kva__cuda_merge_states(kva_context *ctx, int32_t num_rows, int32_t num_states,
                                   int32_t head_dim, kva_dtype dtype, const void *v_in,
                                   const float *lse_in, void *v_out, float *lse_out);

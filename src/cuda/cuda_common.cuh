@@ -42,7 +42,12 @@ typedef struct kva__cuda_private {
     const void *upload_host[KVA__UPLOAD_SLOTS];
     int upload_next;
     int decode_blocks_per_sm[9][2]; /* resident blocks per SM of each decode kernel [entry][nt-1] */
+    int prefill_blocks_per_sm[3];   /* resident blocks per SM of the largest bf16 prefill kernel,
+                                       head_dim 64 / 128 / 256 */
+    int prefill_path;               /* kva__prefill_path of this device */
+    int smem_optin;                 /* shared memory a block may opt into, bytes */
 } kva__cuda_private;
+
 
 static inline cudaStream_t kva__stream(const kva_context *ctx) {
     return (cudaStream_t)ctx->stream;

@@ -9,6 +9,7 @@
  */
 #include "cuda_common.cuh"
 #include "decode_kernels.h"
+#include "prefill_kernels.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -76,6 +77,29 @@ static kva_status prepare_kernels(kva__cuda_private *priv) {
             priv->decode_blocks_per_sm[i][nt - 1] = blocks > 0 ? blocks : 1;
         }
     }
+    /* Every prefill kernel (dtype x head dim x tile) gets its shared-memory limit; the largest
+     * bf16 tile's occupancy sets the prefill split budget. */
+    const kva_dtype dts[3] = {KVA_BF16, KVA_F16, KVA_F32};
+    const int dims[3] = {64, 128, 256};
+    for (int path = KVA__PREFILL_MMA; path <= priv->prefill_path; ++path)
+    for (int di = 0; di < 3; ++di)
+        for (int ti = 0; ti < 3; ++ti)
+            for (int rows = KVA__PREFILL_ROWS_SMALL; rows <= KVA__PREFILL_ROWS_LARGE; rows *= 2) {
+                kva__prefill_choice k;
+                const kva__prefill_target target = {(kva__prefill_path)path, priv->smem_optin};
+                if (!kva__prefill_choose(dts[ti], dims[di], rows, &target, &k)) continue;
+                cudaError_t err = cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, k.smem);
+                if (err != cudaSuccess)
+                    return kva__fail(KVA_ERR_DEVICE,
+                                     "CUDA context: preparing the prefill kernel (%s, head_dim %d, %d rows, %d B "
+                                     "shared memory) failed: %s",
+                                     kva_dtype_name(dts[ti]), dims[di], k.rows, k.smem, cudaGetErrorString(err));
+                if (dts[ti] == KVA_BF16 && rows == KVA__PREFILL_ROWS_LARGE && path == priv->prefill_path) {
+                    int blocks = 0;
+                    KVA_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, k.fn, k.threads, (size_t)k.smem));
+                    priv->prefill_blocks_per_sm[di] = blocks > 0 ? blocks : 1;
+                }
+            }
     return KVA_OK;
 }
 
@@ -107,6 +131,21 @@ extern "C" kva_status kva__cuda_context_init(kva_context *ctx) {
         if (e != cudaSuccess)
             st = kva__fail(KVA_ERR_DEVICE, "kva_context_create: cudaEventCreate: %s", cudaGetErrorString(e));
     }
+    /* Hopper's wgmma path where the device has it (this build's sm_90a code), unless
+     * KVA_PREFILL_PATH=mma asks for the mma.sync kernels (tests and comparisons). */
+    const char *path = getenv("KVA_PREFILL_PATH");
+    priv->prefill_path = KVA__PREFILL_MMA;
+#ifdef KVA_HAVE_SM90A /* the build holds sm_90a code (KVA_CUDA_ARCHS has 90a) */
+    if (prop.major == 9 && !(path && strcmp(path, "mma") == 0)) priv->prefill_path = KVA__PREFILL_HOPPER;
+#else
+    (void)path;
+#endif
+    int optin = 0;
+    if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, ctx->device_id) != cudaSuccess) {
+        (void)cudaGetLastError();
+        optin = 48 * 1024;
+    }
+    priv->smem_optin = optin;
     if (st == KVA_OK) st = prepare_kernels(priv);
     if (st != KVA_OK) kva__cuda_context_destroy(ctx);
     return st;
@@ -227,6 +266,43 @@ extern "C" kva_status kva__cuda_plan_upload(kva_context *ctx, void *device_part,
 
 /* ---- split policy ---------------------------------------------------------------------------- */
 
+kva__prefill_target kva__cuda_prefill_target(const kva_context *ctx) {
+    const kva__cuda_private *priv = (const kva__cuda_private *)ctx->cuda_private;
+    kva__prefill_target t = {KVA__PREFILL_MMA, 48 * 1024};
+    if (priv) {
+        t.path = (kva__prefill_path)priv->prefill_path;
+        t.smem_limit = priv->smem_optin;
+    }
+    return t;
+}
+
+/* Prefill: query tiles of the largest kernel's rows (128 packed rows) or,
+ * for batches of short query runs, of the 64-row kernel; keys split only while the batch's
+ * (work item x KV head) blocks are fewer than one wave, in chunks of at least 4 key tiles. */
+static kva_status prefill_policy(const kva_context *ctx, const kva_plan_limits *limits, int dim_idx,
+                                 kva__split_policy *policy) {
+    const kva__cuda_private *priv = (const kva__cuda_private *)ctx->cuda_private;
+    const int group = limits->num_qo_heads / limits->num_kv_heads;
+    kva__prefill_choice large, small;
+    const kva__prefill_target target = kva__cuda_prefill_target(ctx);
+    if (group > 16)
+        return kva__fail(KVA_ERR_UNSUPPORTED, "plan limits: GQA group %d > 16 unsupported on CUDA", group);
+    if (!kva__prefill_choose(KVA_BF16, limits->head_dim, KVA__PREFILL_ROWS_LARGE, &target, &large) ||
+        !kva__prefill_choose(KVA_BF16, limits->head_dim, KVA__PREFILL_ROWS_SMALL, &target, &small) ||
+        kva__prefill_tile_tokens_for(large.rows, group) < 1)
+        return kva__fail(KVA_ERR_UNSUPPORTED,
+                         "plan limits: prefill on CUDA supports head_dim 64, 128, 256 (256 needs %d KB of shared "
+                         "memory per block; this GPU offers %d KB) (got head_dim %d)",
+                         166, priv ? priv->smem_optin / 1024 : 0, limits->head_dim);
+    const int per_sm = priv && priv->prefill_blocks_per_sm[dim_idx] > 0 ? priv->prefill_blocks_per_sm[dim_idx] : 1;
+    policy->max_blocks = (int64_t)(ctx->num_sms > 0 ? ctx->num_sms : 1) * per_sm;
+    policy->min_chunk = 256;
+    policy->qo_tile = kva__prefill_tile_tokens_for(large.rows, group);
+    const int32_t small_tile = kva__prefill_tile_tokens_for(small.rows, group);
+    policy->qo_tile_min = small_tile >= 1 && small_tile < policy->qo_tile ? small_tile : 0;
+    return KVA_OK;
+}
+
 extern "C" kva_status kva__cuda_split_policy(const kva_context *ctx, const kva_plan_limits *limits,
                                              int kind, kva__split_policy *policy) {
     const kva__cuda_private *priv = (const kva__cuda_private *)ctx->cuda_private;
@@ -234,6 +310,7 @@ extern "C" kva_status kva__cuda_split_policy(const kva_context *ctx, const kva_p
      * f16 is the same kernel, f32 holds as many or fewer). */
     const int idx = limits->head_dim <= 64 ? 0 : limits->head_dim <= 128 ? 1 : 2;
     const int nt = limits->num_kv_heads > 0 && limits->num_qo_heads / limits->num_kv_heads <= 8 ? 1 : 2;
+    if (kind != KVA__PLAN_DECODE) return prefill_policy(ctx, limits, idx, policy);
     int per_sm = priv ? priv->decode_blocks_per_sm[idx][nt - 1] : 1;
     /* Split requests into at most 2 blocks per SM: one SM streams at about its share of the
      * memory bandwidth with 1 to 2 blocks (bench/NOTES.md), and more chunks only add merge work.

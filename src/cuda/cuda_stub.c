@@ -36,6 +36,19 @@ kva_status kva__cuda_decode_run(kva_context *ctx, const kva_plan *plan,
     (void)ctx; (void)plan; (void)params; (void)q; (void)pages; (void)o; (void)lse;
     return NOT_BUILT();
 }
+kva_status kva__cuda_prefill_run(kva_context *ctx, const kva_plan *plan,
+                                 const kva_attn_params *params, kva_tensor q, kva_tensor k,
+                                 kva_tensor v, const kva_kv_pages *pages, kva_tensor o, float *lse) {
+    (void)ctx; (void)plan; (void)params; (void)q; (void)k; (void)v; (void)pages; (void)o; (void)lse;
+    return NOT_BUILT();
+}
+kva_status kva__cuda_attention(kva_context *ctx, const kva_attn_params *params, int32_t qo_len,
+                               int32_t kv_len, kva_tensor q, kva_tensor k, kva_tensor v,
+                               kva_tensor o, float *lse) {
+    (void)ctx; (void)params; (void)qo_len; (void)kv_len; (void)q; (void)k; (void)v; (void)o;
+    (void)lse;
+    return NOT_BUILT();
+}
 kva_status kva__cuda_merge_states(kva_context *ctx, int32_t num_rows, int32_t num_states,
                                   int32_t head_dim, kva_dtype dtype, const void *v_in,
                                   const float *lse_in, void *v_out, float *lse_out) {

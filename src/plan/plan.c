@@ -103,6 +103,18 @@ static kva_status check_page_table(const kva_page_table *pt, int32_t num_pages, 
     return KVA_OK;
 }
 
+/* The query tile of a prefill plan: the policy's largest, unless it offers a smaller one and
+ * no request has more queries than that (decode-like chunked-prefill steps would leave most rows
+ * of a large tile empty). Graph plans keep the largest: a captured launch bakes in its kernel. */
+static int32_t choose_qo_tile(const kva__split_policy *pol, int kind, int32_t batch,
+                              const int32_t *qo_len, uint32_t flags) {
+    if (kind == KVA__PLAN_DECODE || pol->qo_tile_min >= pol->qo_tile || (flags & KVA_PLAN_GRAPH))
+        return pol->qo_tile;
+    for (int32_t b = 0; b < batch; ++b)
+        if (qo_len[b] > pol->qo_tile_min) return pol->qo_tile;
+    return pol->qo_tile_min;
+}
+
 typedef struct plan_inputs {
     int kind;
     int32_t batch;
@@ -204,7 +216,7 @@ static kva_status make_plan(kva_context *ctx, const kva_plan_limits *limits, con
     p.batch_size = B;
     p.qo_len = in->kind == KVA__PLAN_DECODE ? NULL : qo_len;
     p.kv_len = kv_len;
-    p.qo_tile = L.policy.qo_tile;
+    p.qo_tile = choose_qo_tile(&L.policy, in->kind, B, qo_len, opt.flags);
     p.num_kv_heads = limits->num_kv_heads;
     p.max_blocks = L.policy.max_blocks;
     p.min_chunk = L.policy.min_chunk;
@@ -262,6 +274,22 @@ static kva_status make_plan(kva_context *ctx, const kva_plan_limits *limits, con
             rec[KVA__UR_ITEM_BEG] = gi[b];
             rec[KVA__UR_ITEM_END] = gi[b + 1];
             rec[KVA__UR_PAD] = 0;
+        }
+    } else {
+        int32_t *rec = ints + h->off_unit_records;
+        for (int64_t i = 0; i < w; ++i, rec += KVA__UNIT_RECORD_INTS) {
+            const int32_t b = req[i], len = kv_len[b];
+            const int64_t beg = (int64_t)kt[i] * chunk;
+            const int32_t tok0 = qt[i] * p.qo_tile;
+            const int32_t left = qo_len[b] - tok0;
+            rec[KVA__UR_REQUEST] = b;
+            rec[KVA__UR_KEY_BEG] = (int32_t)(beg < len ? beg : len);
+            rec[KVA__UR_KEY_END] = (int32_t)(beg + chunk < len ? beg + chunk : len);
+            rec[KVA__UR_KV_LEN] = len;
+            rec[KVA__UR_PAGE_BEG] = kv_indptr[b];
+            rec[KVA__PR_Q_ROW0] = qo_indptr[b] + tok0;
+            rec[KVA__PR_Q_TOKENS] = left < p.qo_tile ? left : p.qo_tile;
+            rec[KVA__PR_Q_POS0] = len - qo_len[b] + tok0;
         }
     }
 

@@ -68,9 +68,13 @@ kva_status kva__compute_layout(const kva_context *ctx, const kva_plan_limits *li
         L.cap_split_work = L.cap_work;
     } else {
         int32_t tile = L.policy.qo_tile > 0 ? L.policy.qo_tile : 1;
+        int32_t tile_min = L.policy.qo_tile_min > 0 && L.policy.qo_tile_min < tile
+                               ? L.policy.qo_tile_min : tile;
         L.policy.qo_tile = tile;
+        L.policy.qo_tile_min = tile_min;
+        /* partial states are laid out for the largest tile, groups counted for the smallest */
         L.rows_per_work = (int64_t)tile * limits->num_qo_heads;
-        L.cap_groups = limits->max_total_qo / tile + B;
+        L.cap_groups = limits->max_total_qo / tile_min + B;
         L.cap_work = L.cap_groups > budget_items ? L.cap_groups : budget_items;
         /* A searched prefill plan splits keys only when the unsplit count is under budget; a
          * few more slots let a fixed (forced) chunk size split small batches too. */

@@ -30,7 +30,9 @@ enum kva__plan_kind {
 typedef struct kva__split_policy {
     int64_t max_blocks;    /* concurrent (work item x KV head) blocks */
     int32_t min_chunk;     /* shortest key chunk worth a work item */
-    int32_t qo_tile;       /* prefill query tokens per work item */
+    int32_t qo_tile;       /* prefill query tokens per work item (the largest tile) */
+    int32_t qo_tile_min;   /* 0, or a smaller tile a plan may pick for batches of short query
+                              runs (CUDA: a 64-row kernel instead of the 128-row one) */
 } kva__split_policy;
 
 /* Plan facts the kernels read; first bytes of the host and the device part. 64 bytes aligned. */
@@ -84,6 +86,15 @@ enum kva__unit_record_field {
     KVA__UR_ITEM_BEG = 5,  /* request b's work items (merge range) */
     KVA__UR_ITEM_END = 6,
     KVA__UR_PAD = 7
+};
+/* Prefill plans fill the same records; fields 0-4 mean the same (field 4 is the request's
+ * first page entry, or its first key row for ragged K/V), and the last three describe the
+ * work item's query tile. A work item covering all of its request's keys is unsplit and
+ * writes o directly; any other writes its partial state (workspace_layout: partial O / LSE). */
+enum kva__prefill_record_field {
+    KVA__PR_Q_ROW0 = 5,   /* first query row of the tile (qo_indptr[b] + tile * qo_tile) */
+    KVA__PR_Q_TOKENS = 6, /* query tokens in the tile (1 .. qo_tile) */
+    KVA__PR_Q_POS0 = 7    /* position of the tile's first query: kv_len - qo_len + tile token */
 };
 
 /* Capacities and byte offsets derived from limits + policy; identical at sizing and planning. */

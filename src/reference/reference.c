@@ -26,7 +26,7 @@ void kva_ref_attention(const kva_attn_params *p, int32_t qo_len, int32_t kv_len,
                 if (p->logits_soft_cap > 0) x = p->logits_soft_cap * tanh(x / p->logits_soft_cap);
                 if (p->score_mod) x = p->score_mod((float)x, q_pos, j, h, p->score_mod_user);
                 if (p->causal && j > q_pos) x = -INFINITY;
-                if (p->window_left >= 0 && j < q_pos - p->window_left) x = -INFINITY;
+                if (p->window_left >= 0 && (int64_t)j < (int64_t)q_pos - p->window_left) x = -INFINITY;
                 s[j] = x;
                 if (x > m) m = x;
             }

@@ -160,7 +160,7 @@ static void init_lanes(const kva__prefill_config *cfg, const kva__prefill_task *
  * sources step through the page list without a division per key. */
 typedef struct key_cursor {
     const kva__kv_source *src;
-    int64_t head_off;
+    int64_t head_off, v_head_off;
     int32_t key, page, slot;
 } key_cursor;
 
@@ -168,13 +168,15 @@ static key_cursor key_cursor_at(const kva__prefill_task *task, int32_t key) {
     key_cursor c;
     c.src = &task->kv;
     c.head_off = (int64_t)task->kv_head * task->kv.stride_head;
+    c.v_head_off = (int64_t)task->kv_head * task->kv.v_stride_head;
     c.key = key;
     c.page = c.src->pages ? key / c.src->page_size : 0;
     c.slot = c.src->pages ? key % c.src->page_size : 0;
     return c;
 }
 
-static int64_t key_cursor_next(key_cursor *c) {
+/* Returns the K offset of the next key and writes its V offset. */
+static int64_t key_cursor_next(key_cursor *c, int64_t *v_off) {
     const kva__kv_source *src = c->src;
     int64_t off;
     if (src->pages) {
@@ -184,8 +186,10 @@ static int64_t key_cursor_next(key_cursor *c) {
             c->slot = 0;
             ++c->page;
         }
+        *v_off = off + c->head_off;
     } else {
         off = (src->first_row + c->key) * src->stride_token;
+        *v_off = (src->first_row + c->key) * src->v_stride_token + c->v_head_off;
     }
     ++c->key;
     return off + c->head_off;
@@ -199,9 +203,10 @@ static void load_key_block(const kva__prefill_config *cfg, const kva__prefill_ta
     const size_t es = kva_dtype_size(cfg->dtype);
     key_cursor cur = key_cursor_at(task, kb);
     for (int32_t j = 0; j < n; ++j) {
-        const int64_t off = key_cursor_next(&cur);
+        int64_t voff;
+        const int64_t off = key_cursor_next(&cur, &voff);
         const unsigned char *kr = (const unsigned char *)task->kv.k + (size_t)off * es;
-        const unsigned char *vr = (const unsigned char *)task->kv.v + (size_t)off * es;
+        const unsigned char *vr = (const unsigned char *)task->kv.v + (size_t)voff * es;
         float *kd = sv->k + (size_t)j * D, *vd = sv->v + (size_t)j * D;
         for (int d = 0; d < D; d += KVA__VL) {
             kva__storeu(kd + d, kva__loadv(kr + (size_t)d * es, cfg->dtype));
@@ -241,8 +246,9 @@ static key_prefetcher key_prefetcher_at(const kva__prefill_config *cfg,
 
 static inline void prefetch_next_keys(key_prefetcher *pf) {
     for (int32_t count = pf->per_tile; count > 0 && pf->left > 0; --count, --pf->left) {
-        const int64_t off = key_cursor_next(&pf->cur);
-        const char *kr = pf->k + (size_t)off * pf->es, *vr = pf->v + (size_t)off * pf->es;
+        int64_t voff;
+        const int64_t off = key_cursor_next(&pf->cur, &voff);
+        const char *kr = pf->k + (size_t)off * pf->es, *vr = pf->v + (size_t)voff * pf->es;
         for (size_t b = 0; b < pf->row_bytes; b += 64) {
             __builtin_prefetch(kr + b);
             __builtin_prefetch(vr + b);

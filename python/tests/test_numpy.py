@@ -1,0 +1,390 @@
+"""The kvattn package on the CPU with numpy arrays, against the float64 reference."""
+import numpy as np
+import pytest
+
+import kvattn
+from reference import attention_ref, paged_pool, tol
+
+
+def rnd(rng, shape, dtype=np.float32):
+    return rng.standard_normal(shape).astype(dtype)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("lq,lk", [(1, 1), (7, 7), (37, 50), (64, 64), (5, 129)])
+def test_attention(dtype, causal, lq, lk):
+    rng = np.random.default_rng(lq * 131 + lk)
+    q, k, v = rnd(rng, (lq, 8, 64), dtype), rnd(rng, (lk, 2, 64), dtype), rnd(rng, (lk, 2, 64), dtype)
+    o, lse = kvattn.attention(q, k, v, causal=causal, return_lse=True)
+    ro, rl = attention_ref(q, k, v, causal=causal)
+    assert o.shape == q.shape and o.dtype == q.dtype and lse.dtype == np.float32
+    np.testing.assert_allclose(o.astype(np.float64), ro, atol=tol(dtype), rtol=tol(dtype))
+    np.testing.assert_allclose(lse, rl, atol=tol(dtype), rtol=tol(dtype))
+
+
+def test_attention_variants():
+    rng = np.random.default_rng(1)
+    q, k, v = rnd(rng, (33, 4, 128)), rnd(rng, (80, 4, 128)), rnd(rng, (80, 4, 128))
+    for kw in [dict(sm_scale=0.05), dict(soft_cap=3.0), dict(causal=True, window_left=16),
+               dict(causal=True, window_left=0, soft_cap=1.5, sm_scale=0.2)]:
+        o = kvattn.attention(q, k, v, **kw)
+        ro, _ = attention_ref(q, k, v, **kw)
+        np.testing.assert_allclose(o, ro, atol=2e-4, rtol=2e-4, err_msg=str(kw))
+
+
+def test_attention_batched_4d_and_strided_input():
+    rng = np.random.default_rng(2)
+    q, k, v = rnd(rng, (3, 9, 8, 64)), rnd(rng, (3, 20, 4, 64)), rnd(rng, (3, 20, 4, 64))
+    o = kvattn.attention(q, k, v, causal=True)
+    assert o.shape == q.shape
+    for b in range(3):
+        ro, _ = attention_ref(q[b], k[b], v[b], causal=True)
+        np.testing.assert_allclose(o[b], ro, atol=2e-4, rtol=2e-4)
+    # a non-contiguous token stride (a slice of a wider buffer) is read through its strides
+    big = rnd(rng, (20, 8, 64))
+    ks = big[:, ::2]
+    o = kvattn.attention(q[0], ks, ks)
+    ro, _ = attention_ref(q[0], ks, ks)
+    np.testing.assert_allclose(o, ro, atol=2e-4, rtol=2e-4)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_unplanned_dense(causal):
+    """planned=False: kva_attention (no plan, no workspace), 3-D, 4-D, LSE, variants, out=."""
+    rng = np.random.default_rng(11)
+    q, k, v = rnd(rng, (37, 8, 64)), rnd(rng, (50, 2, 64)), rnd(rng, (50, 2, 64))
+    o, lse = kvattn.attention(q, k, v, causal=causal, return_lse=True, planned=False)
+    ro, rl = attention_ref(q, k, v, causal=causal)
+    np.testing.assert_allclose(o, ro, atol=2e-4, rtol=2e-4)
+    np.testing.assert_allclose(lse, rl, atol=2e-4, rtol=2e-4)
+    for kw in [dict(sm_scale=0.05, soft_cap=3.0), dict(window_left=16)]:
+        out = np.full_like(q, np.nan)
+        r = kvattn.attention(q, k, v, causal=causal, out=out, planned=False, **kw)
+        assert r is out
+        np.testing.assert_allclose(out, attention_ref(q, k, v, causal=causal, **kw)[0], atol=2e-4, rtol=2e-4)
+    qb, kb, vb = rnd(rng, (3, 9, 8, 64)), rnd(rng, (3, 20, 4, 64)), rnd(rng, (3, 20, 4, 64))
+    o, lse = kvattn.attention(qb, kb, vb, causal=causal, return_lse=True, planned=False)
+    assert o.shape == qb.shape and lse.shape == (3, 9, 8)
+    for b in range(3):
+        ro, rl = attention_ref(qb[b], kb[b], vb[b], causal=causal)
+        np.testing.assert_allclose(o[b], ro, atol=2e-4, rtol=2e-4)
+        np.testing.assert_allclose(lse[b], rl, atol=2e-4, rtol=2e-4)
+    # the same numbers as the planned path
+    np.testing.assert_allclose(o, kvattn.attention(qb, kb, vb, causal=causal), atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError):
+        kvattn.attention(q, rnd(rng, (50, 3, 64)), rnd(rng, (50, 3, 64)), planned=False)
+    with pytest.raises(ValueError):
+        kvattn.attention(q, k[:, :, :32], v, planned=False)
+
+
+def test_attention_varlen():
+    rng = np.random.default_rng(3)
+    qlens, klens = [5, 1, 17, 0, 9], [5, 30, 17, 4, 40]
+    cu_q, cu_k = np.concatenate([[0], np.cumsum(qlens)]), np.concatenate([[0], np.cumsum(klens)])
+    q, k, v = rnd(rng, (cu_q[-1], 8, 64)), rnd(rng, (cu_k[-1], 2, 64)), rnd(rng, (cu_k[-1], 2, 64))
+    o, lse = kvattn.attention_varlen(q, k, v, cu_q.astype(np.int32), list(cu_k), causal=True, return_lse=True)
+    for b in range(len(qlens)):
+        sq, sk = slice(cu_q[b], cu_q[b + 1]), slice(cu_k[b], cu_k[b + 1])
+        ro, rl = attention_ref(q[sq], k[sk], v[sk], causal=True)
+        np.testing.assert_allclose(o[sq], ro, atol=2e-4, rtol=2e-4)
+        np.testing.assert_allclose(lse[sq], rl, atol=2e-4, rtol=2e-4)
+
+
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+@pytest.mark.parametrize("page_size", [1, 7, 16])
+def test_decode_wrapper(layout, page_size):
+    rng = np.random.default_rng(page_size)
+    lens = [1, 33, 200, 16, 5, 0, 64]
+    hnd = layout == "HND"
+    kp, vp, indptr, indices, last, ks, vs = paged_pool(rng, lens, page_size, 2, 64, hnd=hnd)
+    q = rnd(rng, (len(lens), 8, 64))
+    w = kvattn.BatchDecodeWrapper("cpu", kv_layout=layout)
+    w.plan(indptr, indices, last, 8, 2, 64, page_size, num_pages=kp.shape[0])
+    o, lse = w.run(q, (kp, vp), return_lse=True)
+    for b, n in enumerate(lens):
+        if n == 0:
+            assert np.all(o[b] == 0) and np.all(np.isneginf(lse[b]))
+            continue
+        ro, rl = attention_ref(q[b:b + 1], ks[b], vs[b])
+        np.testing.assert_allclose(o[b:b + 1], ro, atol=2e-4, rtol=2e-4)
+        np.testing.assert_allclose(lse[b:b + 1], rl, atol=2e-4, rtol=2e-4)
+    # the same through a KVPages object, an out= buffer and the global-rowmax algorithm
+    pages = kvattn.KVPages(kp, vp, hnd=hnd)
+    out = np.empty_like(q)
+    w.plan(indptr, indices, last, 8, 2, 64, page_size, algorithm="global_rowmax", fixed_chunk_size=128)
+    assert w.run(q, pages, out=out) is out
+    np.testing.assert_allclose(out, o, atol=2e-5, rtol=2e-5)
+
+
+def test_decode_interleaved_pool_and_soft_cap():
+    rng = np.random.default_rng(5)
+    P, ps, hk, d = 12, 4, 2, 64
+    pool = rnd(rng, (P, 2, ps, hk, d))
+    indptr, indices, last = [0, 3, 5], [4, 0, 9, 11, 2], [2, 4]
+    q = rnd(rng, (2, 4, d))
+    w = kvattn.BatchDecodeWrapper()
+    w.plan(indptr, indices, last, 4, hk, d, ps, num_pages=P, logits_soft_cap=2.0, sm_scale=0.3)
+    o = w.run(q, pool)
+    for b in range(2):
+        ids = indices[indptr[b]:indptr[b + 1]]
+        n = (len(ids) - 1) * ps + last[b]
+        kk = pool[ids, 0].reshape(-1, hk, d)[:n]
+        vv = pool[ids, 1].reshape(-1, hk, d)[:n]
+        ro, _ = attention_ref(q[b:b + 1], kk, vv, soft_cap=2.0, sm_scale=0.3)
+        np.testing.assert_allclose(o[b:b + 1], ro, atol=2e-4, rtol=2e-4)
+
+
+def test_decode_wrapper_limits_and_growth():
+    rng = np.random.default_rng(6)
+    w = kvattn.BatchDecodeWrapper("cpu", max_batch=2, max_total_pages=8)
+    kp, vp, indptr, indices, last, _, _ = paged_pool(rng, [10, 20, 30], 4, 1, 64)
+    with pytest.raises(ValueError, match="fixed limits"):
+        w.plan(indptr, indices, last, 1, 1, 64, 4)
+    grow = kvattn.BatchDecodeWrapper("cpu")
+    for lens in ([3], [10, 20, 30], [1] * 40, [500, 3]):
+        kp, vp, indptr, indices, last, ks, vs = paged_pool(rng, lens, 4, 1, 64)
+        q = rnd(rng, (len(lens), 1, 64))
+        grow.plan(indptr, indices, last, 1, 1, 64, 4)
+        o = grow.run(q, (kp, vp))
+        ro, _ = attention_ref(q[-1:], ks[-1], vs[-1])
+        np.testing.assert_allclose(o[-1:], ro, atol=2e-4, rtol=2e-4)
+    assert grow.plan_info["planned"] == 1 and grow.plan_info["max_batch"] >= 40
+
+
+def test_errors_carry_status_and_message():
+    w = kvattn.BatchDecodeWrapper()
+    with pytest.raises(kvattn.KvattnError) as e:
+        w.plan([0, 2], [0, 9000], [3], 4, 2, 64, 16, num_pages=256)
+    assert e.value.status_name == "KVA_ERR_OUT_OF_RANGE" and e.value.status == 4
+    assert "9000" in e.value.message
+    with pytest.raises(RuntimeError, match="before a successful plan"):
+        w.run(np.zeros((1, 4, 64), np.float32), (np.zeros((1, 16, 2, 64), np.float32),) * 2)
+    w.plan([0, 1], [0], [3], 4, 2, 64, 16)
+    pool = np.zeros((1, 16, 2, 64), np.float32)
+    with pytest.raises(TypeError, match="dtype"):
+        w.run(np.zeros((1, 4, 64), np.int32), (pool, pool))
+    with pytest.raises(ValueError, match="shape"):
+        w.run(np.zeros((2, 4, 64), np.float32), (pool, pool))
+    with pytest.raises(TypeError):
+        kvattn.attention([1, 2], [1], [1])
+
+
+def test_prefill_wrapper_ragged_and_paged():
+    rng = np.random.default_rng(7)
+    qlens, klens = [3, 16, 1], [20, 16, 45]
+    # paged: chunked prefill of the last qlens[b] tokens over a cached prefix
+    kp, vp, indptr, indices, last, ks, vs = paged_pool(rng, klens, 8, 2, 64)
+    qo = [0] + list(np.cumsum(qlens))
+    q = rnd(rng, (qo[-1], 8, 64))
+    w = kvattn.BatchPrefillWrapper("cpu")
+    w.plan(qo, None, 8, 2, 64, page_size=8, paged_kv_indptr=indptr, paged_kv_indices=indices,
+           paged_kv_last_page_len=last, causal=True)
+    o = w.run(q, (kp, vp))
+    for b in range(3):
+        ro, _ = attention_ref(q[qo[b]:qo[b + 1]], ks[b], vs[b], causal=True)
+        np.testing.assert_allclose(o[qo[b]:qo[b + 1]], ro, atol=2e-4, rtol=2e-4)
+    # ragged: the same keys, contiguous
+    kv = [0] + list(np.cumsum(klens))
+    k, v = np.concatenate(ks), np.concatenate(vs)
+    w.plan(qo, kv, 8, 2, 64, causal=True)
+    o2, lse = w.run(q, k, v, return_lse=True)
+    np.testing.assert_allclose(o2, o, atol=2e-5, rtol=2e-5)
+    assert lse.shape == (qo[-1], 8)
+
+
+def test_merge_states():
+    rng = np.random.default_rng(8)
+    q, k, v = rnd(rng, (6, 4, 64)), rnd(rng, (50, 4, 64)), rnd(rng, (50, 4, 64))
+    parts = [(0, 13), (13, 14), (14, 50)]
+    vs, ls = [], []
+    for a, b in parts:
+        o, l = kvattn.attention(q, k[a:b], v[a:b], return_lse=True)
+        vs.append(o)
+        ls.append(l)
+    V = np.stack(vs, axis=2).reshape(6 * 4, 3, 64)  # [rows, states, d]
+    L = np.stack(ls, axis=2).reshape(6 * 4, 3)
+    vo, lo = kvattn.merge_states(np.ascontiguousarray(V), np.ascontiguousarray(L))
+    ro, rl = attention_ref(q, k, v)
+    np.testing.assert_allclose(vo.reshape(6, 4, 64), ro, atol=2e-4, rtol=2e-4)
+    np.testing.assert_allclose(lo.reshape(6, 4), rl, atol=2e-4, rtol=2e-4)
+
+
+def test_block_table_to_csr():
+    bt = np.array([[5, 6, 7, -1], [1, -1, -1, -1], [9, 8, 3, 2]], dtype=np.int32)
+    indptr, indices, last = kvattn.block_table_to_csr(bt, np.array([40, 3, 64]), 16)
+    assert list(indptr) == [0, 3, 4, 8] and list(indices) == [5, 6, 7, 1, 9, 8, 3, 2]
+    assert list(last) == [8, 3, 16] and indptr.dtype == np.int32
+    assert kvattn.block_table_to_csr([[4, 2]], [17], 16) == ([0, 2], [4, 2], [1])
+    with pytest.raises(kvattn.KvattnError) as e:
+        kvattn.block_table_to_csr([[4]], [17], 16)
+    assert e.value.status_name == "KVA_ERR_OUT_OF_RANGE"
+
+
+def test_paged_kv_cache_lifecycle():
+    c = kvattn.PagedKVCache(num_layers=2, num_kv_heads=2, head_dim=64, page_size=4, num_pages=6,
+                            max_sequences=4, max_append_tokens=64)
+    a = c.add_sequence()
+    c.reserve([a], [10])
+    assert c.seq_len(a) == 10 and c.stats()["used_pages"] == 3
+    b = c.fork(a)
+    st = c.stats()
+    assert st["shared_pages"] == 3 and st["num_sequences"] == 2 and st["num_tokens"] == 20
+    before = c.stats()
+    with pytest.raises(kvattn.NoSpaceError) as e:
+        c.reserve([a, b], [8, 8])  # needs more than the 3 free pages
+    assert e.value.status_name == "KVA_ERR_NO_SPACE" and isinstance(e.value, kvattn.KvattnError)
+    assert c.stats() == before and c.seq_len(a) == 10
+    c.reserve([b], [1])  # copy-on-write of the shared partial last page
+    assert c.stats()["cow_copies"] == 1
+    indptr, indices, last = c.page_table([a, b])
+    assert indptr == [0, 3, 6] and last == [2, 3] and indices[:2] == indices[3:5]
+    assert c.page_refcount(indices[0]) == 2
+    c.free(a)
+    assert c.page_refcount(indices[0]) == 1
+    with pytest.raises(kvattn.KvattnError) as e:
+        c.seq_len(a)
+    assert e.value.status_name == "KVA_ERR_BAD_STATE"
+    with pytest.raises(ValueError, match="shape"):
+        c.append(0, [b], [1], np.zeros((2, 2, 64), np.float32), np.zeros((2, 2, 64), np.float32))
+    with pytest.raises(kvattn.KvattnError) as e:  # seq a is gone
+        c.append(0, [a], [1], np.zeros((1, 2, 64), np.float32), np.zeros((1, 2, 64), np.float32))
+    assert e.value.status_name == "KVA_ERR_BAD_STATE"
+    assert "PagedKVCache(cpu" in repr(c)
+
+
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+def test_attention_with_kv_cache_prefill_then_decode(layout):
+    """Chunked prefill then 20 decode steps over two layers == full causal attention."""
+    rng = np.random.default_rng(9)
+    Hq, Hk, D, L = 8, 2, 64, 2
+    c = kvattn.PagedKVCache(L, Hk, D, page_size=16, num_pages=64, layout=layout, max_sequences=8)
+    prompts = [23, 5, 40]
+    seqs = [c.add_sequence() for _ in prompts]
+    total = [n + 20 for n in prompts]
+    K = [[rnd(rng, (n, Hk, D)) for n in total] for _ in range(L)]
+    V = [[rnd(rng, (n, Hk, D)) for n in total] for _ in range(L)]
+    Q = [[rnd(rng, (n, Hq, D)) for n in total] for _ in range(L)]
+
+    def step(pos, counts):
+        outs = []
+        for l in range(L):
+            cat = lambda X: np.concatenate([X[l][i][pos[i]:pos[i] + counts[i]] for i in range(3)])
+            o = kvattn.attention_with_kv_cache(cat(Q), cat(K), cat(V), c, seqs, layer=l, num_new=counts)
+            outs.append(o)
+        return outs
+
+    outs = step([0, 0, 0], prompts)
+    for l in range(L):
+        at = 0
+        for i, n in enumerate(prompts):
+            ro, _ = attention_ref(Q[l][i][:n], K[l][i][:n], V[l][i][:n], causal=True)
+            np.testing.assert_allclose(outs[l][at:at + n], ro, atol=2e-4, rtol=2e-4)
+            at += n
+    for t in range(20):
+        pos = [n + t for n in prompts]
+        outs = step(pos, [1, 1, 1])
+        for l in range(L):
+            for i in range(3):
+                ro, _ = attention_ref(Q[l][i][pos[i]:pos[i] + 1], K[l][i][:pos[i] + 1], V[l][i][:pos[i] + 1])
+                np.testing.assert_allclose(outs[l][i:i + 1], ro, atol=2e-4, rtol=2e-4)
+    assert [c.seq_len(s) for s in seqs] == total
+
+
+def test_cache_4d_form_and_f16():
+    rng = np.random.default_rng(10)
+    c = kvattn.PagedKVCache(1, 2, 64, page_size=8, num_pages=16, dtype="float16")
+    s = [c.add_sequence(), c.add_sequence()]
+    q, k, v = rnd(rng, (2, 6, 4, 64), np.float16), rnd(rng, (2, 6, 2, 64), np.float16), rnd(rng, (2, 6, 2, 64), np.float16)
+    o = kvattn.attention_with_kv_cache(q, k, v, c, s)
+    assert o.shape == q.shape and o.dtype == np.float16
+    for b in range(2):
+        ro, _ = attention_ref(q[b], k[b], v[b], causal=True)
+        np.testing.assert_allclose(o[b].astype(np.float64), ro, atol=2e-2, rtol=2e-2)
+
+
+def test_device_helpers():
+    assert isinstance(kvattn.cuda_available(), bool)
+    info = kvattn.device_info("cpu")
+    assert info["threads"] >= 1 and info["name"]
+    kvattn.set_num_threads(1)
+    o = kvattn.attention(np.ones((2, 1, 64), np.float32), np.ones((3, 1, 64), np.float32),
+                         np.ones((3, 1, 64), np.float32))
+    assert np.allclose(o, 1)
+    kvattn.set_num_threads(0)
+
+
+def test_attention_with_kv_cache_replans_when_sequences_change():
+    """Same ids and lengths as an earlier step but other pages: the step's plan is remade."""
+    rng = np.random.default_rng(11)
+    c = kvattn.PagedKVCache(1, 1, 64, page_size=4, num_pages=16)
+    q = rnd(rng, (5, 2, 64))
+    a = c.add_sequence()
+    c.reserve([a], [5])
+    k1 = rnd(rng, (5, 1, 64))
+    kvattn.attention_with_kv_cache(q, k1, k1, c, [a], num_new=[5], reserve=False)
+    c.free(a)
+    x = c.add_sequence()
+    c.reserve([x], [8])  # takes the freed pages
+    b = c.add_sequence()
+    c.reserve([b], [5])
+    k2 = rnd(rng, (5, 1, 64))
+    o = kvattn.attention_with_kv_cache(q, k2, k2, c, [b], num_new=[5], reserve=False)
+    ro, _ = attention_ref(q, k2, k2, causal=True)
+    np.testing.assert_allclose(o, ro, atol=2e-4, rtol=2e-4)
+
+
+def test_threads_share_the_cpu_context_safely():
+    """CPU calls release the GIL and hold the context's lock: threads may call concurrently."""
+    import threading
+    rng = np.random.default_rng(12)
+    jobs = [(rnd(rng, (40, 8, 64)), rnd(rng, (60, 2, 64)), rnd(rng, (60, 2, 64))) for _ in range(4)]
+    results = [None] * len(jobs)
+
+    def work(i):
+        q, k, v = jobs[i]
+        for _ in range(5):
+            results[i] = kvattn.attention(q, k, v, causal=True)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(jobs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for (q, k, v), o in zip(jobs, results):
+        ro, _ = attention_ref(q, k, v, causal=True)
+        np.testing.assert_allclose(o, ro, atol=2e-4, rtol=2e-4)
+
+
+def test_prefill_wrapper_fixed_limits():
+    rng = np.random.default_rng(13)
+    w = kvattn.BatchPrefillWrapper("cpu", max_batch=4, max_total_qo=64)  # max_total_kv from the first plan
+    q, k = rnd(rng, (20, 4, 64)), rnd(rng, (50, 2, 64))
+    w.plan([0, 10, 20], [0, 25, 50], 4, 2, 64, causal=True)
+    o = w.run(q, k, k)
+    ro, _ = attention_ref(q[10:], k[25:], k[25:], causal=True)
+    np.testing.assert_allclose(o[10:], ro, atol=2e-4, rtol=2e-4)
+    with pytest.raises(ValueError, match="fixed limits"):
+        w.plan([0, 70], [0, 70], 4, 2, 64)
+
+
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+def test_cache_pool_views_through_dlpack(layout):
+    """PagedKVCache.pool(layer): the pages as zero-copy arrays; appended rows are where the page
+    table says, and a view outlives the cache object it came from."""
+    rng = np.random.default_rng(14)
+    c = kvattn.PagedKVCache(2, 2, 64, page_size=4, num_pages=8, layout=layout)
+    s = c.add_sequence()
+    c.reserve([s], [6])
+    k = rnd(rng, (6, 2, 64))
+    c.append(1, [s], [6], k, 2 * k)
+    kp, vp = c.pool(1)
+    K, V = np.from_dlpack(kp), np.from_dlpack(vp)
+    if layout == "HND":
+        K, V = K.transpose(0, 2, 1, 3), V.transpose(0, 2, 1, 3)
+    assert K.shape == (8, 4, 2, 64)
+    _, idx, _ = c.page_table([s])
+    np.testing.assert_array_equal(K[idx].reshape(-1, 2, 64)[:6], k)
+    np.testing.assert_array_equal(V[idx].reshape(-1, 2, 64)[:6], 2 * k)
+    del c, kp, vp
+    assert np.array_equal(K[idx].reshape(-1, 2, 64)[:6], k)

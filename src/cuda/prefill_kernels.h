@@ -1,0 +1,111 @@
+/*
+ * prefill_kernels.h -- what the prefill launcher (prefill_launch.cu) and the context
+ * (cuda_context.cu) need from the prefill kernel files: the kernel argument block, the kernel
+ * shapes, and the one chooser that both dispatches and answers "supported?". C++ only.
+ */
+#ifndef KVA_CUDA_PREFILL_KERNELS_H
+#define KVA_CUDA_PREFILL_KERNELS_H
+
+#include <stdint.h>
+#include "kvattn.h"
+#include "../plan/workspace_layout.h"
+
+/* threads of the f32 kernel (the tensor-core kernels report theirs through the chooser) */
+#define KVA__PREFILL_THREADS 128
+/* Packed query rows ((token, query head of the group) pairs) per block: the 128-row kernel for
+ * long query runs, the 64-row kernel for short ones. */
+#define KVA__PREFILL_ROWS_LARGE 128
+#define KVA__PREFILL_ROWS_SMALL 64
+
+/* Everything a prefill kernel reads that is fixed for a workspace and a layer (a captured graph
+ * may bake it in); what changes between plans is read from the workspace's device part. */
+typedef struct kva__prefill_args {
+    const void *q;
+    int64_t q_st, q_sh;           /* elements */
+    void *o;
+    int64_t o_st, o_sh;
+    const void *k, *v;
+    int64_t k_st, k_sh;           /* token (slot) and head strides of K, elements */
+    int64_t v_st, v_sh;           /* the same for V (ragged tensors may differ; pages do not) */
+    int64_t page_stride;          /* paged: elements between physical pages */
+    const int32_t *page_indices;  /* paged: the plan's page ids; NULL: contiguous key rows */
+    int32_t page_size;
+    int32_t page_div_s;           /* key / page_size == (key * page_div_m) >> page_div_s */
+    uint64_t page_div_m;
+    float *lse;                   /* NULL or f32 [rows][num_qo_heads] */
+    const int4 *records;          /* plan records, 2 int4 per work item; NULL: dense call */
+    const int32_t *num_work_dev;  /* graph plans: the work count in the device header */
+    int32_t num_work;             /* >= 0: work items (non-graph plans, dense); -1: read the header */
+    int32_t qo_tile;              /* query tokens per work item */
+    int32_t dense_qo_len, dense_kv_len; /* dense calls (records == NULL) */
+    float *partial_o;             /* f32 [work][rows_per_work][D] split partial outputs */
+    float *partial_lse;           /* f32 [work][rows_per_work] */
+    int64_t rows_per_work;        /* largest qo_tile * num_qo_heads */
+    int32_t num_qo_heads, num_kv_heads, group;
+    int32_t causal, window_left;
+    float scale_log2;             /* sm_scale * log2(e) */
+    float cap_log2;               /* soft cap * log2(e), or 0 */
+    float cap_inv_scale;          /* sm_scale / soft cap */
+} kva__prefill_args;
+
+/* A prefill kernel and how to launch it. */
+typedef struct kva__prefill_kernel {
+    const void *fn;
+    int rows;          /* packed query rows per block */
+    int smem;          /* dynamic shared memory, bytes */
+    int threads;
+} kva__prefill_choice;
+
+/* Which tensor-core path a context's prefill uses: mma.sync (sm_80 and later) or wgmma
+ * (sm_90a). Chosen per device at context creation; KVA_PREFILL_PATH=mma|hopper forces one
+ * (hopper only where the device has it). */
+typedef enum kva__prefill_path { KVA__PREFILL_MMA = 0, KVA__PREFILL_HOPPER = 1 } kva__prefill_path;
+
+/* The one chooser: the kernel for (dtype, head_dim) on `path` whose block holds `rows_wanted`
+ * packed rows or fewer (KVA__PREFILL_ROWS_LARGE asks for the largest there is). Returns false
+ * (and leaves *k zeroed) for an unsupported combination. The 64-row tile always takes the
+ * mma.sync kernel (a warpgroup pair needs 128 rows). */
+/* What the device offers: its prefill path and the shared memory one block may opt into
+ * (cudaDevAttrMaxSharedMemoryPerBlockOptin: 227 KB on Hopper, 163 KB on A100, 99 KB on
+ * sm_86/89); a kernel that needs more falls back to the 64-row tile or is unsupported. */
+typedef struct kva__prefill_target {
+    kva__prefill_path path;
+    int smem_limit;
+} kva__prefill_target;
+
+bool kva__prefill_choose(kva_dtype dtype, int head_dim, int rows_wanted,
+                         const kva__prefill_target *target, kva__prefill_choice *k);
+
+/* Query tokens per work item for a GQA group with a kernel of `rows` packed rows (>= 1; groups
+ * larger than `rows` are not supported and give 0). */
+static inline int32_t kva__prefill_tile_tokens_for(int rows, int group) {
+    return group > 0 && group <= rows ? rows / group : 0;
+}
+
+/* Instantiation lookups (prefill_bf16.cu, prefill_f16.cu, prefill_f32.cu): kernel for a row count
+ * (or KVA__PREFILL_ROWS_HOPPER: the 128-row wgmma kernel), or NULL. */
+#define KVA__PREFILL_ROWS_HOPPER 999
+const void *kva__prefill_bf16(int head_dim, int rows, int *smem, int *threads);
+const void *kva__prefill_f16(int head_dim, int rows, int *smem, int *threads);
+const void *kva__prefill_f32(int head_dim, int rows, int *smem, int *threads);
+
+/* The merge of split prefill work items (prefill_merge.cu). */
+typedef struct kva__prefill_merge_args {
+    void *o;
+    int64_t o_st, o_sh;
+    float *lse;
+    const int4 *records;
+    const int32_t *group_indptr;  /* [num_groups + 1] */
+    const int32_t *num_groups_dev; /* device header's group count */
+    const int32_t *split_dev;     /* device header's split flag */
+    const float *partial_o, *partial_lse;
+    int64_t rows_per_work;
+    int32_t num_qo_heads, head_dim, qo_tile; /* the plan's query tile */
+} kva__prefill_merge_args;
+
+const void *kva__prefill_merge_kernel_for(kva_dtype dtype);
+
+/* The context's target (cuda_context.cu). */
+kva__prefill_target kva__cuda_prefill_target(const kva_context *ctx);
+
+#endif /* KVA_CUDA_PREFILL_KERNELS_H */

@@ -1,0 +1,212 @@
+/*
+ * prefill_launch.cu -- the CUDA prefill entry points: kva__cuda_prefill_run (ragged or paged
+ * K/V, from a host plan) and kva__cuda_attention (one dense sequence, no plan), plus the kernel
+ * chooser they and the split policy share.
+ *
+ * A plan run is one launch of the prefill kernel over grid (padded work items, KV heads) and,
+ * when the plan may split keys, one launch of the merge kernel. Kernel arguments hold only what
+ * is fixed for a workspace and a layer (pointers, strides, the variant, the work count of a
+ * non-graph plan); records, page ids, the work and group counts of a KVA_PLAN_GRAPH plan are
+ * read from the workspace's device part, so a captured run replays after re-planning.
+ */
+#include "cuda_common.cuh"
+#include "prefill_kernels.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* The kernel of exactly `rows` rows (64, 128, or the Hopper 128-row kernel), or false. */
+static bool lookup(kva_dtype dtype, int head_dim, int rows, kva__prefill_choice *k) {
+    int smem = 0, threads = 0;
+    const void *fn = NULL;
+    if (dtype == KVA_F32) fn = kva__prefill_f32(head_dim, rows, &smem, &threads);
+    else if (dtype == KVA_BF16) fn = kva__prefill_bf16(head_dim, rows, &smem, &threads);
+    else if (dtype == KVA_F16) fn = kva__prefill_f16(head_dim, rows, &smem, &threads);
+    if (!fn) return false;
+    k->fn = fn;
+    k->rows = rows == KVA__PREFILL_ROWS_HOPPER ? KVA__PREFILL_ROWS_LARGE : rows;
+    k->smem = smem;
+    k->threads = threads;
+    return true;
+}
+
+bool kva__prefill_choose(kva_dtype dtype, int head_dim, int rows_wanted,
+                         const kva__prefill_target *target, kva__prefill_choice *k) {
+    memset(k, 0, sizeof *k);
+    /* 128 rows share each K/V tile between twice the rows of the 64-row kernel; on Hopper the
+     * 128-row tile runs on wgmma. A kernel whose shared memory the device cannot give falls
+     * back to the 64-row mma.sync kernel (e.g. head_dim 256 on an A100), or is unsupported. */
+    int order[2] = {KVA__PREFILL_ROWS_SMALL, 0}, n = 1;
+    if (rows_wanted > KVA__PREFILL_ROWS_SMALL) {
+        order[0] = dtype != KVA_F32 && target->path == KVA__PREFILL_HOPPER ? KVA__PREFILL_ROWS_HOPPER
+                                                                          : KVA__PREFILL_ROWS_LARGE;
+        order[1] = KVA__PREFILL_ROWS_SMALL;
+        n = 2;
+    }
+    for (int i = 0; i < n; ++i)
+        if (lookup(dtype, head_dim, order[i], k) && k->smem <= target->smem_limit) return true;
+    memset(k, 0, sizeof *k);
+    return false;
+}
+
+/* The variant and head geometry, shared by plan runs and dense calls. */
+static void fill_variant(kva__prefill_args *a, const kva_attn_params *p) {
+    const int D = p->head_dim;
+    a->num_qo_heads = p->num_qo_heads;
+    a->num_kv_heads = p->num_kv_heads;
+    a->group = p->num_qo_heads / p->num_kv_heads;
+    a->causal = p->causal;
+    a->window_left = p->window_left < 0 ? -1 : p->window_left;
+    const float sm_scale = p->sm_scale > 0 ? p->sm_scale : 1.0f / sqrtf((float)D);
+    const float log2e = 1.4426950408889634f;
+    a->scale_log2 = sm_scale * log2e;
+    if (p->logits_soft_cap > 0) {
+        a->cap_log2 = p->logits_soft_cap * log2e;
+        a->cap_inv_scale = sm_scale / p->logits_soft_cap;
+    } else {
+        a->cap_log2 = 0.0f;
+        a->cap_inv_scale = 0.0f;
+    }
+}
+
+static kva_status launch(kva_context *ctx, const kva__prefill_choice *k, int64_t grid_x, int heads,
+                         kva__prefill_args *a) {
+    if (grid_x == 0) return KVA_OK;
+    if (grid_x > 0x7fffffff || heads > 65535)
+        return kva__fail(KVA_ERR_BAD_SHAPE, "prefill on CUDA: %lld work items x %d KV heads exceed the grid",
+                         (long long)grid_x, heads);
+    void *args[] = {a};
+    KVA_CUDA_TRY(cudaLaunchKernel(k->fn, dim3((unsigned)grid_x, (unsigned)heads), dim3(k->threads), args,
+                                  (size_t)k->smem, kva__stream(ctx)));
+    return KVA_OK;
+}
+
+extern "C" kva_status kva__cuda_prefill_run(kva_context *ctx, const kva_plan *plan,
+                                            const kva_attn_params *params, kva_tensor q, kva_tensor k,
+                                            kva_tensor v, const kva_kv_pages *pages, kva_tensor o,
+                                            float *lse) {
+    const kva_dtype dt = q.dtype;
+    const int g = params->num_qo_heads / params->num_kv_heads;
+    const int rows = plan->qo_tile_size * g;
+    kva__prefill_choice kern;
+    const kva__prefill_target target = kva__cuda_prefill_target(ctx);
+    if (!kva__prefill_choose(dt, params->head_dim, rows, &target, &kern) || kern.rows < rows)
+        return kva__fail(KVA_ERR_UNSUPPORTED,
+                         "prefill on CUDA: %s, head_dim %d, %d query rows per tile is not built",
+                         kva_dtype_name(dt), params->head_dim, rows);
+    KVA_TRY(kva__cuda_use_device(ctx));
+
+    const kva__plan_header *h = kva__plan_header_of(plan->workspace.host);
+    unsigned char *dev = (unsigned char *)plan->workspace.device;
+    const int32_t *ints_dev = kva__plan_ints(dev);
+    const kva__plan_header *hdr_dev = (const kva__plan_header *)dev;
+    const bool graph = (plan->flags & KVA_PLAN_GRAPH) != 0;
+
+    kva__prefill_args a;
+    memset(&a, 0, sizeof a);
+    a.q = q.data;
+    a.q_st = q.stride_token;
+    a.q_sh = q.stride_head;
+    a.o = o.data;
+    a.o_st = o.stride_token;
+    a.o_sh = o.stride_head;
+    if (pages) {
+        a.k = pages->k_data;
+        a.v = pages->v_data;
+        a.k_st = a.v_st = pages->stride_token;
+        a.k_sh = a.v_sh = pages->stride_head;
+        a.page_stride = pages->stride_page;
+        a.page_indices = ints_dev + h->off_page_indices;
+        a.page_size = pages->page_size;
+        /* key / page_size as a multiply-shift (exact for keys < 2^31): the smallest l with
+         * page_size <= 2^l, m = ceil(2^(31+l) / page_size) */
+        int l = 0;
+        while ((1ll << l) < (long long)pages->page_size) ++l;
+        a.page_div_s = 31 + l;
+        a.page_div_m = ((1ull << a.page_div_s) + (uint64_t)pages->page_size - 1) / (uint64_t)pages->page_size;
+    } else {
+        a.k = k.data;
+        a.v = v.data;
+        a.k_st = k.stride_token;
+        a.k_sh = k.stride_head;
+        a.v_st = v.stride_token;
+        a.v_sh = v.stride_head;
+    }
+    /* an empty tensor may have no data; the kernel uses k as a harmless zero-fill source */
+    if (!a.k) a.k = a.q;
+    if (!a.v) a.v = a.q;
+    a.lse = lse;
+    a.records = (const int4 *)(ints_dev + h->off_unit_records);
+    a.num_work_dev = &hdr_dev->num_work;
+    a.num_work = graph ? -1 : plan->num_work;
+    a.qo_tile = plan->qo_tile_size;
+    a.partial_o = (float *)(dev + h->off_partial_o);
+    a.partial_lse = (float *)(dev + h->off_partial_lse);
+    a.rows_per_work = h->rows_per_work;
+    fill_variant(&a, params);
+
+    KVA_TRY(launch(ctx, &kern, plan->padded_work, params->num_kv_heads, &a));
+
+    if (plan->split_kv || graph) {
+        kva__prefill_merge_args m;
+        m.o = o.data;
+        m.o_st = o.stride_token;
+        m.o_sh = o.stride_head;
+        m.lse = lse;
+        m.records = a.records;
+        m.group_indptr = ints_dev + h->off_group_indptr;
+        m.num_groups_dev = &hdr_dev->num_groups;
+        m.split_dev = &hdr_dev->split_kv;
+        m.partial_o = a.partial_o;
+        m.partial_lse = a.partial_lse;
+        m.rows_per_work = h->rows_per_work;
+        m.num_qo_heads = params->num_qo_heads;
+        m.head_dim = params->head_dim;
+        m.qo_tile = plan->qo_tile_size;
+        const void *fn = kva__prefill_merge_kernel_for(dt);
+        void *args[] = {&m};
+        const unsigned blocks = (unsigned)(ctx->num_sms > 0 ? ctx->num_sms : 1) * 4;
+        KVA_CUDA_TRY(cudaLaunchKernel(fn, dim3(blocks), dim3(256), args, 0, kva__stream(ctx)));
+    }
+    return KVA_OK;
+}
+
+extern "C" kva_status kva__cuda_attention(kva_context *ctx, const kva_attn_params *params,
+                                          int32_t qo_len, int32_t kv_len, kva_tensor q, kva_tensor k,
+                                          kva_tensor v, kva_tensor o, float *lse) {
+    if (qo_len == 0) return KVA_OK;
+    const int g = params->num_qo_heads / params->num_kv_heads;
+    /* The large tile when the sequence fills it, else the small one. */
+    const int want = (int64_t)qo_len * g > KVA__PREFILL_ROWS_SMALL ? KVA__PREFILL_ROWS_LARGE
+                                                                   : KVA__PREFILL_ROWS_SMALL;
+    kva__prefill_choice kern;
+    const kva__prefill_target target = kva__cuda_prefill_target(ctx);
+    if (!kva__prefill_choose(q.dtype, params->head_dim, want, &target, &kern) || g > kern.rows)
+        return kva__fail(KVA_ERR_UNSUPPORTED, "kva_attention on CUDA: %s, head_dim %d, GQA group %d is not built",
+                         kva_dtype_name(q.dtype), params->head_dim, g);
+    KVA_TRY(kva__cuda_use_device(ctx));
+    kva__prefill_args a;
+    memset(&a, 0, sizeof a);
+    a.q = q.data;
+    a.q_st = q.stride_token;
+    a.q_sh = q.stride_head;
+    a.o = o.data;
+    a.o_st = o.stride_token;
+    a.o_sh = o.stride_head;
+    a.k = k.data ? k.data : q.data;
+    a.v = v.data ? v.data : q.data;
+    a.k_st = k.stride_token;
+    a.k_sh = k.stride_head;
+    a.v_st = v.stride_token;
+    a.v_sh = v.stride_head;
+    a.lse = lse;
+    a.records = NULL;
+    a.qo_tile = kva__prefill_tile_tokens_for(kern.rows, g);
+    a.dense_qo_len = qo_len;
+    a.dense_kv_len = kv_len;
+    const int64_t tiles = ((int64_t)qo_len + a.qo_tile - 1) / a.qo_tile;
+    a.num_work = (int32_t)tiles;
+    fill_variant(&a, params);
+    return launch(ctx, &kern, tiles, params->num_kv_heads, &a);
+}

@@ -1,0 +1,70 @@
+/*
+ * prefill_merge.cu -- combines the partial states of split prefill work items (seed 002's LSE
+ * reduction, as kva_merge_states). A (request, query tile) group whose keys were cut into n > 1
+ * chunks left n f32 states per row in the workspace; this kernel writes o (dtype) and lse.
+ *
+ * Work split: one warp per (group, token of the tile, query head) row, grid-stride over all of
+ * them with a fixed grid, reading the group count and split flag from the workspace (a captured
+ * graph replays after re-planning). Lanes own head_dim / 32 dims. Pass 1 finds the largest
+ * LSE, pass 2 sums exp(lse_s - max) * o_s. Traffic: each partial state read once (from L2).
+ * Rows of unsplit groups and tokens past the tile's end are skipped.
+ */
+#include "cuda_common.cuh"
+#include "prefill_kernels.h"
+
+#define KVA__PM_WARPS 8
+
+template <typename T>
+__global__ void __launch_bounds__(32 * KVA__PM_WARPS) kva__prefill_merge_kernel(const __grid_constant__ kva__prefill_merge_args a) {
+    if (!__ldg(a.split_dev)) return;
+    const float LOG2E = 1.4426950408889634f, LN2 = 0.6931471805599453f;
+    const int lane = threadIdx.x & 31;
+    const int Hq = a.num_qo_heads, D = a.head_dim;
+    const int64_t rows = (int64_t)__ldg(a.num_groups_dev) * a.qo_tile * Hq;
+    const int64_t step = (int64_t)gridDim.x * KVA__PM_WARPS;
+    for (int64_t r = (int64_t)blockIdx.x * KVA__PM_WARPS + (threadIdx.x >> 5); r < rows; r += step) {
+        const int grp = (int)(r / ((int64_t)a.qo_tile * Hq));
+        const int rem = (int)(r - (int64_t)grp * a.qo_tile * Hq);
+        const int t = rem / Hq, qh = rem - t * Hq;
+        const int w0 = __ldg(a.group_indptr + grp), n = __ldg(a.group_indptr + grp + 1) - w0;
+        if (n <= 1) continue;
+        const int4 r1 = __ldg(a.records + 2 * w0 + 1);
+        if (t >= r1.z) continue; /* KVA__PR_Q_TOKENS */
+        const int64_t q_row = r1.y + t; /* KVA__PR_Q_ROW0 */
+        const int64_t prow = (int64_t)w0 * a.rows_per_work + (int64_t)t * Hq + qh;
+        const int64_t sstride = a.rows_per_work; /* between the group's consecutive work items */
+        float mx = -INFINITY;
+        for (int s = lane; s < n; s += 32) mx = fmaxf(mx, __ldcg(a.partial_lse + prow + s * sstride) * LOG2E);
+#pragma unroll
+        for (int sh = 16; sh >= 1; sh >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, sh));
+        float acc[8];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[e] = 0.0f;
+        float sum = 0.0f;
+        if (mx != -INFINITY) {
+            for (int s = 0; s < n; ++s) {
+                const float wgt = exp2f(__ldcg(a.partial_lse + prow + s * sstride) * LOG2E - mx);
+                sum += wgt;
+                const float *src = a.partial_o + (prow + s * sstride) * D;
+#pragma unroll
+                for (int e = 0; e < 8; ++e)
+                    if (lane + 32 * e < D) acc[e] = fmaf(wgt, __ldcg(src + lane + 32 * e), acc[e]);
+            }
+        }
+        const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+        T *dst = (T *)a.o + q_row * a.o_st + (int64_t)qh * a.o_sh;
+#pragma unroll
+        for (int e = 0; e < 8; ++e)
+            if (lane + 32 * e < D) dst[lane + 32 * e] = kva__from_f32<T>(acc[e] * inv);
+        if (a.lse && lane == 0) a.lse[q_row * Hq + qh] = sum > 0.0f ? (mx + __log2f(sum)) * LN2 : -INFINITY;
+    }
+}
+
+const void *kva__prefill_merge_kernel_for(kva_dtype dtype) {
+    switch (dtype) {
+    case KVA_BF16: return (const void *)kva__prefill_merge_kernel<__nv_bfloat16>;
+    case KVA_F16: return (const void *)kva__prefill_merge_kernel<__half>;
+    case KVA_F32: return (const void *)kva__prefill_merge_kernel<float>;
+    default: return NULL;
+    }
+}
