@@ -98,8 +98,11 @@ typedef struct kva_context kva_context;
 
 /* Creates a context on the CPU (device_id ignored; threads = number of cores) or on CUDA device
  * device_id (stream = the legacy default stream until kva_context_set_stream). The CPU context
- * also owns the per-thread scratch its kernels use, so runs never allocate.
- * @return KVA_OK, KVA_ERR_NOT_BUILT (CUDA not compiled in), KVA_ERR_DEVICE (no such device). */
+ * also owns the per-thread scratch its kernels use, so runs never allocate, and picks its CPU
+ * kernel variant once: the best this CPU runs (AVX-512, AVX2, NEON or generic), or the one the
+ * environment variable KVA_CPU_ISA names (avx512 | avx2 | neon | generic | auto).
+ * @return KVA_OK, KVA_ERR_NOT_BUILT (CUDA not compiled in), KVA_ERR_DEVICE (no such device),
+ *         KVA_ERR_UNSUPPORTED (KVA_CPU_ISA names a variant this build or CPU cannot run). */
 kva_status kva_context_create(kva_device_type device, int device_id, kva_context **out);
 void kva_context_destroy(kva_context *ctx); /* NULL is a no-op */
 
@@ -108,6 +111,10 @@ kva_device_type kva_context_device(const kva_context *ctx);
 /* CPU: number of worker threads for later calls; 0 = number of cores. Ignored on CUDA. */
 kva_status kva_context_set_threads(kva_context *ctx, int num_threads);
 int kva_context_threads(const kva_context *ctx);
+
+/* The CPU kernel variant a CPU context runs: "avx512", "avx2", "neon" or "generic", chosen at
+ * creation. NULL for a CUDA context (it runs no CPU kernels) or a NULL ctx. */
+const char *kva_cpu_variant(const kva_context *ctx);
 
 /* CUDA: the cudaStream_t that every later call of this context enqueues on. Ignored on CPU. */
 kva_status kva_context_set_stream(kva_context *ctx, void *cuda_stream);

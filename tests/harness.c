@@ -40,6 +40,29 @@ void kva_test_skip(const char *reason) {
     kva_test_skipped = 1;
 }
 
+void kva_test_each_cpu_variant(void (*body)(void)) {
+    static const char *const names[] = {"avx512", "avx2", "neon", "generic"};
+    const char *env = getenv("KVA_CPU_ISA");
+    char saved[64] = "";
+    if (env) snprintf(saved, sizeof saved, "%s", env);
+    int ran = 0;
+    for (int i = 0; i < 4; ++i) {
+        setenv("KVA_CPU_ISA", names[i], 1);
+        kva_context *ctx = NULL;
+        if (kva_context_create(KVA_DEVICE_CPU, 0, &ctx) != KVA_OK) continue; /* not here */
+        kva_context_destroy(ctx);
+        int before = kva_test_failures;
+        body();
+        ++ran;
+        printf("    variant %s: %s\n", names[i], kva_test_failures > before ? "FAILED" : "ok");
+    }
+    if (env)
+        setenv("KVA_CPU_ISA", saved, 1);
+    else
+        unsetenv("KVA_CPU_ISA");
+    if (ran == 0) kva_test_fail(__FILE__, __LINE__, "no CPU kernel variant could be selected");
+}
+
 static int cmp_tests(const void *a, const void *b) {
     return strcmp(*(const char *const *)a, *(const char *const *)b);
 }

@@ -28,6 +28,17 @@ void kva_test_skip(const char *reason);
     }                                                                                          \
     static void name(void)
 
+/* Runs body once per CPU kernel variant that this build has and this CPU runs (avx512, avx2,
+ * neon, generic), with KVA_CPU_ISA set so that every CPU context the body creates uses it; the
+ * caller's KVA_CPU_ISA is restored afterwards. Failures name the variant. */
+void kva_test_each_cpu_variant(void (*body)(void));
+
+/* A test whose body runs under every CPU kernel variant (kva_test_each_cpu_variant). */
+#define KVA_TEST_CPU_VARIANTS(name)                                                            \
+    static void name##_body(void);                                                             \
+    KVA_TEST(name) { kva_test_each_cpu_variant(name##_body); }                                 \
+    static void name##_body(void)
+
 #define CHECK(cond)                                                                            \
     do {                                                                                       \
         if (!(cond)) kva_test_fail(__FILE__, __LINE__, "CHECK(%s)", #cond);                    \

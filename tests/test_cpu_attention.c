@@ -192,7 +192,7 @@ static kva_context *cpu_context(void) {
  */
 
 /* Every dtype x head dim, random GQA ratio, lengths, mask and layout. */
-KVA_TEST(cpu_attention_dtypes_and_head_dims) {
+KVA_TEST_CPU_VARIANTS(cpu_attention_dtypes_and_head_dims) {
     kva_context *ctx = cpu_context();
     if (!ctx) return;
     kva_rng rng;
@@ -215,7 +215,7 @@ KVA_TEST(cpu_attention_dtypes_and_head_dims) {
 }
 
 /* GQA ratios 1/2/4/8 with tile-straddling lengths, causal and not. */
-KVA_TEST(cpu_attention_gqa_ratios) {
+KVA_TEST_CPU_VARIANTS(cpu_attention_gqa_ratios) {
     kva_context *ctx = cpu_context();
     if (!ctx) return;
     kva_rng rng;
@@ -237,7 +237,7 @@ KVA_TEST(cpu_attention_gqa_ratios) {
 
 /* Empty and one-token sides, lengths around the 16-lane / 64-row / 48-key block edges, and
  * causal with more queries than keys (the first queries see nothing: 0 and -inf). */
-KVA_TEST(cpu_attention_edge_lengths) {
+KVA_TEST_CPU_VARIANTS(cpu_attention_edge_lengths) {
     kva_context *ctx = cpu_context();
     if (!ctx) return;
     kva_rng rng;
@@ -257,7 +257,7 @@ KVA_TEST(cpu_attention_edge_lengths) {
 }
 
 /* Window, soft cap, sm_scale and score_mod, alone and together with the causal mask. */
-KVA_TEST(cpu_attention_variants) {
+KVA_TEST_CPU_VARIANTS(cpu_attention_variants) {
     kva_context *ctx = cpu_context();
     if (!ctx) return;
     kva_rng rng;

@@ -5,6 +5,7 @@
  * sm_scale, score_mod), both flash-decoding algorithms, split / unsplit / automatic plans, and a
  * plan reused across layers. Outputs and LSE are poisoned before every run; padding around the
  * output rows must stay poisoned. KVA_TEST_QUICK=1 shrinks the sweep.
+ * The sweeps run under every CPU kernel variant the machine supports (KVA_TEST_CPU_VARIANTS).
  */
 #include "harness.h"
 #include "test_util.h"
@@ -330,7 +331,7 @@ static void run_case(kva_context *ctx, kva_rng *rng, const sweep_case *c, int al
     free(lens);
 }
 
-KVA_TEST(decode_sweep_matches_reference) {
+KVA_TEST_CPU_VARIANTS(decode_sweep_matches_reference) {
     kva_context *ctx;
     REQUIRE_OK(kva_context_create(KVA_DEVICE_CPU, 0, &ctx));
     kva_rng rng;
@@ -362,7 +363,7 @@ KVA_TEST(decode_sweep_matches_reference) {
 }
 
 /* head_dim % 32 == 16 takes the tail path of the kernels (and the bf16 packing edge). */
-KVA_TEST(decode_odd_head_dims) {
+KVA_TEST_CPU_VARIANTS(decode_odd_head_dims) {
     kva_context *ctx;
     REQUIRE_OK(kva_context_create(KVA_DEVICE_CPU, 0, &ctx));
     kva_rng rng;
@@ -377,7 +378,7 @@ KVA_TEST(decode_odd_head_dims) {
 }
 
 /* GQA groups wider than one slice of heads (64) and odd group sizes. */
-KVA_TEST(decode_wide_and_odd_gqa_groups) {
+KVA_TEST_CPU_VARIANTS(decode_wide_and_odd_gqa_groups) {
     kva_context *ctx;
     REQUIRE_OK(kva_context_create(KVA_DEVICE_CPU, 0, &ctx));
     kva_rng rng;
@@ -393,7 +394,7 @@ KVA_TEST(decode_wide_and_odd_gqa_groups) {
 
 /* Empty requests (and an all-empty batch): O = 0, LSE = -inf, no NaN. Heads whose every key is
  * masked by score_mod likewise, in split and unsplit plans of both algorithms. */
-KVA_TEST(decode_empty_and_fully_masked) {
+KVA_TEST_CPU_VARIANTS(decode_empty_and_fully_masked) {
     kva_context *ctx;
     REQUIRE_OK(kva_context_create(KVA_DEVICE_CPU, 0, &ctx));
     kva_rng rng;
@@ -425,7 +426,7 @@ KVA_TEST(decode_empty_and_fully_masked) {
 
 /* Split (small fixed chunks), unsplit and automatic plans, with both algorithms, agree with
  * each other (not just each with the reference) and the automatic plan does split here. */
-KVA_TEST(decode_split_modes_agree) {
+KVA_TEST_CPU_VARIANTS(decode_split_modes_agree) {
     kva_context *ctx;
     REQUIRE_OK(kva_context_create(KVA_DEVICE_CPU, 0, &ctx));
     kva_rng rng;

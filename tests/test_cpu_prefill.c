@@ -338,7 +338,7 @@ static void check_ragged_case(kva_context *ctx, kva_rng *rng, int32_t n, kva_dty
     free_batch(&b);
 }
 
-KVA_TEST(cpu_prefill_ragged_batches) {
+KVA_TEST_CPU_VARIANTS(cpu_prefill_ragged_batches) {
     kva_context *ctx = cpu_context();
     if (!ctx) return;
     kva_rng rng;
@@ -367,7 +367,7 @@ static float stripes_mod(float s, int32_t q_pos, int32_t kv_pos, int32_t head, v
     return s + 0.01f * (float)(q_pos % 5);
 }
 
-KVA_TEST(cpu_prefill_ragged_variants) {
+KVA_TEST_CPU_VARIANTS(cpu_prefill_ragged_variants) {
     kva_context *ctx = cpu_context();
     if (!ctx) return;
     kva_rng rng;
@@ -382,7 +382,7 @@ KVA_TEST(cpu_prefill_ragged_variants) {
 /* ---- paged --------------------------------------------------------------------------------------
  */
 
-KVA_TEST(cpu_prefill_paged_chunked) {
+KVA_TEST_CPU_VARIANTS(cpu_prefill_paged_chunked) {
     kva_context *ctx = cpu_context();
     if (!ctx) return;
     kva_rng rng;

@@ -25,7 +25,8 @@ static void usage(FILE *out) {
             "  bench    measured read bandwidth and FMA rate, then decode / prefill kernels as a\n"
             "           fraction of them (CPU; --device cuda points to the GPU benchmark)\n"
             "  check    one shape of decode and prefill against the float64 reference: PASS/FAIL\n"
-            "  version  print the library version and whether CUDA is built and visible\n"
+            "  version  print the library version, whether CUDA is built and visible, and the CPU\n"
+            "           kernel variant in use (KVA_CPU_ISA=avx512|avx2|neon|generic overrides)\n"
             "\n"
             "`kvattn <command> --help` lists a command's options.\n");
 }
@@ -40,9 +41,15 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "bench") == 0) return kvattn_cmd_bench(argc, argv);
     if (strcmp(cmd, "check") == 0) return kvattn_cmd_check(argc, argv);
     if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {
-        printf("kvattn %d.%d.%d (CUDA %s)\n", KVA_VERSION_MAJOR, KVA_VERSION_MINOR,
-               KVA_VERSION_PATCH, kva_cuda_available() ? "available" : "not available");
-        return 0;
+        /* The CPU kernel variant is chosen per context: make one to ask. */
+        kva_context *ctx = NULL;
+        kva_status st = kva_context_create(KVA_DEVICE_CPU, 0, &ctx);
+        printf("kvattn %d.%d.%d (CUDA %s; CPU kernels %s)\n", KVA_VERSION_MAJOR,
+               KVA_VERSION_MINOR, KVA_VERSION_PATCH,
+               kva_cuda_available() ? "available" : "not available",
+               st == KVA_OK ? kva_cpu_variant(ctx) : kva_last_error());
+        kva_context_destroy(ctx);
+        return st == KVA_OK ? 0 : 1;
     }
     if (strcmp(cmd, "help") == 0 || strcmp(cmd, "-h") == 0 || strcmp(cmd, "--help") == 0) {
         usage(stdout);

@@ -3,6 +3,7 @@
 #include "internal.h"
 
 #include "../cpu/cpu_backend.h"
+#include "../cpu/cpu_isa.h"
 #include "../cuda/cuda_backend.h"
 
 #include <stdio.h>
@@ -61,6 +62,13 @@ kva_status kva_context_create(kva_device_type device, int device_id, kva_context
     ctx->num_threads = kva__cpu_count();
     kva_status st;
     if (device == KVA_DEVICE_CPU) {
+        /* CUDA contexts never run the CPU kernels, so only CPU contexts choose a variant (and
+         * only they can fail on a bad KVA_CPU_ISA). */
+        st = kva__cpu_kernels_select(&ctx->cpu_kernels);
+        if (st != KVA_OK) {
+            free(ctx);
+            return st;
+        }
         cpu_model_name(ctx->name, sizeof ctx->name);
         ctx->num_sms = ctx->num_threads;
         st = ensure_cpu_scratch(ctx, ctx->num_threads);
@@ -101,6 +109,10 @@ kva_status kva_context_set_threads(kva_context *ctx, int num_threads) {
 }
 
 int kva_context_threads(const kva_context *ctx) { return ctx ? ctx->num_threads : 0; }
+
+const char *kva_cpu_variant(const kva_context *ctx) {
+    return ctx && ctx->cpu_kernels ? ctx->cpu_kernels->name : NULL;
+}
 
 kva_status kva_context_set_stream(kva_context *ctx, void *cuda_stream) {
     KVA_CHECK_NULL(ctx);

@@ -26,6 +26,7 @@ struct kva_context {
     unsigned char *cpu_scratch;
     size_t cpu_scratch_per_thread;
     int cpu_scratch_threads;
+    const struct kva__cpu_kernels *cpu_kernels; /* the ISA variant, chosen at creation */
 
     /* CUDA: device facts read once at creation, and backend-private state. */
     int num_sms;

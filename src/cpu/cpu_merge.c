@@ -4,7 +4,7 @@
  * Memory traffic: every input state read once, every output row written once.
  */
 #include "cpu_backend.h"
-#include "decode_vec.h"
+#include "kernels/simd.h"
 #include "../common/dtype_convert.h"
 #include "../common/internal.h"
 #include "../common/softmax_state.h"
@@ -12,12 +12,13 @@
 #include <omp.h>
 
 /* acc[e] += w * row[e], e < D; dtype constant after inlining. */
-KVA_AI void accumulate_row(int dtype, float w, const void *row, float *acc, int32_t D) {
+KVA__INLINE void accumulate_row(kva_dtype dtype, float w, const void *row, float *acc,
+                                int32_t D) {
     const size_t es = dtype == KVA_F32 ? 4 : 2;
     int32_t e = 0;
-    for (; e + 16 <= D; e += 16) {
-        v16f x = kva__load16(dtype, (const unsigned char *)row + (size_t)e * es);
-        kva__storef(acc + e, kva__fma(kva__splat(w), x, kva__loadf(acc + e)));
+    for (; e + KVA__VL <= D; e += KVA__VL) {
+        kva__vf x = kva__loadv((const unsigned char *)row + (size_t)e * es, dtype);
+        kva__storeu(acc + e, kva__fma(kva__splat(w), x, kva__loadu(acc + e)));
     }
     for (; e < D; ++e) acc[e] += w * kva__load_f32(row, dtype, e);
 }

@@ -14,6 +14,12 @@
 
 size_t kva__cpu_scratch_bytes_per_thread(void) { return (size_t)4 << 20; }
 
+int32_t kva__prefill_tile_tokens(int32_t group) {
+    int32_t tile = 64;
+    while ((int64_t)tile * 2 * group <= KVA__PREFILL_MAX_ROWS) tile *= 2;
+    return tile;
+}
+
 kva_status kva__cpu_split_policy(const kva_context *ctx, const kva_plan_limits *limits, int kind,
                                  kva__split_policy *policy) {
     (void)ctx;

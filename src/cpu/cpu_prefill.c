@@ -20,7 +20,8 @@
  */
 #include "cpu_backend.h"
 #include "prefill_engine.h"
-#include "prefill_vec.h"
+#include "cpu_isa.h"
+#include "kernels/simd.h"
 #include "../common/internal.h"
 #include "../common/softmax_state.h"
 
@@ -42,7 +43,7 @@ static kva__prefill_config make_config(const kva_attn_params *p, kva_dtype dtype
 }
 
 static kva_status check_scratch(const kva_context *ctx, int32_t head_dim) {
-    size_t need = kva__prefill_scratch_bytes(head_dim);
+    size_t need = ctx->cpu_kernels->prefill_scratch_bytes(head_dim);
     if (!ctx->cpu_scratch || ctx->cpu_scratch_per_thread < need ||
         ctx->cpu_scratch_threads < ctx->num_threads)
         return kva__fail(KVA_ERR_BAD_STATE,
@@ -105,7 +106,7 @@ kva_status kva__cpu_attention(kva_context *ctx, const kva_attn_params *params, i
         task.out_stride_head = o.stride_head;
         task.lse = lse ? lse + (size_t)tok0 * Hq : NULL;
         task.lse_stride_token = Hq;
-        kva__prefill_task_run(&cfg, &task, thread_scratch(ctx));
+        ctx->cpu_kernels->prefill_task_run(&cfg, &task, thread_scratch(ctx));
     }
     return KVA_OK;
 }
@@ -204,7 +205,7 @@ static kva_status run_plan(kva_context *ctx, const kva_plan *plan, const kva_att
             task.lse = lse ? lse + (size_t)q_row * Hq : NULL;
         }
         task.lse_stride_token = Hq;
-        kva__prefill_task_run(&cfg, &task, thread_scratch(ctx));
+        ctx->cpu_kernels->prefill_task_run(&cfg, &task, thread_scratch(ctx));
     }
 
     if (!h->split_kv) return KVA_OK;

@@ -63,16 +63,18 @@ typedef struct kva__prefill_task {
     int64_t lse_stride_token;
 } kva__prefill_task;
 
+/* Rows (query tokens x group heads) the engine packs into one pass, in every ISA variant. */
+#define KVA__PREFILL_MAX_ROWS 256
+
 /* Query tokens per tile the engine prefers for a GQA group size: enough that a tile's tokens x
  * group heads fill a whole pass (256 rows), so each converted key block serves as many rows as
  * possible; at least 64. */
 int32_t kva__prefill_tile_tokens(int32_t group);
 
-/* Scratch bytes one thread needs for head_dim (<= 256). */
-size_t kva__prefill_scratch_bytes(int32_t head_dim);
-
-/* Runs one task; scratch is 64-byte aligned and kva__prefill_scratch_bytes() long. */
-void kva__prefill_task_run(const kva__prefill_config *cfg, const kva__prefill_task *task,
-                           void *scratch);
+/* The engine itself is compiled once per ISA variant (src/cpu/kernels/prefill_engine.c) and
+ * reached through the context's kernel table (cpu_isa.h):
+ *   prefill_scratch_bytes(head_dim <= 256): scratch bytes one thread needs;
+ *   prefill_task_run(cfg, task, scratch): runs one task; scratch is 64-byte aligned and
+ *   prefill_scratch_bytes() long. */
 
 #endif /* KVA_PREFILL_ENGINE_H */

@@ -12,17 +12,17 @@
  *
  *   S = Qt^T K^T:  an outer product per d: RC loads of Qt[d] times QK_KEYS broadcast K[j][d].
  *   Ot = Ot * alpha + V^T P:  per key j: RC loads of P[j] times PV_DIMS broadcast V[j][d].
- * With 32 vector registers (AVX-512) both keep 4 x 4 = 16 accumulators for RC = 4 and issue
+ * With 32 vector registers (AVX-512, NEON) both keep 4 x 4 = 16 accumulators for RC = 4 and issue
  * 8 loads per 16 FMAs, well inside two load ports (broadcasts fold into the FMA as memory
  * operands); with 16 registers the tiles shrink to 2 x 4 so nothing spills.
  */
 #ifndef KVA_PREFILL_KERNELS_H
 #define KVA_PREFILL_KERNELS_H
 
-#include "prefill_vec.h"
+#include "simd.h"
 
 #define KVA__PF_LANES (4 * KVA__VL) /* rows per row block */
-#if KVA__VL == 16
+#if KVA__NUM_VREGS == 32
 #define KVA__PF_QK_KEYS 4 /* keys per QK micro-tile; key blocks are padded to a multiple */
 #define KVA__PF_PV_DIMS 4 /* head dims per PV micro-tile (divides every multiple of 16) */
 #else

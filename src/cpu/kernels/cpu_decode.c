@@ -1,6 +1,7 @@
 /*
- * cpu_decode.c -- batched decode over the paged KV cache on the CPU (kva__cpu_decode_run): one
- * query token per request, at q_pos = kv_len - 1, against the request's keys.
+ * cpu_decode.c -- batched decode over the paged KV cache on the CPU (the decode_run entry of an
+ * ISA variant's kernel table, cpu_isa.h): one query token per request, at q_pos = kv_len - 1,
+ * against the request's keys. Compiled once per ISA variant (see simd.h).
  *
  * Work split. A task is one plan work item (request, key chunk) for a group of consecutive KV
  * heads, with all G = Hq / Hk query heads of each: every K and V byte the task touches is read
@@ -33,11 +34,11 @@
  *   Alg. 2 reads K in pass 1 and V in pass 2 (the same bytes as Alg. 1) but also writes and
  *   re-reads 4 * Hq bytes of scores per key.
  */
-#include "cpu_backend.h"
 #include "decode_kernels.h"
-#include "../common/dtype_convert.h"
-#include "../common/internal.h"
-#include "../common/softmax_state.h"
+#include "../cpu_backend.h"
+#include "../cpu_isa.h"
+#include "../../common/internal.h"
+#include "../../common/softmax_state.h"
 
 #include <math.h>
 #include <omp.h>
@@ -60,7 +61,7 @@
 
 /* Everything a task reads, decoded once per run from the plan, params and tensors. */
 typedef struct decode_job {
-    int dtype;
+    kva_dtype dtype;
     int32_t Hq, Hk, G, D;
     int32_t batch, num_work, chunk;
     const int32_t *request, *kv_tile, *work_indptr; /* work items of request b: [wi[b], wi[b+1]) */
@@ -237,14 +238,11 @@ static kva__prefetch_cursor window_prefetch(const decode_job *J, const task_head
     return c;
 }
 
-/* Kernel steps (kva__prefetch_step calls) per window and KV head: kva__block_scores runs ng
- * tiles per KVA_DECODE_KEY_PAD keys, kva__block_accumulate one pass per 32 lanes of D (and the
- * tail) for each group of up to 8 query heads. */
-static int32_t score_steps(int32_t ng) { return ng; }
-static int32_t value_steps(int32_t ng, int32_t D) {
-    int32_t groups = ng / 8 + (ng % 8 >= 4) + (ng % 4 >= 2) + (ng % 2);
-    return groups * ((D + 31) / 32);
-}
+/* Kernel steps (kva__prefetch_step calls) per window and KV head: the score tiles
+ * kva__block_scores runs per KVA_DECODE_KEY_PAD keys, and kva__block_accumulate's passes (one
+ * per 2 VL lanes of D and the tail, per register group of query heads). */
+static int32_t score_steps(int32_t ng) { return kva__score_steps(ng); }
+static int32_t value_steps(int32_t ng, int32_t D) { return kva__value_steps(ng, D); }
 
 /* q rows of the task's heads, scaled and in packed order. */
 static void load_queries(const decode_job *J, int32_t b, const task_heads *th, float *q) {
@@ -254,15 +252,15 @@ static void load_queries(const decode_job *J, int32_t b, const task_heads *th, f
         const unsigned char *row =
             (const unsigned char *)J->q.data + (size_t)(b * J->q.stride_token + hq * J->q.stride_head) * es;
         float *qr = q + (size_t)r * J->D;
-        v16f scale = kva__splat(J->q_scale);
+        kva__vf scale = kva__splat(J->q_scale);
         int32_t e = 0;
-        for (; e + 32 <= J->D; e += 32) {
-            v16f a, b2;
-            kva__load32(J->dtype, row + (size_t)e * es, &a, &b2);
-            kva__storef(qr + e, a * scale);
-            kva__storef(qr + e + 16, b2 * scale);
+        for (; e + 2 * KVA__VL <= J->D; e += 2 * KVA__VL) {
+            kva__vf a, b2;
+            kva__load_pair(J->dtype, row + (size_t)e * es, &a, &b2);
+            kva__storeu(qr + e, a * scale);
+            kva__storeu(qr + e + KVA__VL, b2 * scale);
         }
-        if (e < J->D) kva__storef(qr + e, kva__load16(J->dtype, row + (size_t)e * es) * scale);
+        if (e < J->D) kva__storeu(qr + e, kva__loadv(row + (size_t)e * es, J->dtype) * scale);
     }
 }
 
@@ -286,17 +284,17 @@ static void finish_scores(const decode_job *J, const task_heads *th, float *s, i
 }
 
 static float row_max(const float *row, int32_t Tpad) {
-    v16f m = kva__splat(-INFINITY);
-    for (int32_t t = 0; t < Tpad; t += 16) m = kva__vmax(m, kva__loadf(row + t));
+    kva__vf m = kva__splat(-INFINITY);
+    for (int32_t t = 0; t < Tpad; t += KVA__VL) m = kva__max(m, kva__loadu(row + t));
     return kva__hmax(m);
 }
 
 /* row[t] = 2^(row[t] - max) over padded lanes; returns the sum. max must be finite. */
 static float exp_row(float *row, int32_t Tpad, float max) {
-    v16f sum = kva__splat(0.0f), mv = kva__splat(max);
-    for (int32_t t = 0; t < Tpad; t += 16) {
-        v16f p = kva__exp2(kva__loadf(row + t) - mv);
-        kva__storef(row + t, p);
+    kva__vf sum = kva__splat(0.0f), mv = kva__splat(max);
+    for (int32_t t = 0; t < Tpad; t += KVA__VL) {
+        kva__vf p = kva__exp2(kva__loadu(row + t) - mv);
+        kva__storeu(row + t, p);
         sum += p;
     }
     return kva__hsum(sum);
@@ -306,7 +304,7 @@ static float exp_row(float *row, int32_t Tpad, float max) {
 
 /* S->s[r][t] for every row r and key t < padded(T) of the block in S->krows, prefetching the K
  * rows of the next window meanwhile (of the n gathered rows). */
-KVA_AI void block_scores(int dtype, const decode_job *J, const task_heads *th, int32_t T, int32_t n,
+KVA__INLINE void block_scores(kva_dtype dtype, const decode_job *J, const task_heads *th, int32_t T, int32_t n,
                          task_scratch *S) {
     const int32_t D = J->D, ng = th->ng;
     for (int32_t t0 = 0; t0 < T; t0 += KVA_DECODE_KEY_PAD) {
@@ -320,7 +318,7 @@ KVA_AI void block_scores(int dtype, const decode_job *J, const task_heads *th, i
 
 /* S->o[r] += sum_t S->s[r][t] * v[t] for the block in S->vrows, prefetching the V rows of the
  * next window meanwhile. */
-KVA_AI void block_values(int dtype, const decode_job *J, const task_heads *th, int32_t T, int32_t n,
+KVA__INLINE void block_values(kva_dtype dtype, const decode_job *J, const task_heads *th, int32_t T, int32_t n,
                          task_scratch *S) {
     const int32_t D = J->D, ng = th->ng;
     for (int32_t t0 = 0; t0 < T; t0 += KVA_DECODE_KEY_PAD) {
@@ -336,7 +334,7 @@ KVA_AI void block_values(int dtype, const decode_job *J, const task_heads *th, i
 /* ---- Alg. 1: online softmax over one chunk -------------------------------------------------- */
 
 /* Leaves S->o (unnormalised, packed), S->m (log2), S->d for the task's rows. */
-KVA_AI void attend_online(int dtype, const decode_job *J, const task_range *r,
+KVA__INLINE void attend_online(kva_dtype dtype, const decode_job *J, const task_range *r,
                           const task_heads *th, task_scratch *S) {
     const int32_t n = th->nkv * th->ng, D = J->D;
     load_queries(J, r->b, th, S->q);
@@ -363,7 +361,8 @@ KVA_AI void attend_online(int dtype, const decode_job *J, const task_range *r,
             float alpha = kva__rescale_log2(S->m[i], m_new);
             if (alpha != 1.0f) {
                 float *o = S->o + (size_t)i * D;
-                for (int32_t e = 0; e < D; e += 16) kva__storef(o + e, kva__loadf(o + e) * kva__splat(alpha));
+                for (int32_t e = 0; e < D; e += KVA__VL)
+                    kva__storeu(o + e, kva__loadu(o + e) * kva__splat(alpha));
             }
             S->d[i] = S->d[i] * alpha + exp_row(row, padded(T), m_new);
             S->m[i] = m_new;
@@ -380,7 +379,7 @@ static float *score_row(const decode_job *J, const task_heads *th, int64_t key_o
 }
 
 /* Pass 1: scores of keys [key_begin, key_end) to the scratch, row maxima (log2) to S->m. */
-KVA_AI void scores_pass(int dtype, const decode_job *J, const task_range *r, const task_heads *th,
+KVA__INLINE void scores_pass(kva_dtype dtype, const decode_job *J, const task_range *r, const task_heads *th,
                         int64_t key_off, task_scratch *S) {
     const int32_t n = th->nkv * th->ng;
     load_queries(J, r->b, th, S->q);
@@ -401,7 +400,7 @@ KVA_AI void scores_pass(int dtype, const decode_job *J, const task_range *r, con
 
 /* Pass 2: S->o = sum_k 2^(S_k - rmax) v_k (packed, unnormalised), S->d = sum_k 2^(S_k - rmax),
  * with rmax[r] the global row max. No rescaling: every chunk uses the same rmax. */
-KVA_AI void values_pass(int dtype, const decode_job *J, const task_range *r, const task_heads *th,
+KVA__INLINE void values_pass(kva_dtype dtype, const decode_job *J, const task_range *r, const task_heads *th,
                         int64_t key_off, const float *rmax, task_scratch *S) {
     const int32_t n = th->nkv * th->ng;
     memset(S->o, 0, sizeof(float) * (size_t)n * (size_t)J->D);
@@ -436,19 +435,20 @@ static unsigned char *output_row(const decode_job *J, int32_t b, int32_t hq) {
 }
 
 /* A packed f32 accumulator row times scale, stored in natural order as dst_dtype. */
-static void unpack_row(int dtype, int32_t D, const float *acc, float scale, void *dst,
+static void unpack_row(kva_dtype dtype, int32_t D, const float *acc, float scale, void *dst,
                        int dst_dtype) {
     size_t es = dst_dtype == KVA_F32 ? 4 : 2;
     unsigned char *out = dst;
-    v16f sc = kva__splat(scale);
+    kva__vf sc = kva__splat(scale);
     int32_t e = 0;
-    for (; e + 32 <= D; e += 32) {
-        v16f lo, hi;
-        kva__unpack32(dtype, kva__loadf(acc + e) * sc, kva__loadf(acc + e + 16) * sc, &lo, &hi);
-        kva__store16(dst_dtype, out + (size_t)e * es, lo);
-        kva__store16(dst_dtype, out + (size_t)(e + 16) * es, hi);
+    for (; e + 2 * KVA__VL <= D; e += 2 * KVA__VL) {
+        kva__vf lo, hi;
+        kva__unpack_pair(dtype, kva__loadu(acc + e) * sc, kva__loadu(acc + e + KVA__VL) * sc, &lo,
+                         &hi);
+        kva__storev(out + (size_t)e * es, dst_dtype, lo);
+        kva__storev(out + (size_t)(e + KVA__VL) * es, dst_dtype, hi);
     }
-    if (e < D) kva__store16(dst_dtype, out + (size_t)e * es, kva__loadf(acc + e) * sc);
+    if (e < D) kva__storev(out + (size_t)e * es, dst_dtype, kva__loadu(acc + e) * sc);
 }
 
 /* Final output row of (b, hq) from a packed f32 accumulator times scale. */
@@ -510,7 +510,7 @@ static void merge_global(const decode_job *J, int32_t b, int32_t hq, int64_t key
 
 /* ---- tasks, instantiated per dtype ---------------------------------------------------------- */
 
-KVA_AI void task_online(int dtype, const decode_job *J, int64_t t, task_scratch *S) {
+KVA__INLINE void task_online(kva_dtype dtype, const decode_job *J, int64_t t, task_scratch *S) {
     int32_t w;
     task_heads th = heads_of_task(J, t, &w);
     task_range r = range_of(J, w);
@@ -531,7 +531,7 @@ KVA_AI void task_online(int dtype, const decode_job *J, int64_t t, task_scratch 
 }
 
 /* Alg. 2, pass 1 of a split request (scores + R_i), or both passes of an unsplit one. */
-KVA_AI void task_global_first(int dtype, const decode_job *J, int64_t t, int64_t key_off,
+KVA__INLINE void task_global_first(kva_dtype dtype, const decode_job *J, int64_t t, int64_t key_off,
                               task_scratch *S) {
     int32_t w;
     task_heads th = heads_of_task(J, t, &w);
@@ -552,7 +552,7 @@ KVA_AI void task_global_first(int dtype, const decode_job *J, int64_t t, int64_t
 }
 
 /* Alg. 2, pass 2 of a split request: reduce the R_i to Rmax, then O_i and L_i. */
-KVA_AI void task_global_second(int dtype, const decode_job *J, int64_t t, int64_t key_off,
+KVA__INLINE void task_global_second(kva_dtype dtype, const decode_job *J, int64_t t, int64_t key_off,
                                task_scratch *S) {
     int32_t w;
     task_heads th = heads_of_task(J, t, &w);
@@ -578,7 +578,7 @@ KVA_AI void task_global_second(int dtype, const decode_job *J, int64_t t, int64_
 
 enum task_kind { TASK_ONLINE, TASK_GLOBAL_FIRST, TASK_GLOBAL_SECOND };
 
-KVA_AI void run_task(int dtype, int kind, const decode_job *J, int64_t t, int64_t key_off,
+KVA__INLINE void run_task(kva_dtype dtype, int kind, const decode_job *J, int64_t t, int64_t key_off,
                      task_scratch *S) {
     if (kind == TASK_ONLINE)
         task_online(dtype, J, t, S);
@@ -685,9 +685,9 @@ static void run_global_rowmax(kva_context *ctx, const decode_job *J, int split) 
     }
 }
 
-kva_status kva__cpu_decode_run(kva_context *ctx, const kva_plan *plan,
-                               const kva_attn_params *params, kva_tensor q,
-                               const kva_kv_pages *pages, kva_tensor o, float *lse) {
+kva_status KVA__ISA_FN(decode_run)(kva_context *ctx, const kva_plan *plan,
+                                   const kva_attn_params *params, kva_tensor q,
+                                   const kva_kv_pages *pages, kva_tensor o, float *lse) {
     const kva__plan_header *h = kva__plan_header_of(plan->workspace.host);
     const int32_t *ints = kva__plan_ints(plan->workspace.host);
     if (ctx->cpu_scratch_per_thread < scratch_bytes_needed(params->head_dim))

@@ -1,5 +1,6 @@
 /*
  * prefill_engine.c -- one prefill task (see prefill_engine.h): query tile x key range x KV head.
+ * Compiled once per ISA variant (simd.h); exported as kva__<variant>_prefill_task_run.
  *
  * Work split inside a task: the tile's tokens x group heads are packed as rows, token-major
  * (row = token * heads_in_pass + head), in passes of at most MAX_ROWS rows; rows form row blocks
@@ -17,9 +18,10 @@
  * Memory per task: the pass's packed Q and O (MAX_ROWS x D f32 each, L2-resident), one f32 key
  * block of K and V, one S block of a row block (L1-resident); sources are read once per pass.
  */
-#include "prefill_engine.h"
 #include "prefill_kernels.h"
-#include "../common/softmax_state.h"
+#include "../cpu_isa.h"
+#include "../prefill_engine.h"
+#include "../../common/softmax_state.h"
 
 #include <limits.h>
 #include <math.h>
@@ -28,7 +30,7 @@
 
 /* 256 rows = a 64-token tile times a GQA group of 4 in one pass; Q + O of a pass take 256 KB
  * at head_dim 128, which stays in a core's L2. */
-#define MAX_ROWS 256
+#define MAX_ROWS KVA__PREFILL_MAX_ROWS
 #define MAX_ROW_BLOCKS (MAX_ROWS / KVA__PF_LANES)
 /* 48 keys: the f32 K and V blocks (48 KB at head_dim 128) plus one S block stay close to L1. */
 #define KEY_BLOCK 48
@@ -51,13 +53,7 @@ typedef struct scratch_view {
 
 static size_t region(size_t bytes) { return (bytes + 63) / 64 * 64; }
 
-int32_t kva__prefill_tile_tokens(int32_t group) {
-    int32_t tile = 64;
-    while ((int64_t)tile * 2 * group <= MAX_ROWS) tile *= 2;
-    return tile;
-}
-
-size_t kva__prefill_scratch_bytes(int32_t head_dim) {
+size_t KVA__ISA_FN(prefill_scratch_bytes)(int32_t head_dim) {
     size_t D = (size_t)head_dim;
     return 2 * region(sizeof(float) * MAX_ROWS * D) + 2 * region(sizeof(float) * KEY_BLOCK * D) +
            region(sizeof(float) * KEY_BLOCK * KVA__PF_LANES) +
@@ -456,8 +452,8 @@ static void run_pass(const kva__prefill_config *cfg, const kva__prefill_task *ta
     write_rows(cfg, task, ps, sv);
 }
 
-void kva__prefill_task_run(const kva__prefill_config *cfg, const kva__prefill_task *task,
-                           void *scratch) {
+void KVA__ISA_FN(prefill_task_run)(const kva__prefill_config *cfg, const kva__prefill_task *task,
+                                   void *scratch) {
     const scratch_view sv = carve(scratch, cfg->head_dim);
     const int32_t G = cfg->group;
     /* Tokens per pass, then as many group heads as fit beside them. */

@@ -1,40 +1,70 @@
 /*
- * prefill_vec.h -- the float vector toolbox of the CPU prefill engine: loads and stores of
- * f32/f16/bf16 rows as f32 vectors, exp2 and tanh, and a square register transpose.
+ * simd.h -- the one vector layer of the CPU kernels (decode, prefill, merge and the bench's
+ * ceiling probes): f32 vectors of the target's native width, loads and stores of f32 / f16 /
+ * bf16 rows, fused multiply-add, exp2, tanh, horizontal and transposing reductions.
  *
- * One vector is the machine's natural width, KVA__VL floats: 16 with AVX-512, 8 with AVX, 4
- * otherwise (SSE, NEON, or whatever GCC lowers generic vectors to). Everything is written with
- * GCC vector extensions; intrinsics appear only where the portable form would cost more: fused
- * multiply-add (ISO C mode, -std=c11, turns off contraction, so `a * b + c` would be two
- * instructions), min / max, f16 conversions and exp2's rounding and scaling.
+ * The width is chosen per translation unit by the ISA variant it is compiled as (CMake compiles
+ * src/cpu/kernels/ once per variant, each with its own target flags and KVA_ISA_<NAME> defined;
+ * cpu_dispatch.c picks one at context creation):
+ *   KVA_ISA_AVX512  16 lanes, 32 registers (AVX-512 F/BW/VL/DQ)
+ *   KVA_ISA_AVX2     8 lanes, 16 registers (AVX2 + FMA + F16C)
+ *   KVA_ISA_NEON     4 lanes, 32 registers (aarch64 Advanced SIMD; FCVTL/FCVTN for f16)
+ *   otherwise        4 lanes, 16 registers, no intrinsics at all: the portable fallback
+ * The width comes from that macro, not from __AVX512F__ and friends, so a variant keeps its
+ * width (and its register budget) even in a -march=native build.
+ *
+ * Why not one fixed width: 64-byte vectors on AVX2 are register pairs, and the decode kernels'
+ * 16 accumulators then need 32 ymm registers out of 16 -- spills on every FMA.
+ *
+ * Everything is a GCC vector extension plus intrinsics where the portable form costs more: FMA
+ * (ISO C mode, -std=c11, does not contract a * b + c), min / max, f16 conversions and exp2's
+ * rounding and scaling. bf16 -> f32 is a 16-bit shift on every ISA; AVX512-BF16 / AVX512-FP16
+ * instructions are not used: their dot products (bf16 pairs into f32) measured slower than
+ * shift + FMA in decode (bench/NOTES.md), and f16 arithmetic would lose the f32 accumulation.
  *
  * Conversions round to nearest even and match src/common/dtype_convert.h bit for bit (NaN stays
  * NaN; only its payload may differ).
  */
-#ifndef KVA_PREFILL_VEC_H
-#define KVA_PREFILL_VEC_H
+#ifndef KVA_SIMD_H
+#define KVA_SIMD_H
 
 #include "kvattn.h"
 
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
-#if defined(__AVX__) || defined(__FMA__) || defined(__F16C__) || defined(__SSE__)
+#if defined(KVA_ISA_AVX512)
+#if !defined(__AVX512F__) || !defined(__AVX512BW__) || !defined(__AVX512VL__)
+#error "the avx512 variant needs -mavx512f -mavx512bw -mavx512vl"
+#endif
 #include <immintrin.h>
+#define KVA__VL 16
+#define KVA__NUM_VREGS 32
+#elif defined(KVA_ISA_AVX2)
+#if !defined(__AVX2__) || !defined(__FMA__) || !defined(__F16C__)
+#error "the avx2 variant needs -mavx2 -mfma -mf16c"
+#endif
+#include <immintrin.h>
+#define KVA__VL 8
+#define KVA__NUM_VREGS 16
+#elif defined(KVA_ISA_NEON)
+#if !defined(__aarch64__)
+#error "the neon variant is aarch64 only"
+#endif
+#include <arm_neon.h>
+#define KVA__VL 4
+#define KVA__NUM_VREGS 32
+#else
+#define KVA_ISA_GENERIC 1
+#define KVA__VL 4
+#define KVA__NUM_VREGS 16
 #endif
 
 /* The vectors never cross a translation unit (everything here is static inline), so GCC's
  * warning that wide vector arguments have another ABI on narrower ISAs does not apply. */
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wpsabi"
-#endif
-
-#if defined(__AVX512F__)
-#define KVA__VL 16
-#elif defined(__AVX__)
-#define KVA__VL 8
-#else
-#define KVA__VL 4
 #endif
 
 typedef float kva__vf __attribute__((vector_size(4 * KVA__VL)));
@@ -57,12 +87,12 @@ KVA__INLINE kva__vi kva__splat_i(int32_t x) { return (kva__vi)KVA__ALL_LANES(x);
 
 /* a * b + c with one rounding where the ISA has FMA. */
 KVA__INLINE kva__vf kva__fma(kva__vf a, kva__vf b, kva__vf c) {
-#if KVA__VL == 16
+#if defined(KVA_ISA_AVX512)
     return (kva__vf)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c);
-#elif KVA__VL == 8 && defined(__FMA__)
+#elif defined(KVA_ISA_AVX2)
     return (kva__vf)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c);
-#elif KVA__VL == 4 && defined(__FMA__)
-    return (kva__vf)_mm_fmadd_ps((__m128)a, (__m128)b, (__m128)c);
+#elif defined(KVA_ISA_NEON)
+    return (kva__vf)vfmaq_f32((float32x4_t)c, (float32x4_t)a, (float32x4_t)b);
 #else
     return a * b + c;
 #endif
@@ -74,20 +104,24 @@ KVA__INLINE kva__vf kva__select(kva__vi mask, kva__vf if_set, kva__vf if_clear) 
 }
 
 KVA__INLINE kva__vf kva__max(kva__vf a, kva__vf b) {
-#if KVA__VL == 16
+#if defined(KVA_ISA_AVX512)
     return (kva__vf)_mm512_max_ps((__m512)a, (__m512)b);
-#elif KVA__VL == 8
+#elif defined(KVA_ISA_AVX2)
     return (kva__vf)_mm256_max_ps((__m256)a, (__m256)b);
+#elif defined(KVA_ISA_NEON)
+    return (kva__vf)vmaxq_f32((float32x4_t)a, (float32x4_t)b);
 #else
     return kva__select(a > b, a, b);
 #endif
 }
 
 KVA__INLINE kva__vf kva__min(kva__vf a, kva__vf b) {
-#if KVA__VL == 16
+#if defined(KVA_ISA_AVX512)
     return (kva__vf)_mm512_min_ps((__m512)a, (__m512)b);
-#elif KVA__VL == 8
+#elif defined(KVA_ISA_AVX2)
     return (kva__vf)_mm256_min_ps((__m256)a, (__m256)b);
+#elif defined(KVA_ISA_NEON)
+    return (kva__vf)vminq_f32((float32x4_t)a, (float32x4_t)b);
 #else
     return kva__select(a < b, a, b);
 #endif
@@ -100,6 +134,8 @@ KVA__INLINE kva__vf kva__loadu(const float *p) {
     return v;
 }
 KVA__INLINE void kva__storeu(float *p, kva__vf v) { memcpy(p, &v, sizeof v); }
+
+/* ---- dtype conversions ------------------------------------------------------------------- */
 
 /* f16 bits (in u32 lanes) -> f32: shift exponent and mantissa into place and let a multiply by
  * 2^112 rebias the exponent, which also normalises f16 subnormals; inf / NaN are patched. */
@@ -142,22 +178,28 @@ KVA__INLINE kva__vu kva__f32_to_bf16_bits(kva__vf f) {
     return (rounded & ~is_nan) | (quiet & is_nan);
 }
 
-/* KVA__VL consecutive elements of a row of the given dtype, as floats. f16 uses the hardware
- * conversion where there is one (exact, like the bit version). */
-KVA__INLINE kva__vf kva__loadv(const void *p, kva_dtype dtype) {
-    if (dtype == KVA_F32) return kva__loadu((const float *)p);
+/* KVA__VL f16 values -> f32 with the hardware conversion where there is one (exact). */
+KVA__INLINE kva__vf kva__load_f16(const void *p) {
+#if defined(KVA_ISA_AVX512)
+    return (kva__vf)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+#elif defined(KVA_ISA_AVX2)
+    return (kva__vf)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+#elif defined(KVA_ISA_NEON)
+    return (kva__vf)vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16((const uint16_t *)p)));
+#else
     kva__vh h;
     memcpy(&h, p, sizeof h);
-    if (dtype == KVA_F16) {
-#if KVA__VL == 16
-        return (kva__vf)_mm512_cvtph_ps((__m256i)h);
-#elif KVA__VL == 8 && defined(__F16C__)
-        return (kva__vf)_mm256_cvtph_ps((__m128i)h);
+    return kva__f16_bits_to_f32(__builtin_convertvector(h, kva__vu));
 #endif
-    }
-    kva__vu w = __builtin_convertvector(h, kva__vu);
-    if (dtype == KVA_BF16) return (kva__vf)(w << 16);
-    return kva__f16_bits_to_f32(w);
+}
+
+/* KVA__VL consecutive elements of a row of the given dtype, as floats. */
+KVA__INLINE kva__vf kva__loadv(const void *p, kva_dtype dtype) {
+    if (dtype == KVA_F32) return kva__loadu((const float *)p);
+    if (dtype == KVA_F16) return kva__load_f16(p);
+    kva__vh h;
+    memcpy(&h, p, sizeof h);
+    return (kva__vf)(__builtin_convertvector(h, kva__vu) << 16);
 }
 
 /* Stores KVA__VL floats as consecutive elements of the given dtype (round to nearest even). */
@@ -167,21 +209,68 @@ KVA__INLINE void kva__storev(void *p, kva_dtype dtype, kva__vf v) {
         return;
     }
     kva__vh h;
-#if KVA__VL == 16 || (KVA__VL == 8 && defined(__F16C__))
     if (dtype == KVA_F16) {
-#if KVA__VL == 16
+#if defined(KVA_ISA_AVX512)
         h = (kva__vh)_mm512_cvtps_ph((__m512)v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-#else
+#elif defined(KVA_ISA_AVX2)
         h = (kva__vh)_mm256_cvtps_ph((__m256)v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+#elif defined(KVA_ISA_NEON)
+        h = (kva__vh)vreinterpret_u16_f16(vcvt_f16_f32((float32x4_t)v));
+#else
+        h = __builtin_convertvector(kva__f32_to_f16_bits(v), kva__vh);
 #endif
-        memcpy(p, &h, sizeof h);
-        return;
+    } else {
+        h = __builtin_convertvector(kva__f32_to_bf16_bits(v), kva__vh);
     }
-#endif
-    kva__vu bits = dtype == KVA_BF16 ? kva__f32_to_bf16_bits(v) : kva__f32_to_f16_bits(v);
-    h = __builtin_convertvector(bits, kva__vh);
     memcpy(p, &h, sizeof h);
 }
+
+/* ---- pairs of vectors in packed order (decode) ------------------------------------------ */
+/*
+ * The decode kernels consume a row 2 * KVA__VL elements at a time as two vectors (a, b). For
+ * f32 and f16 a = elements 0..VL-1 and b = VL..2VL-1. For bf16 a = the even elements and b =
+ * the odd ones, because a bf16 pair read as one 32-bit lane becomes two floats with one shift
+ * and one mask (no widening shuffle). Queries and output accumulators are kept in the same
+ * order as the rows they meet, so dot products and weighted sums need no shuffles;
+ * kva__unpack_pair restores natural order once per output row.
+ */
+KVA__INLINE void kva__load_pair(kva_dtype dtype, const void *p, kva__vf *a, kva__vf *b) {
+    if (dtype == KVA_BF16) {
+        kva__vu x;
+        memcpy(&x, p, sizeof x);
+        *a = (kva__vf)(x << 16);
+        *b = (kva__vf)(x & 0xffff0000u);
+    } else {
+        size_t half = (dtype == KVA_F32 ? 4 : 2) * (size_t)KVA__VL;
+        *a = kva__loadv(p, dtype);
+        *b = kva__loadv((const char *)p + half, dtype);
+    }
+}
+
+#if KVA__VL == 16
+#define KVA__ZIP_LO 0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23
+#define KVA__ZIP_HI 8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31
+#elif KVA__VL == 8
+#define KVA__ZIP_LO 0, 8, 1, 9, 2, 10, 3, 11
+#define KVA__ZIP_HI 4, 12, 5, 13, 6, 14, 7, 15
+#else
+#define KVA__ZIP_LO 0, 4, 1, 5
+#define KVA__ZIP_HI 2, 6, 3, 7
+#endif
+
+/* The inverse of kva__load_pair's packing: lo = elements 0..VL-1, hi = VL..2VL-1. */
+KVA__INLINE void kva__unpack_pair(kva_dtype dtype, kva__vf a, kva__vf b, kva__vf *lo,
+                                  kva__vf *hi) {
+    if (dtype == KVA_BF16) {
+        *lo = __builtin_shufflevector(a, b, KVA__ZIP_LO);
+        *hi = __builtin_shufflevector(a, b, KVA__ZIP_HI);
+    } else {
+        *lo = a;
+        *hi = b;
+    }
+}
+
+/* ---- exp2, tanh ------------------------------------------------------------------------- */
 
 /* 2^x. Inputs below -125 give exactly 0 (so -inf, a masked score, contributes nothing and no
  * denormals reach the FMAs; the values lost are < 2^-125 of the row maximum). Round-to-nearest
@@ -200,7 +289,7 @@ KVA__INLINE kva__vf kva__exp2_poly(kva__vf f) {
 }
 
 KVA__INLINE kva__vf kva__exp2(kva__vf x) {
-#if KVA__VL == 16
+#if defined(KVA_ISA_AVX512)
     const __mmask16 keep = _mm512_cmp_ps_mask((__m512)x, _mm512_set1_ps(-125.0f), _CMP_GE_OQ);
     const __m512 n = _mm512_roundscale_ps((__m512)x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     const kva__vf p = kva__exp2_poly(x - (kva__vf)n);
@@ -233,6 +322,69 @@ KVA__INLINE kva__vf kva__tanh(kva__vf x) {
     kva__vf big = kva__splat(1.0f) - kva__splat(2.0f) / (e + kva__splat(1.0f));
     big = (kva__vf)((kva__vu)big | sign);
     return kva__select(ax < kva__splat(0.4f), series, big);
+}
+
+/* ---- reductions and the transpose ---------------------------------------------------------- */
+
+/* Horizontal sum / max by a halving tree over the lanes (lane i + lane i + h, h = VL/2, VL/4, ..);
+ * once per row of a block, so plain code is enough. */
+KVA__INLINE float kva__hsum(kva__vf v) {
+    float lanes[KVA__VL];
+    memcpy(lanes, &v, sizeof lanes);
+    for (int h = KVA__VL / 2; h > 0; h /= 2)
+        for (int i = 0; i < h; ++i) lanes[i] += lanes[i + h];
+    return lanes[0];
+}
+
+KVA__INLINE float kva__hmax(kva__vf v) {
+    float lanes[KVA__VL];
+    memcpy(lanes, &v, sizeof lanes);
+    for (int h = KVA__VL / 2; h > 0; h /= 2)
+        for (int i = 0; i < h; ++i) lanes[i] = lanes[i + h] > lanes[i] ? lanes[i + h] : lanes[i];
+    return lanes[0];
+}
+
+/* One level of the transposing reduction: within groups of 2h lanes, the first h lanes of the
+ * result hold a's pairwise sums (lane i + lane i+h), the last h lanes b's. */
+#define KVA__FOLD(a, b, LO, HI) \
+    (__builtin_shufflevector((a), (b), LO) + __builtin_shufflevector((a), (b), HI))
+
+#if KVA__VL == 16
+#define KVA__F8_LO 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23
+#define KVA__F8_HI 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31
+#define KVA__F4_LO 0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27
+#define KVA__F4_HI 4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31
+#define KVA__F2_LO 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29
+#define KVA__F2_HI 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31
+#define KVA__F1_LO 0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30
+#define KVA__F1_HI 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31
+#elif KVA__VL == 8
+#define KVA__F4_LO 0, 1, 2, 3, 8, 9, 10, 11
+#define KVA__F4_HI 4, 5, 6, 7, 12, 13, 14, 15
+#define KVA__F2_LO 0, 1, 8, 9, 4, 5, 12, 13
+#define KVA__F2_HI 2, 3, 10, 11, 6, 7, 14, 15
+#define KVA__F1_LO 0, 8, 2, 10, 4, 12, 6, 14
+#define KVA__F1_HI 1, 9, 3, 11, 5, 13, 7, 15
+#else
+#define KVA__F2_LO 0, 1, 4, 5
+#define KVA__F2_HI 2, 3, 6, 7
+#define KVA__F1_LO 0, 4, 2, 6
+#define KVA__F1_HI 1, 5, 3, 7
+#endif
+
+/* r[i] = sum of the lanes of acc[i], i < KVA__VL: VL horizontal sums for VL - 1 vector adds and
+ * 2 (VL - 1) shuffles (one horizontal sum alone costs log2(VL) of each). */
+KVA__INLINE kva__vf kva__reduce_lanes(const kva__vf acc[KVA__VL]) {
+    kva__vf x[KVA__VL];
+    memcpy(x, acc, sizeof x);
+#if KVA__VL == 16
+    for (int k = 0; k < 8; ++k) x[k] = KVA__FOLD(x[k], x[k + 8], KVA__F8_LO, KVA__F8_HI);
+#endif
+#if KVA__VL >= 8
+    for (int k = 0; k < 4; ++k) x[k] = KVA__FOLD(x[k], x[k + 4], KVA__F4_LO, KVA__F4_HI);
+#endif
+    for (int k = 0; k < 2; ++k) x[k] = KVA__FOLD(x[k], x[k + 2], KVA__F2_LO, KVA__F2_HI);
+    return KVA__FOLD(x[0], x[1], KVA__F1_LO, KVA__F1_HI);
 }
 
 /* In-place transpose of a KVA__VL x KVA__VL block held as KVA__VL row vectors: one butterfly
@@ -275,4 +427,4 @@ KVA__INLINE void kva__transpose(kva__vf r[KVA__VL]) {
 }
 #endif
 
-#endif /* KVA_PREFILL_VEC_H */
+#endif /* KVA_SIMD_H */

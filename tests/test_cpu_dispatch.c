@@ -1,0 +1,95 @@
+/*
+ * test_cpu_dispatch.c -- the choice of CPU kernel variant (src/cpu/cpu_dispatch.c): the default
+ * is the best variant this CPU runs, KVA_CPU_ISA selects any built variant the CPU runs and
+ * refuses the rest without creating a context, and kva_cpu_variant reports what was chosen.
+ * (That every variant computes the right thing is checked by the CPU sweeps, which run under
+ * each variant: KVA_TEST_CPU_VARIANTS in test_cpu_decode.c, test_cpu_prefill.c and
+ * test_cpu_attention.c.)
+ */
+#include "harness.h"
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Creates a CPU context under KVA_CPU_ISA=isa (NULL: unset); returns its status and variant. */
+static kva_status create_under(const char *isa, char *variant, size_t n) {
+    const char *env = getenv("KVA_CPU_ISA");
+    char saved[64] = "";
+    if (env) snprintf(saved, sizeof saved, "%s", env);
+    if (isa)
+        setenv("KVA_CPU_ISA", isa, 1);
+    else
+        unsetenv("KVA_CPU_ISA");
+    kva_context *ctx = (kva_context *)(uintptr_t)1; /* must be reset to NULL on failure */
+    kva_status st = kva_context_create(KVA_DEVICE_CPU, 0, &ctx);
+    snprintf(variant, n, "%s", st == KVA_OK ? kva_cpu_variant(ctx) : (ctx ? "not-null" : ""));
+    kva_context_destroy(st == KVA_OK ? ctx : NULL);
+    if (env)
+        setenv("KVA_CPU_ISA", saved, 1);
+    else
+        unsetenv("KVA_CPU_ISA");
+    return st;
+}
+
+/* What this CPU should get by default, from the compiler's own cpuid reading. */
+static const char *expected_default(void) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+        __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+        __builtin_cpu_supports("f16c"))
+        return "avx512";
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+        __builtin_cpu_supports("f16c"))
+        return "avx2";
+    return "generic";
+#elif defined(__aarch64__)
+    return "neon";
+#else
+    return "generic";
+#endif
+}
+
+KVA_TEST(cpu_dispatch_default_is_best_supported) {
+    char got[64];
+    CHECK_OK(create_under(NULL, got, sizeof got));
+    CHECK_MSG(strcmp(got, expected_default()) == 0, "default variant %s, expected %s", got,
+              expected_default());
+    char with_auto[64];
+    CHECK_OK(create_under("auto", with_auto, sizeof with_auto));
+    CHECK_MSG(strcmp(with_auto, got) == 0, "KVA_CPU_ISA=auto gave %s, default %s", with_auto, got);
+    printf("    default variant: %s\n", got);
+}
+
+KVA_TEST(cpu_dispatch_override_selects_or_refuses) {
+    static const char *const names[] = {"avx512", "avx2", "neon", "generic"};
+    int supported = 0;
+    for (int i = 0; i < 4; ++i) {
+        char got[64];
+        kva_status st = create_under(names[i], got, sizeof got);
+        if (st == KVA_OK) {
+            CHECK_MSG(strcmp(got, names[i]) == 0, "KVA_CPU_ISA=%s gave %s", names[i], got);
+            ++supported;
+        } else {
+            CHECK_MSG(st == KVA_ERR_UNSUPPORTED, "KVA_CPU_ISA=%s: %s", names[i],
+                      kva_status_str(st));
+            CHECK_MSG(got[0] == 0, "KVA_CPU_ISA=%s failed but left a context", names[i]);
+            CHECK(strstr(kva_last_error(), names[i]) != NULL);
+        }
+    }
+    CHECK_MSG(supported >= 1, "not even the generic variant runs");
+    char got[64];
+    CHECK_OK(create_under("generic", got, sizeof got)); /* the portable fallback always runs */
+    CHECK_STATUS(create_under("sse9", got, sizeof got), KVA_ERR_UNSUPPORTED);
+    CHECK(strstr(kva_last_error(), "sse9") != NULL);
+#if defined(__x86_64__)
+    CHECK_STATUS(create_under("neon", got, sizeof got), KVA_ERR_UNSUPPORTED);
+#endif
+#if defined(__aarch64__)
+    CHECK_STATUS(create_under("avx2", got, sizeof got), KVA_ERR_UNSUPPORTED);
+#endif
+    CHECK(kva_cpu_variant(NULL) == NULL);
+}
