@@ -37,7 +37,8 @@ class PlanLimits(C.Structure):
     _fields_ = [("max_batch", C.c_int32), ("max_total_pages", C.c_int64),
                 ("max_total_kv", C.c_int64), ("max_total_qo", C.c_int64),
                 ("num_qo_heads", C.c_int32), ("num_kv_heads", C.c_int32),
-                ("head_dim", C.c_int32), ("page_size", C.c_int32)]
+                ("head_dim", C.c_int32), ("page_size", C.c_int32),
+                ("min_fixed_chunk", C.c_int32)]
 
 
 class PageTable(C.Structure):
@@ -76,7 +77,7 @@ class Plan(C.Structure):
                 ("split_kv", C.c_int32), ("flags", C.c_uint32), ("algo", C.c_int),
                 ("request_indices", C.c_void_p), ("qo_tile_indices", C.c_void_p),
                 ("kv_tile_indices", C.c_void_p), ("merge_indptr", C.c_void_p),
-                ("workspace", Workspace)]
+                ("workspace", Workspace), ("generation", C.c_uint32)]
 
 
 class DeviceInfo(C.Structure):
