@@ -40,6 +40,23 @@
 
 typedef float v16f __attribute__((vector_size(64)));
 typedef int32_t v16i __attribute__((vector_size(64)));
+
+#if defined(__clang__)
+/* clang (the fuzz build, fuzz/) has no __builtin_shuffle; these loops over constant indices
+ * compile to the same shuffles. GCC builds never see them. */
+static inline v16f kva__shuffle1(v16f a, v16i idx) {
+    v16f r;
+    for (int i = 0; i < 16; ++i) r[i] = a[idx[i] & 15];
+    return r;
+}
+static inline v16f kva__shuffle2(v16f a, v16f b, v16i idx) {
+    v16f r;
+    for (int i = 0; i < 16; ++i) r[i] = (idx[i] & 16) ? b[idx[i] & 15] : a[idx[i] & 15];
+    return r;
+}
+#define KVA__SHUFFLE_PICK(_1, _2, _3, name, ...) name
+#define __builtin_shuffle(...) KVA__SHUFFLE_PICK(__VA_ARGS__, kva__shuffle2, kva__shuffle1, 0)(__VA_ARGS__)
+#endif
 typedef uint32_t v16u __attribute__((vector_size(64)));
 typedef uint16_t v16u16 __attribute__((vector_size(32)));
 
