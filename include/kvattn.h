@@ -243,7 +243,11 @@ typedef float (*kva_score_mod_fn)(float score, int32_t q_pos, int32_t kv_pos, in
  *     o = sum_k softmax(s)_k * v_k,   lse = log(sum_k exp(s_k))
  * Positions: a request with qo_len queries and kv_len keys has keys at 0..kv_len-1 and its
  * queries at q_pos = kv_len - qo_len + i (aligned bottom-right, as in chunked prefill; decode's
- * single query is at kv_len - 1). Query head h reads KV head h / (num_qo_heads / num_kv_heads). */
+ * single query is at kv_len - 1). Query head h reads KV head h / (num_qo_heads / num_kv_heads).
+ * Range: kernels keep scores in log2 units in f32, so a visible score must satisfy
+ * |s| < FLT_MAX / log2(e) (about 2.3e38). A row that sees a larger score, or whose dot product
+ * overflows f32, gets NaN output and NaN LSE on the CPU -- never a plausible wrong value (and
+ * kva_merge_states propagates a NaN LSE). The CUDA decode kernel does not detect this yet. */
 typedef struct kva_attn_params {
     int32_t num_qo_heads;
     int32_t num_kv_heads;    /* must divide num_qo_heads */
