@@ -570,6 +570,13 @@ static kva_status release_samples(sim *s, int32_t leader) {
         SIM_TRY(s, st, "kva_cache_fork (sample %d)", j);
         if ((st = forked(s, j, l->prompt_len, r->seq)) != KVA_OK) return st;
         r->state = REQ_PARKED;
+        if (r->output_len == 0) { /* nothing to decode: the prompt was all it asked for */
+            SIM_TRY(s, kva_cache_free_sequence(s->cache, r->seq), "kva_cache_free_sequence");
+            r->seq = -1;
+            r->state = REQ_FINISHED;
+            ++s->finished;
+            ++s->res->requests_finished;
+        }
     }
     return KVA_OK;
 }
@@ -1061,6 +1068,23 @@ static kva_status run_step(sim *s, int32_t step) {
     kva_status st;
     if ((st = plan_step(s)) != KVA_OK) return st;
     const sim_config *c = s->cfg;
+    /* Every sequence holds what its request thinks it holds (never more than the request). */
+    for (int32_t i = 0; i < c->num_requests; ++i) {
+        const request *r = &s->reqs[i];
+        if (r->state != REQ_RUNNING && r->state != REQ_PARKED) continue;
+        int32_t len = -1;
+        SIM_TRY(s, kva_cache_seq_len(s->cache, r->seq, &len), "kva_cache_seq_len");
+        int32_t want = r->cached;
+        for (int32_t j = 0; j < s->num_items; ++j)
+            if (s->items[j].req == i) want += s->items[j].num_new;
+        if (len != want || want > r->prompt_len + r->output_len)
+            return sim_fail(s, KVA_ERR_BAD_STATE,
+                            "request %d (state %d, leader %d, group %d): sequence %d holds %d tokens, "
+                            "expected %d (prompt %d + output %d)",
+                            i, (int)r->state, r->leader, r->group, r->seq, len, want, r->prompt_len,
+                            r->output_len);
+    }
+
     bool verify = c->verify_every > 0 && step % c->verify_every == 0;
     int32_t check_layer = step / (c->verify_every > 0 ? c->verify_every : 1) % c->num_layers;
     for (int32_t layer = 0; layer < c->num_layers; ++layer) {
