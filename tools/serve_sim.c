@@ -735,6 +735,14 @@ static kva_status schedule(sim *s) {
     s->budget = s->cfg->token_budget;
     s->preempted_this_step = false;
     kva_status st;
+    /* Parked samples join first while there is room: their prompt is cached, they decode now. */
+    for (int32_t i = 0; i < s->cfg->num_requests && s->running < s->cfg->max_batch; ++i) {
+        request *r = &s->reqs[i];
+        if (r->state != REQ_PARKED) continue;
+        r->state = REQ_RUNNING;
+        r->admitted_at = ++s->admit_clock;
+        ++s->running;
+    }
     int32_t n = running_by_age(s);
     /* Decodes first: they are latency-critical and cost one token each. */
     for (int32_t i = 0; i < n && s->budget > 0; ++i) {
@@ -756,14 +764,6 @@ static kva_status schedule(sim *s) {
     }
     /* Then new (or preempted, which have lower ids) requests, in arrival order. */
     if (s->preempted_this_step) return KVA_OK;
-    /* Parked samples first: their prompt is cached already, they decode from the next step. */
-    for (int32_t i = 0; i < s->cfg->num_requests && s->running < s->cfg->max_batch; ++i) {
-        request *r = &s->reqs[i];
-        if (r->state != REQ_PARKED) continue;
-        r->state = REQ_RUNNING;
-        r->admitted_at = ++s->admit_clock;
-        ++s->running;
-    }
     for (int32_t i = 0; i < s->cfg->num_requests; ++i) {
         if (s->budget <= 0 || s->running >= s->cfg->max_batch) break;
         if (s->reqs[i].state != REQ_WAITING) continue;
