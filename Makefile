@@ -5,7 +5,11 @@ CMAKE_FLAGS ?=
 PYTHON ?= $(shell command -v python3 2>/dev/null)
 PY_FLAGS = $(if $(PYTHON),-DPython_EXECUTABLE=$(PYTHON),)
 
-.PHONY: all build test test-asan test-aarch64 test-no-avx clean run bench install-check
+FUZZ_TIME ?= 600
+FUZZ_TARGETS = fuzz_planner fuzz_cache fuzz_block_table fuzz_merge
+
+.PHONY: all build test test-asan test-tsan test-aarch64 test-no-avx fuzz fuzz-ci fuzz-build clean \
+	run bench install-check
 
 all: build
 
@@ -46,6 +50,40 @@ test-aarch64:
 test-no-avx: build
 	KVA_TEST_QUICK=1 qemu-x86_64 -cpu Nehalem ./$(BUILD)/kvattn_tests cpu decode prefill attention
 
+# libFuzzer targets (fuzz/, clang): each runs FUZZ_TIME seconds from its committed seed corpus
+# (fuzz/corpus/<name>, read only) plus a scratch corpus in build-fuzz/ that grows across runs.
+# A finding stops the run and leaves crash-* in build-fuzz/; replay: build-fuzz/fuzz_x crash-...
+fuzz-build:
+	@command -v clang >/dev/null 2>&1 || bash scripts/install-deps.sh
+	CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVA_FUZZ=ON >/dev/null
+	cmake --build build-fuzz -j $(JOBS)
+
+fuzz: fuzz-build
+	@for t in $(FUZZ_TARGETS); do \
+	    name=$${t#fuzz_}; mkdir -p build-fuzz/corpus-$$name; \
+	    echo "== $$t for $(FUZZ_TIME) s"; \
+	    (cd build-fuzz && ./$$t corpus-$$name ../fuzz/corpus/$$name -max_total_time=$(FUZZ_TIME) \
+	        -max_len=512 -print_final_stats=1 2>&1 | grep -E "^(Done|stat::number_of_executed_units|==|fuzz check)|ERROR|SUMMARY|runtime error") \
+	        || true; \
+	    if ls build-fuzz/crash-* build-fuzz/leak-* build-fuzz/timeout-* >/dev/null 2>&1; then \
+	        echo "$$t found a failing input:"; ls build-fuzz/crash-* build-fuzz/leak-* build-fuzz/timeout-* 2>/dev/null; exit 1; fi; \
+	done
+
+# CI: one minute per target.
+fuzz-ci:
+	$(MAKE) fuzz FUZZ_TIME=60
+
+# A ThreadSanitizer build (CPU) that runs the threads test: several contexts, several threads.
+# clang + LLVM's OpenMP with its Archer tool, so TSan sees OpenMP's barriers (libgomp is not
+# instrumented and would report its own thread-pool handoffs as races).
+ARCHER ?= $(firstword $(wildcard /usr/lib/llvm-*/lib/libarcher.so))
+test-tsan:
+	@command -v clang >/dev/null 2>&1 || bash scripts/install-deps.sh
+	CC=clang cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVA_TSAN=ON -DKVA_CUDA=OFF >/dev/null
+	cmake --build build-tsan -j $(JOBS) --target kvattn_tests
+	OMP_TOOL_LIBRARIES=$(ARCHER) TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 ignore_noninstrumented_modules=1" \
+	    ./build-tsan/kvattn_tests threads_
+
 run: build
 	./$(BUILD)/kvattn run
 
@@ -58,4 +96,4 @@ install-check: build
 	@bash scripts/check-install.sh $(BUILD)
 
 clean:
-	rm -rf $(BUILD) build-asan build-aarch64
+	rm -rf $(BUILD) build-asan build-aarch64 build-fuzz build-tsan

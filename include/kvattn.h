@@ -104,7 +104,9 @@ typedef struct kva_context kva_context;
  * @return KVA_OK, KVA_ERR_NOT_BUILT (CUDA not compiled in), KVA_ERR_DEVICE (no such device),
  *         KVA_ERR_UNSUPPORTED (KVA_CPU_ISA names a variant this build or CPU cannot run). */
 kva_status kva_context_create(kva_device_type device, int device_id, kva_context **out);
-void kva_context_destroy(kva_context *ctx); /* NULL is a no-op */
+/* NULL is a no-op. No call may use ctx afterwards, except kva_cache_destroy on caches created
+ * with it: their memory is released there, and ctx itself with the last of them. */
+void kva_context_destroy(kva_context *ctx);
 
 kva_device_type kva_context_device(const kva_context *ctx);
 
@@ -131,6 +133,8 @@ typedef struct kva_device_info {
 kva_status kva_context_info(const kva_context *ctx, kva_device_info *info);
 
 /* Memory of the context's device (cudaMalloc on CUDA, 64-byte aligned host memory on the CPU). */
+/* @return KVA_ERR_OUT_OF_MEMORY (and *ptr = NULL) when bytes cannot be allocated, including sizes
+ * too large to round up to the alignment. */
 kva_status kva_malloc(kva_context *ctx, size_t bytes, void **ptr);
 void kva_free(kva_context *ctx, void *ptr);
 /* Host memory suitable for a workspace's host part (pinned on CUDA, aligned on the CPU). */
@@ -246,15 +250,19 @@ typedef float (*kva_score_mod_fn)(float score, int32_t q_pos, int32_t kv_pos, in
  *     o = sum_k softmax(s)_k * v_k,   lse = log(sum_k exp(s_k))
  * Positions: a request with qo_len queries and kv_len keys has keys at 0..kv_len-1 and its
  * queries at q_pos = kv_len - qo_len + i (aligned bottom-right, as in chunked prefill; decode's
- * single query is at kv_len - 1). Query head h reads KV head h / (num_qo_heads / num_kv_heads). */
+ * single query is at kv_len - 1). Query head h reads KV head h / (num_qo_heads / num_kv_heads).
+ * Range: kernels keep scores in log2 units in f32, so a visible score must satisfy
+ * |s| < FLT_MAX / log2(e) (about 2.3e38). A row that sees a larger score, or whose dot product
+ * overflows f32, gets NaN output and NaN LSE on the CPU -- never a plausible wrong value (and
+ * kva_merge_states propagates a NaN LSE). The CUDA decode kernel does not detect this yet. */
 typedef struct kva_attn_params {
     int32_t num_qo_heads;
     int32_t num_kv_heads;    /* must divide num_qo_heads */
     int32_t head_dim;        /* 64, 128 or 256 (CPU: any multiple of 16 up to 256) */
-    float sm_scale;          /* <= 0 means 1/sqrt(head_dim) */
+    float sm_scale;          /* <= 0 means 1/sqrt(head_dim); must be finite (NaN, inf refused) */
     int32_t causal;          /* 0 or 1 */
     int32_t window_left;     /* < 0: no sliding window */
-    float logits_soft_cap;   /* <= 0: none */
+    float logits_soft_cap;   /* <= 0 or +inf: none; NaN refused */
     kva_score_mod_fn score_mod; /* NULL: none (CPU only) */
     void *score_mod_user;
 } kva_attn_params;
@@ -282,8 +290,9 @@ kva_status kva_attention(kva_context *ctx, const kva_attn_params *params, int32_
 
 /* The caller's workspace: a device part (split-KV partial states, the uploaded plan arrays)
  * and a host part (the plan arrays, pinned staging on CUDA). On the CPU both are host memory
- * and may be given as one buffer each. Sizes come from *_workspace_size(). A workspace holds
- * one plan at a time; the plan must not be changed while a run that uses it is in flight. */
+ * and may be given as one buffer each. Sizes come from *_workspace_size(); both parts must be
+ * 64-byte aligned (kva_malloc and kva_host_alloc return such memory). A workspace holds one plan
+ * at a time; the plan must not be changed while a run that uses it is in flight. */
 typedef struct kva_workspace {
     void *device;
     size_t device_bytes;
@@ -300,7 +309,11 @@ typedef struct kva_plan_limits {
     int32_t num_qo_heads;
     int32_t num_kv_heads;
     int32_t head_dim;
-    int32_t page_size;        /* paged plans */
+    int32_t page_size;        /* paged plans, 1 .. 65536 */
+    int32_t min_fixed_chunk;  /* smallest kva_plan_options.fixed_chunk_size plans will use;
+                                 0 = plans never fix the chunk size. A fixed chunk can make
+                                 more work items than the search would, so the workspace is
+                                 sized for it. */
 } kva_plan_limits;
 
 enum {
@@ -319,8 +332,12 @@ typedef enum kva_decode_algo {
 } kva_decode_algo;
 
 typedef struct kva_plan_options {
-    uint32_t flags;            /* KVA_PLAN_* */
-    int32_t fixed_chunk_size;  /* > 0: use this many keys per chunk instead of searching */
+    uint32_t flags;            /* KVA_PLAN_* bits; unknown bits are refused (KVA_ERR_INVALID_ARG) */
+    int32_t fixed_chunk_size;  /* > 0: use this many keys per chunk instead of searching. Plan
+                                  and size with limits.min_fixed_chunk in 1..fixed_chunk_size
+                                  (below it: KVA_ERR_INVALID_ARG); with min_fixed_chunk = 0 the
+                                  plan fits only if the device's searched capacity happens to
+                                  hold it (else KVA_ERR_WORKSPACE_TOO_SMALL) */
     kva_decode_algo algo;
 } kva_plan_options;
 
@@ -342,11 +359,16 @@ typedef struct kva_plan {
     const int32_t *kv_tile_indices; /* [num_work] key chunk of each work item */
     const int32_t *merge_indptr;    /* [batch+1] work items of request b: merge_indptr[b..b+1) (decode) */
     kva_workspace workspace;   /* the workspace this plan lives in */
+    uint32_t generation;       /* which plan call into that workspace made it: every later plan
+                                  call into the same workspace (failed or not) makes this plan
+                                  stale, and runs refuse it with KVA_ERR_BAD_STATE */
 } kva_plan;
 
 /* Planning works from host arrays only, never touches device memory synchronously. */
 
-/* Workspace bytes for decode plans within `limits`. */
+/* Workspace bytes for decode plans within `limits`. Limits are checked as a plan call checks
+ * them (head_dim must be one ctx's device runs, page_size 1..65536); on failure nothing is
+ * written to *device_bytes / *host_bytes. */
 kva_status kva_decode_workspace_size(const kva_context *ctx, const kva_plan_limits *limits,
                                      size_t *device_bytes, size_t *host_bytes);
 
@@ -357,9 +379,12 @@ kva_status kva_decode_workspace_size(const kva_context *ctx, const kva_plan_limi
  * @return KVA_ERR_OUT_OF_RANGE for a page id outside 0..num_pages-1 or last_page_len outside
  *         1..page_size, KVA_ERR_BAD_SHAPE for a broken indptr (first entry not 0, decreasing),
  *         KVA_ERR_BAD_SHAPE for batch_size > limits->max_batch, KVA_ERR_WORKSPACE_TOO_SMALL when
- *         the pages or work items exceed what the workspace was sized for. A failing plan call
- *         leaves no valid plan in the workspace (runs with an older plan then fail with
- *         KVA_ERR_BAD_STATE); re-plan before running. */
+ *         the pages exceed limits->max_total_pages or the workspace is smaller than
+ *         kva_decode_workspace_size(limits) said, KVA_ERR_INVALID_ARG for bad options. Every
+ *         plan call into a workspace, failing or not, makes plans made earlier into it stale: runs
+ *         with them fail with KVA_ERR_BAD_STATE. A failing call leaves no valid plan in the
+ *         workspace (and writes nothing into it when workspace.host is NULL, misaligned or smaller
+ *         than the plan header); re-plan before running. */
 kva_status kva_decode_plan(kva_context *ctx, const kva_plan_limits *limits,
                            const kva_page_table *page_table, int32_t num_pages,
                            const kva_plan_options *options, kva_workspace workspace,
@@ -372,7 +397,7 @@ kva_status kva_decode_run(kva_context *ctx, const kva_plan *plan, const kva_attn
                           kva_tensor q, const kva_kv_pages *pages, kva_tensor o, float *lse);
 
 /* Workspace bytes for prefill plans within `limits`. limits->page_size = 0 sizes for ragged
- * (kv_indptr) plans only; a page size sizes for both kinds. */
+ * (kv_indptr) plans only; a page size sizes for both kinds. Nothing is written on failure. */
 kva_status kva_prefill_workspace_size(const kva_context *ctx, const kva_plan_limits *limits,
                                       size_t *device_bytes, size_t *host_bytes);
 
@@ -380,7 +405,8 @@ kva_status kva_prefill_workspace_size(const kva_context *ctx, const kva_plan_lim
  * qo_indptr[b] .. qo_indptr[b+1]-1 of q. Keys come from exactly one of
  *   - kv_indptr [batch+1] (host): rows kv_indptr[b] .. of ragged contiguous k/v tensors, or
  *   - page_table (+ num_pages of the pool): a paged cache (chunked prefill over a cached prefix).
- * Pass NULL for the other. (Causal with qo_len > kv_len: see kva_attention.) */
+ * Pass NULL for the other. (Causal with qo_len > kv_len: see kva_attention.) Errors and
+ * staleness of earlier plans as for kva_decode_plan. */
 kva_status kva_prefill_plan(kva_context *ctx, const kva_plan_limits *limits, int32_t batch_size,
                             const int32_t *qo_indptr, const int32_t *kv_indptr,
                             const kva_page_table *page_table, int32_t num_pages,
@@ -443,7 +469,9 @@ typedef struct kva_cache_config {
 } kva_cache_config;
 
 /* Creates a cache whose single pool [num_layers][num_pages][2][page...] lives in the context's
- * device memory; page tables live on the host. */
+ * device memory; page tables live on the host. The cache uses ctx until kva_cache_destroy:
+ * ctx may be destroyed first (kva_context_destroy then defers freeing it until its last cache is
+ * destroyed), but after kva_context_destroy only kva_cache_destroy may be called on its caches. */
 kva_status kva_cache_create(kva_context *ctx, const kva_cache_config *config, kva_cache **out);
 void kva_cache_destroy(kva_cache *cache); /* NULL is a no-op */
 

@@ -150,7 +150,7 @@ enum { FX_B = 3, FX_HQ = 4, FX_HK = 2, FX_D = 32, FX_PAGE = 4, FX_POOL = 10 };
 static int fixture_init(fixture *f) {
     memset(f, 0, sizeof *f);
     if (kva_context_create(KVA_DEVICE_CPU, 0, &f->ctx) != KVA_OK) return 0;
-    kva_plan_limits lim = {FX_B, 8, 0, 0, FX_HQ, FX_HK, FX_D, FX_PAGE};
+    kva_plan_limits lim = {FX_B, 8, 0, 0, FX_HQ, FX_HK, FX_D, FX_PAGE, 0};
     f->lim = lim;
     const int32_t indptr[4] = {0, 3, 3, 5}, indices[5] = {7, 2, 9, 0, 4}, last[3] = {2, 0, 4};
     memcpy(f->indptr, indptr, sizeof indptr);

@@ -439,7 +439,7 @@ KVA_TEST_CPU_VARIANTS(decode_split_modes_agree) {
     expected ex;
     reference_decode(&pb, &p, q, &ex);
 
-    kva_plan_limits lim = {64, pb.indptr[2], 0, 0, 8, 2, 64, 16};
+    kva_plan_limits lim = {64, pb.indptr[2], 0, 0, 8, 2, 64, 16, 0};
     size_t db, hb;
     REQUIRE_OK(kva_decode_workspace_size(ctx, &lim, &db, &hb));
     kva_workspace ws = {kva_test_alloc(db), db, kva_test_alloc(hb), hb};
@@ -502,7 +502,7 @@ KVA_TEST(decode_plan_reused_across_layers) {
         expected e0, e1;
         reference_decode(&l0, &p, q, &e0);
         reference_decode(&l1, &p, q, &e1);
-        kva_plan_limits lim = {3, l0.indptr[3], 0, 0, 8, 2, 128, 16};
+        kva_plan_limits lim = {3, l0.indptr[3], 0, 0, 8, 2, 128, 16, 0};
         size_t db, hb;
         REQUIRE_OK(kva_decode_workspace_size(ctx, &lim, &db, &hb));
         kva_workspace ws = {kva_test_alloc(db), db, kva_test_alloc(hb), hb};
@@ -561,7 +561,7 @@ KVA_TEST(decode_graph_plan_replanned) {
     make_batch(&a, &rng, KVA_BF16, 2, 64, 16, 2, lens_a, KVA_LAYOUT_HND, 0, 1);
     make_batch(&b, &rng, KVA_BF16, 2, 64, 16, 5, lens_b, KVA_LAYOUT_HND, 0, 1);
     kva_attn_params p = kva_attn_params_default(8, 2, 64);
-    kva_plan_limits lim = {8, 256, 0, 0, 8, 2, 64, 16};
+    kva_plan_limits lim = {8, 256, 0, 0, 8, 2, 64, 16, 0};
     size_t db, hb;
     REQUIRE_OK(kva_decode_workspace_size(ctx, &lim, &db, &hb));
     kva_workspace ws = {kva_test_alloc(db), db, kva_test_alloc(hb), hb};

@@ -441,7 +441,7 @@ KVA_TEST(cpu_prefill_plan_reused_across_layers) {
     kva_fill_random(&rng, layers[1].k, dt, pool_elems, -1.0f, 1.0f);
     layers[1].pages = kva_kv_pages_interleaved(layers[1].k, dt, layers[0].pages.num_pages, ps, hk,
                                                D, KVA_LAYOUT_NHD);
-    kva_plan_limits lim = {b.n, layers[0].indptr[b.n], b.total_kv, b.total_qo, hq, hk, D, ps};
+    kva_plan_limits lim = {b.n, layers[0].indptr[b.n], b.total_kv, b.total_qo, hq, hk, D, ps, 0};
     size_t dev = 0, host = 0;
     CHECK_OK(kva_prefill_workspace_size(ctx, &lim, &dev, &host));
     kva_workspace ws = {NULL, dev, NULL, host};

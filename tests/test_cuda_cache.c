@@ -100,7 +100,7 @@ static void cache_case(kva_context *ctx, kva_rng *rng, kva_layout layout, int32_
     int32_t indptr[MAX_SEQ + 1], indices[64], last[MAX_SEQ];
     kva_page_table table;
     CHECK_OK(kva_cache_page_table(cache, MAX_SEQ, ids, indptr, indices, 64, last, &table));
-    kva_plan_limits lim = {MAX_SEQ, 64, 0, 0, Hq, Hk, D, ps};
+    kva_plan_limits lim = {MAX_SEQ, 64, 0, 0, Hq, Hk, D, ps, 0};
     cuda_test_workspace w;
     if (!cuda_test_workspace_make(ctx, &lim, &w)) goto out;
     kva_plan plan;

@@ -204,7 +204,7 @@ KVA_TEST(cuda_decode_repeated_runs_are_identical) {
     cuda_paged_batch pb;
     cuda_test_workspace w = {0};
     if (!cuda_paged_batch_make(ctx, &rng, KVA_BF16, B, lens, Hk, D, ps, CUDA_TEST_NHD, &pb)) goto out;
-    kva_plan_limits lim = {B, pb.indptr[B], 0, 0, Hq, Hk, D, ps};
+    kva_plan_limits lim = {B, pb.indptr[B], 0, 0, Hq, Hk, D, ps, 0};
     if (!cuda_test_workspace_make(ctx, &lim, &w)) goto out;
     size_t n = (size_t)B * Hq * D * 2;
     void *qh = kva_test_alloc(n);

@@ -31,7 +31,7 @@ KVA_TEST(cuda_errors_are_reported) {
     cuda_test_workspace w = {0};
     void *q = NULL, *o = NULL;
     if (!cuda_paged_batch_make(ctx, &rng, KVA_BF16, B, lens, Hk, D, ps, CUDA_TEST_NHD, &pb)) goto out;
-    kva_plan_limits lim = {B, pb.indptr[B], 0, 0, Hq, Hk, D, ps};
+    kva_plan_limits lim = {B, pb.indptr[B], 0, 0, Hq, Hk, D, ps, 0};
     if (!cuda_test_workspace_make(ctx, &lim, &w)) goto out;
     size_t n = (size_t)B * Hq * D * 2;
     q = cuda_test_poisoned(ctx, n);

@@ -63,7 +63,7 @@ KVA_TEST(cuda_graph_replay_after_replanning) {
         if (pools[i].num_pages > max_pages) max_pages = pools[i].num_pages;
     }
     CHECK_OK(kva_malloc(ctx, pool_bytes, &pool_dev));
-    kva_plan_limits lim = {MAXB, (int64_t)MAXB * ((MAXLEN + ps - 1) / ps), 0, 0, Hq, Hk, D, ps};
+    kva_plan_limits lim = {MAXB, (int64_t)MAXB * ((MAXLEN + ps - 1) / ps), 0, 0, Hq, Hk, D, ps, 0};
     if (!cuda_test_workspace_make(ctx, &lim, &w)) goto out;
     q_dev = cuda_test_poisoned(ctx, n_q * es);
     o_dev = cuda_test_poisoned(ctx, n_q * es);

@@ -1229,7 +1229,7 @@ KVA_TEST(cuda_prefill_graph_replay) {
     hp = kva_kv_pages_interleaved(pool_host, dt, PAGES, PS, Hk, D, KVA_LAYOUT_NHD);
     kva_kv_pages dp = kva_kv_pages_interleaved(pool_dev, dt, PAGES, PS, Hk, D, KVA_LAYOUT_NHD);
 
-    kva_plan_limits lim = {MAXB, PAGES, (int64_t)PAGES * PS, MAXQO, Hq, Hk, D, PS};
+    kva_plan_limits lim = {MAXB, PAGES, (int64_t)PAGES * PS, MAXQO, Hq, Hk, D, PS, 0};
     if (!workspace_make(ctx, &lim, &ws)) goto out;
     /* q, o, lse at fixed addresses (the graph bakes them in), MAXQO rows */
     if (!tbuf_input(ctx, &rng, &q, dt, VIEW_NHD, MAXQO, Hq, D, -2.f, 2.f)) goto out;

@@ -142,7 +142,7 @@ static void incremental_equals_full(kva_dtype dt, int32_t page_size) {
     for (int i = 0; i < NUM_SEQS; ++i) ids[i] = seqs[i].id;
 
     kva_plan_limits lim = {NUM_SEQS, pool, (int64_t)pool * page_size, NUM_SEQS * CHUNK,
-                           HQ, HK, D, page_size};
+                           HQ, HK, D, page_size, 0};
     kva_workspace dws, pws;
     CHECK_OK(kva_decode_workspace_size(ctx, &lim, &dws.device_bytes, &dws.host_bytes));
     CHECK_OK(kva_prefill_workspace_size(ctx, &lim, &pws.device_bytes, &pws.host_bytes));

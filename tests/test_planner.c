@@ -198,7 +198,7 @@ KVA_TEST(planner_decode_plans) {
     kva_context *ctx;
     REQUIRE_OK(kva_context_create(KVA_DEVICE_CPU, 0, &ctx));
     const int32_t page_size = 16, num_pages = 500;
-    kva_plan_limits lim = {64, 4096, 0, 0, 32, 8, 128, page_size};
+    kva_plan_limits lim = {64, 4096, 0, 0, 32, 8, 128, page_size, 0};
     size_t db, hb;
     REQUIRE_OK(kva_decode_workspace_size(ctx, &lim, &db, &hb));
     kva_workspace ws = {kva_test_alloc(db), db, kva_test_alloc(hb), hb};
@@ -251,7 +251,7 @@ KVA_TEST(planner_workspace_too_small) {
     kva_rng_seed(&rng, kva_test_seed());
     kva_context *ctx;
     REQUIRE_OK(kva_context_create(KVA_DEVICE_CPU, 0, &ctx));
-    kva_plan_limits lim = {8, 64, 0, 0, 8, 2, 64, 16};
+    kva_plan_limits lim = {8, 64, 0, 0, 8, 2, 64, 16, 0};
     size_t db, hb;
     REQUIRE_OK(kva_decode_workspace_size(ctx, &lim, &db, &hb));
     CHECK(db > 0 && hb > 0);
@@ -300,7 +300,7 @@ KVA_TEST(planner_replan_same_workspace) {
     kva_rng_seed(&rng, kva_test_seed());
     kva_context *ctx;
     REQUIRE_OK(kva_context_create(KVA_DEVICE_CPU, 0, &ctx));
-    kva_plan_limits lim = {16, 512, 0, 0, 4, 2, 32, 8};
+    kva_plan_limits lim = {16, 512, 0, 0, 4, 2, 32, 8, 0};
     size_t db, hb;
     REQUIRE_OK(kva_decode_workspace_size(ctx, &lim, &db, &hb));
     kva_workspace ws = {kva_test_alloc(db), db, kva_test_alloc(hb), hb};
@@ -333,7 +333,7 @@ KVA_TEST(planner_prefill_plans_cover_queries_and_keys) {
     kva_rng_seed(&rng, kva_test_seed());
     kva_context *ctx;
     REQUIRE_OK(kva_context_create(KVA_DEVICE_CPU, 0, &ctx));
-    kva_plan_limits lim = {20, 2048, 40000, 8000, 8, 2, 64, 16};
+    kva_plan_limits lim = {20, 2048, 40000, 8000, 8, 2, 64, 16, 0};
     size_t db, hb;
     REQUIRE_OK(kva_prefill_workspace_size(ctx, &lim, &db, &hb));
     kva_workspace ws = {kva_test_alloc(db), db, kva_test_alloc(hb), hb};

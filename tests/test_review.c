@@ -20,7 +20,7 @@ enum { RV_HQ = 2, RV_HK = 1, RV_D = 16, RV_PS = 16, RV_POOL = 16, RV_MAXB = 8 };
 KVA_TEST(review_stale_decode_plan_same_num_work_is_refused) {
     kva_context *ctx = NULL;
     REQUIRE_OK(kva_context_create(KVA_DEVICE_CPU, 0, &ctx));
-    kva_plan_limits lim = {RV_MAXB, RV_POOL, 0, 0, RV_HQ, RV_HK, RV_D, RV_PS};
+    kva_plan_limits lim = {RV_MAXB, RV_POOL, 0, 0, RV_HQ, RV_HK, RV_D, RV_PS, 0};
     size_t dev_bytes = 0, host_bytes = 0;
     REQUIRE_OK(kva_decode_workspace_size(ctx, &lim, &dev_bytes, &host_bytes));
     kva_workspace ws = {NULL, dev_bytes, NULL, host_bytes};
@@ -83,7 +83,7 @@ KVA_TEST(review_huge_plan_limits_are_refused) {
     size_t dev_bytes = 0, host_bytes = 0;
 
     /* Page count beyond int32: the CSR totals are int32, and 4 * 2^62 bytes wraps to 0. */
-    kva_plan_limits lim = {4, (int64_t)1 << 62, 0, 0, RV_HQ, RV_HK, RV_D, RV_PS};
+    kva_plan_limits lim = {4, (int64_t)1 << 62, 0, 0, RV_HQ, RV_HK, RV_D, RV_PS, 0};
     CHECK(kva_decode_workspace_size(ctx, &lim, &dev_bytes, &host_bytes) != KVA_OK);
     lim.max_total_pages = 64;
     lim.max_total_qo = (int64_t)1 << 62;
@@ -93,12 +93,12 @@ KVA_TEST(review_huge_plan_limits_are_refused) {
     CHECK(kva_decode_workspace_size(ctx, &lim, &dev_bytes, &host_bytes) != KVA_OK);
 
     /* Each field in range, but partial O = batch x heads x head_dim x 4 bytes overflows 64 bits. */
-    kva_plan_limits wide = {INT32_MAX, 64, 0, 0, 1 << 30, 1, 256, RV_PS};
+    kva_plan_limits wide = {INT32_MAX, 64, 0, 0, 1 << 30, 1, 256, RV_PS, 0};
     kva_status st = kva_decode_workspace_size(ctx, &wide, &dev_bytes, &host_bytes);
     CHECK_MSG(st != KVA_OK, "2^31 x 2^30 x 256 x 4 bytes reported as %zu device bytes", dev_bytes);
 
     /* Sane limits still work. */
-    kva_plan_limits ok = {4, 64, 0, 16, RV_HQ, RV_HK, RV_D, RV_PS};
+    kva_plan_limits ok = {4, 64, 0, 16, RV_HQ, RV_HK, RV_D, RV_PS, 0};
     CHECK_OK(kva_decode_workspace_size(ctx, &ok, &dev_bytes, &host_bytes));
     CHECK_OK(kva_prefill_workspace_size(ctx, &ok, &dev_bytes, &host_bytes));
     kva_context_destroy(ctx);
@@ -108,7 +108,7 @@ KVA_TEST(review_huge_plan_limits_are_refused) {
 KVA_TEST(review_empty_batch_plans_and_runs) {
     kva_context *ctx = NULL;
     REQUIRE_OK(kva_context_create(KVA_DEVICE_CPU, 0, &ctx));
-    kva_plan_limits lim = {RV_MAXB, RV_POOL, 64, 64, RV_HQ, RV_HK, RV_D, RV_PS};
+    kva_plan_limits lim = {RV_MAXB, RV_POOL, 64, 64, RV_HQ, RV_HK, RV_D, RV_PS, 0};
     size_t db = 0, hb = 0, pdb = 0, phb = 0;
     REQUIRE_OK(kva_decode_workspace_size(ctx, &lim, &db, &hb));
     REQUIRE_OK(kva_prefill_workspace_size(ctx, &lim, &pdb, &phb));
@@ -140,7 +140,7 @@ KVA_TEST(review_empty_batch_plans_and_runs) {
 KVA_TEST(review_prefill_workspace_page_size_zero_is_ragged_only) {
     kva_context *ctx = NULL;
     REQUIRE_OK(kva_context_create(KVA_DEVICE_CPU, 0, &ctx));
-    kva_plan_limits lim = {4, 64, 256, 64, RV_HQ, RV_HK, RV_D, 0};
+    kva_plan_limits lim = {4, 64, 256, 64, RV_HQ, RV_HK, RV_D, 0, 0};
     size_t db = 0, hb = 0, rdb = 0, rhb = 0;
     CHECK_OK(kva_prefill_workspace_size(ctx, &lim, &db, &hb));
     lim.max_total_pages = 0;

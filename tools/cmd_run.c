@@ -17,9 +17,11 @@
 static const char *const algo_names[] = {"partial", "global", NULL};
 static const char *const layout_names[] = {"nhd", "hnd", NULL};
 
+typedef struct soak_log soak_log;
 typedef struct progress_bar {
     double last_draw;
     int drawn;
+    soak_log *soak;
 } progress_bar;
 
 static void draw_progress(const sim_progress *p, void *user) {
@@ -44,11 +46,51 @@ static double per_second(double amount, double seconds) {
 }
 
 static const char *verdict(const sim_result *r) {
-    if (r->verify_failures || r->cache_mismatches || r->leaked_pages) return "FAIL";
+    if (r->verify_failures || r->cache_mismatches || r->leaked_pages || r->shared_page_writes)
+        return "FAIL";
     return r->verified_steps ? "PASS" : "not verified (--verify-every 0)";
 }
 
 static int passed(const sim_result *r) { return strcmp(verdict(r), "FAIL") != 0; }
+
+/* ---- soak: memory measured while the run goes on --------------------------------------------- */
+
+/* Resident set of this process in bytes (/proc/self/statm), or -1. */
+static int64_t rss_bytes(void) {
+    FILE *f = fopen("/proc/self/statm", "r");
+    if (!f) return -1;
+    long long size, resident;
+    int ok = fscanf(f, "%lld %lld", &size, &resident) == 2;
+    fclose(f);
+    return ok ? (int64_t)resident * sysconf(_SC_PAGESIZE) : -1;
+}
+
+typedef struct soak_log {
+    progress_bar *bar;
+    double start;
+    int64_t rss_first, rss_min, rss_max, rss_last; /* from the end of the warm-up on */
+    int64_t rss_warm;                              /* at the first sample */
+    int samples;
+    int quiet;                                     /* --json: no lines on stderr */
+    double warmup;                                 /* seconds before the baseline sample */
+} soak_log;
+
+static void soak_sample(const sim_progress *p, void *user) {
+    soak_log *log = ((progress_bar *)user)->soak;
+    int64_t rss = rss_bytes();
+    double t = cli_now() - log->start;
+    if (log->samples++ == 0) log->rss_warm = rss;
+    if (t >= log->warmup) {
+        if (log->rss_first < 0) log->rss_first = log->rss_min = log->rss_max = rss;
+        if (rss < log->rss_min) log->rss_min = rss;
+        if (rss > log->rss_max) log->rss_max = rss;
+    }
+    log->rss_last = rss;
+    if (!log->quiet)
+        fprintf(stderr, "%ssoak %6.0f s  step %d  rss %.1f MB  pages %d/%d  preempted %d%s\n",
+                log->bar->drawn ? "\n" : "", t, p->step, (double)rss / 1e6, p->used_pages,
+                p->num_pages, p->preemptions, p->verify_failures ? "  VERIFY FAIL" : "");
+}
 
 static void print_summary(const sim_config *c, const sim_result *r, const kva_device_info *info,
                           const char *device) {
@@ -78,6 +120,14 @@ static void print_summary(const sim_config *c, const sim_result *r, const kva_de
            r->append_seconds, r->wall_seconds);
     printf("pages      peak %d of %d in use, %d preemptions, %d leaked after the run\n",
            r->peak_pages, r->num_pages, r->preemptions, r->leaked_pages);
+    if (c->shared_prefix_len > 0 || c->parallel_samples > 1)
+        printf("sharing    %d forks (%d system prompts of %d tokens, %d samples per prompt): %lld "
+               "tokens shared instead of prefilled, peak %d shared pages, %lld copy-on-write "
+               "copies; %lld checks of shared pages, %lld written while shared\n",
+               r->forks, c->shared_prefix_len > 0 ? c->prefix_groups : 0, c->shared_prefix_len,
+               c->parallel_samples > 1 ? c->parallel_samples : 1, (long long)r->shared_tokens,
+               r->peak_shared_pages, (long long)r->cow_copies, (long long)r->shared_page_checks,
+               (long long)r->shared_page_writes);
     printf("verify     %d steps, %lld rows vs float64 reference: max |err| %.3g, %lld rows off, "
            "%lld cache values off -> %s\n",
            r->verified_steps, (long long)r->verified_rows, r->max_abs_err,
@@ -124,6 +174,11 @@ static void print_json(const sim_config *c, const sim_result *r, const kva_devic
            "\"cache_mismatches\": %lld, \"max_abs_err\": %.6g,\n", r->verified_steps,
            (long long)r->verified_rows, (long long)r->verify_failures,
            (long long)r->cache_mismatches, isfinite(r->max_abs_err) ? r->max_abs_err : 1e300);
+    printf("  \"forks\": %d, \"shared_tokens\": %lld, \"root_tokens\": %lld, "
+           "\"peak_shared_pages\": %d, \"cow_copies\": %lld, \"shared_page_checks\": %lld, "
+           "\"shared_page_writes\": %lld,\n", r->forks, (long long)r->shared_tokens,
+           (long long)r->root_tokens, r->peak_shared_pages, (long long)r->cow_copies,
+           (long long)r->shared_page_checks, (long long)r->shared_page_writes);
     printf("  \"pass\": %s\n}\n", passed(r) ? "true" : "false");
 }
 
@@ -133,6 +188,7 @@ int kvattn_cmd_run(int argc, char **argv) {
     cli_device device = CLI_DEVICE_AUTO;
     int32_t threads = 0;
     int json = 0, algo = 0, layout = 0;
+    int32_t duration = 0;
     const cli_option options[] = {
         {"requests", CLI_INT, &cfg.num_requests, "requests to serve", NULL, 1},
         {"seed", CLI_U64, &cfg.seed, "seed of request lengths and synthetic Q/K/V", NULL, 0},
@@ -160,6 +216,15 @@ int kvattn_cmd_run(int argc, char **argv) {
         {"threads", CLI_INT, &threads, "CPU worker threads (0 = all cores)", NULL, 0},
         {"device", CLI_DEVICE, &device, "where attention runs; auto = cuda when a GPU is "
                                         "present, else cpu", NULL, 0},
+        {"shared-prefix", CLI_INT, &cfg.shared_prefix_len, "system-prompt tokens every request "
+                                                           "starts with, prefilled once and forked "
+                                                           "(0 = none)", NULL, 0},
+        {"prefix-groups", CLI_INT, &cfg.prefix_groups, "distinct system prompts (with "
+                                                       "--shared-prefix)", NULL, 1},
+        {"samples", CLI_INT, &cfg.parallel_samples, "parallel samples per prompt, forked from the "
+                                                    "first once it has prefilled", NULL, 1},
+        {"duration", CLI_INT, &duration, "soak: keep serving new requests for this many seconds "
+                                         "and report memory (0 = serve --requests once)", NULL, 0},
         {"json", CLI_FLAG, &json, "print the summary as JSON on stdout", NULL, 0},
     };
     const char *summary =
@@ -184,14 +249,20 @@ int kvattn_cmd_run(int argc, char **argv) {
     kva_context_info(ctx, &info);
     const char *dev_name = kva_context_device(ctx) == KVA_DEVICE_CUDA ? "cuda" : "cpu";
 
-    progress_bar bar = {0, 0};
-    if (isatty(STDERR_FILENO)) {
-        cfg.progress = draw_progress;
-        cfg.progress_user = &bar;
+    progress_bar bar = {0, 0, NULL};
+    soak_log soak = {&bar, cli_now(), -1, -1, -1, -1, -1, 0, json, duration >= 120 ? 60.0 : 0.0};
+    cfg.progress_user = &bar;
+    if (isatty(STDERR_FILENO)) cfg.progress = draw_progress;
+    if (duration > 0) {
+        cfg.duration_seconds = duration;
+        cfg.soak_report = soak_sample;
+        cfg.soak_report_every = duration >= 600 ? 30.0 : duration >= 60 ? 10.0 : 1.0;
+        bar.soak = &soak;
     }
     sim_result res;
     kva_status st = sim_run(ctx, &cfg, &res);
     if (bar.drawn) fprintf(stderr, "\n");
+    int64_t rss_end = rss_bytes();
     kva_context_destroy(ctx);
     if (st != KVA_OK) {
         fprintf(stderr, "kvattn run: %s\n", res.error);
@@ -201,5 +272,21 @@ int kvattn_cmd_run(int argc, char **argv) {
         print_json(&cfg, &res, &info, dev_name);
     else
         print_summary(&cfg, &res, &info, dev_name);
+    if (duration > 0) {
+        /* Flat = from the end of the warm-up (the first minute of runs of 2 minutes or more:
+         * allocator and first-touch growth) the resident set grows by at most 1% (or 1 MB). */
+        int64_t growth = soak.rss_max - soak.rss_first;
+        int64_t allowed = soak.rss_first / 100 > (1 << 20) ? soak.rss_first / 100 : (1 << 20);
+        int flat = soak.samples > 0 && growth <= allowed;
+        FILE *out = json ? stderr : stdout;
+        fprintf(out, "soak       %.0f s, %d lives of %d request slots, %d samples: host RSS %.1f MB "
+                     "at first sample, %.1f MB after warm-up, then min %.1f / max %.1f MB "
+                     "(growth %.2f MB), %.1f MB at the end (context destroyed) -> %s\n",
+                res.wall_seconds, res.requests_finished, cfg.num_requests, soak.samples,
+                (double)soak.rss_warm / 1e6, (double)soak.rss_first / 1e6,
+                (double)soak.rss_min / 1e6, (double)soak.rss_max / 1e6, (double)growth / 1e6,
+                (double)rss_end / 1e6, flat ? "flat" : "GROWING");
+        if (!flat) return 1;
+    }
     return passed(&res) ? 0 : 1;
 }

@@ -41,7 +41,9 @@ typedef struct staging {
 /* State                                                                                        */
 /* ------------------------------------------------------------------------------------------ */
 
-typedef enum req_state { REQ_WAITING, REQ_RUNNING, REQ_FINISHED } req_state;
+/* BLOCKED: a parallel sample waiting for its family's first member to finish the shared
+ * prompt; PARKED: forked from it, holding a sequence, waiting for a batch slot. */
+typedef enum req_state { REQ_WAITING, REQ_RUNNING, REQ_FINISHED, REQ_BLOCKED, REQ_PARKED } req_state;
 
 typedef struct request {
     int32_t prompt_len, output_len;
@@ -51,6 +53,8 @@ typedef struct request {
     int32_t seq;            /* cache sequence id, -1 when not running */
     int64_t admitted_at;    /* admission stamp: larger = younger */
     req_state state;
+    int32_t group;          /* system prompt (root) it starts with, -1 = none */
+    int32_t leader;         /* family member whose prompt it shares (itself if none) */
 } request;
 
 /* One request's work in the current step: num_new tokens at positions start .. start+num_new-1.
@@ -71,6 +75,8 @@ typedef struct sim {
     kva_attn_params params;
     size_t es;                /* bytes per element */
     int32_t num_pages;
+    int32_t max_entries;      /* page-table entries a batch can hold: shared pages count once
+                                 per sequence, so with forks this exceeds the pool */
     int32_t max_len;          /* longest request, tokens */
     kva_cache *cache;
     request *reqs;
@@ -105,6 +111,14 @@ typedef struct sim {
     double *ref_k, *ref_v, *ref_q, *ref_o;
     float *expect;             /* regenerated, dtype-rounded values */
     float *got;                /* an output row in f32 */
+
+    /* prefix sharing */
+    int32_t *roots;            /* [prefix_groups] sequences holding the system prompts */
+    uint64_t *page_sum;        /* [num_pages] checksum taken when the page became shared */
+    bool *page_guarded;        /* [num_pages] page_sum is set */
+    unsigned char *page_buf;   /* one page's K or V span, host */
+    int32_t *fork_pages;       /* [num_pages] page table scratch */
+    double start_time;
 } sim;
 
 static kva_status sim_fail(sim *s, kva_status st, const char *fmt, ...)
@@ -155,6 +169,9 @@ void sim_config_default(sim_config *cfg) {
     cfg->verify_every = 16;
     cfg->verify_requests = 2;
     cfg->decode_algo = KVA_DECODE_PARTIAL_ROWMAX;
+    cfg->shared_prefix_len = 0;
+    cfg->prefix_groups = 1;
+    cfg->parallel_samples = 1;
 }
 
 /* Auto pool: 9/10 of what max_batch requests of average final length need, so a batch that
@@ -162,7 +179,7 @@ void sim_config_default(sim_config *cfg) {
  * path without spending most of its time recomputing); never less than the longest request
  * plus one page per running request. */
 static int32_t auto_pages(const sim_config *cfg) {
-    int64_t avg = (cfg->prompt_len[0] + cfg->prompt_len[1]) / 2 +
+    int64_t avg = (cfg->prompt_len[0] + cfg->prompt_len[1]) / 2 + cfg->shared_prefix_len +
                   (cfg->output_len[0] + cfg->output_len[1]) / 2;
     int64_t pages = (int64_t)ceil_div((int64_t)cfg->max_batch * avg * 9 / 10, cfg->page_size);
     int64_t floor_pages =
@@ -170,8 +187,14 @@ static int32_t auto_pages(const sim_config *cfg) {
     return (int32_t)(pages > floor_pages ? pages : floor_pages);
 }
 
+/* Pages the system-prompt roots hold for the whole run. */
+static int32_t root_pages(const sim_config *cfg) {
+    return cfg->shared_prefix_len > 0 ? cfg->prefix_groups * ceil_div(cfg->shared_prefix_len, cfg->page_size)
+                                      : 0;
+}
+
 static int32_t pool_pages(const sim_config *cfg) {
-    return cfg->num_pages > 0 ? cfg->num_pages : auto_pages(cfg);
+    return cfg->num_pages > 0 ? cfg->num_pages : auto_pages(cfg) + root_pages(cfg);
 }
 
 int64_t sim_pool_bytes(const sim_config *cfg) {
@@ -193,11 +216,20 @@ static kva_status check_config(sim *s) {
         return sim_fail(s, KVA_ERR_INVALID_ARG,
                         "prompt lengths must be >= 1 and output lengths >= 0, with lo <= hi");
     if (kva_dtype_size(c->dtype) == 0) return sim_fail(s, KVA_ERR_INVALID_ARG, "unknown dtype");
-    int64_t longest = (int64_t)c->prompt_len[1] + c->output_len[1];
+    if (c->shared_prefix_len < 0 || c->parallel_samples < 0 ||
+        (c->shared_prefix_len > 0 && c->prefix_groups < 1))
+        return sim_fail(s, KVA_ERR_INVALID_ARG,
+                        "shared-prefix must be >= 0 (with prefix-groups >= 1) and samples >= 1");
+    int64_t longest = (int64_t)c->prompt_len[1] + c->output_len[1] + c->shared_prefix_len;
     if (longest > INT32_MAX / 2) return sim_fail(s, KVA_ERR_INVALID_ARG, "requests too long");
     s->max_len = (int32_t)longest;
     s->num_pages = pool_pages(c);
-    int32_t need = ceil_div(longest, c->page_size);
+    s->max_entries = s->num_pages;
+    if (c->shared_prefix_len > 0 || c->parallel_samples > 1) {
+        int64_t most = (int64_t)c->max_batch * ceil_div(longest, c->page_size);
+        if (most > s->max_entries) s->max_entries = (int32_t)(most < INT32_MAX / 2 ? most : INT32_MAX / 2);
+    }
+    int32_t need = ceil_div(longest, c->page_size) + root_pages(c);
     if (s->num_pages < need)
         return sim_fail(s, KVA_ERR_INVALID_ARG,
                         "--pages %d is too small: the longest request (%lld tokens) needs %d pages",
@@ -252,19 +284,31 @@ static void *xcalloc(sim *s, size_t n, size_t size) {
     return p;
 }
 
-static void make_requests(sim *s) {
-    synth_rng rng;
-    synth_rng_seed(&rng, s->cfg->seed);
-    for (int32_t i = 0; i < s->cfg->num_requests; ++i) {
-        request *r = &s->reqs[i];
-        r->prompt_len = synth_rng_int(&rng, s->cfg->prompt_len[0], s->cfg->prompt_len[1]);
-        r->output_len = synth_rng_int(&rng, s->cfg->output_len[0], s->cfg->output_len[1]);
-        r->prefill_target = r->prompt_len;
-        s->res->prompt_tokens += r->prompt_len;
-        s->res->output_tokens += r->output_len;
-        r->seq = -1;
-        r->state = REQ_WAITING;
+/* A new life for request i: fresh lengths (a family's members share the leader's prompt). */
+static void new_request(sim *s, int32_t i) {
+    request *r = &s->reqs[i];
+    const sim_config *c = s->cfg;
+    const int32_t n = c->parallel_samples > 1 ? c->parallel_samples : 1;
+    r->group = c->shared_prefix_len > 0 ? i / n % c->prefix_groups : -1;
+    r->leader = i - i % n;
+    if (r->leader == i) {
+        r->prompt_len = (r->group >= 0 ? c->shared_prefix_len : 0) +
+                        synth_rng_int(&s->verify_rng, c->prompt_len[0], c->prompt_len[1]);
+    } else {
+        r->prompt_len = s->reqs[r->leader].prompt_len;
     }
+    r->output_len = synth_rng_int(&s->verify_rng, c->output_len[0], c->output_len[1]);
+    r->prefill_target = r->prompt_len;
+    r->cached = r->high_water = 0;
+    s->res->prompt_tokens += r->prompt_len;
+    s->res->output_tokens += r->output_len;
+    r->seq = -1;
+    r->state = r->leader == i ? REQ_WAITING : REQ_BLOCKED;
+}
+
+static void make_requests(sim *s) {
+    synth_rng_seed(&s->verify_rng, s->cfg->seed);
+    for (int32_t i = 0; i < s->cfg->num_requests; ++i) new_request(s, i);
 }
 
 static kva_status setup(sim *s) {
@@ -282,7 +326,9 @@ static kva_status setup(sim *s) {
     cc.num_pages = s->num_pages;
     cc.dtype = c->dtype;
     cc.layout = c->layout;
-    cc.max_sequences = B;
+    /* running requests, parked samples and the roots each hold a sequence */
+    cc.max_sequences = B * (c->parallel_samples > 1 ? c->parallel_samples : 1) +
+                       (c->shared_prefix_len > 0 ? c->prefix_groups : 0);
     cc.max_append_tokens = c->token_budget;
     SIM_TRY(s, kva_cache_create(s->ctx, &cc, &s->cache), "kva_cache_create (%d pages x %d layers)",
             s->num_pages, c->num_layers);
@@ -294,19 +340,23 @@ static kva_status setup(sim *s) {
         !(s->num_new = xcalloc(s, (size_t)B, sizeof(int32_t))) ||
         !(s->qo_indptr = xcalloc(s, (size_t)B + 1, sizeof(int32_t))) ||
         !(s->dec_indptr = xcalloc(s, (size_t)B + 1, sizeof(int32_t))) ||
-        !(s->dec_indices = xcalloc(s, (size_t)s->num_pages, sizeof(int32_t))) ||
+        !(s->dec_indices = xcalloc(s, (size_t)s->max_entries, sizeof(int32_t))) ||
         !(s->dec_last = xcalloc(s, (size_t)B, sizeof(int32_t))) ||
         !(s->pre_indptr = xcalloc(s, (size_t)B + 1, sizeof(int32_t))) ||
-        !(s->pre_indices = xcalloc(s, (size_t)s->num_pages, sizeof(int32_t))) ||
-        !(s->pre_last = xcalloc(s, (size_t)B, sizeof(int32_t))))
+        !(s->pre_indices = xcalloc(s, (size_t)s->max_entries, sizeof(int32_t))) ||
+        !(s->pre_last = xcalloc(s, (size_t)B, sizeof(int32_t))) ||
+        !(s->roots = xcalloc(s, (size_t)(c->prefix_groups > 0 ? c->prefix_groups : 1), sizeof(int32_t))) ||
+        !(s->page_sum = xcalloc(s, (size_t)s->num_pages, sizeof(uint64_t))) ||
+        !(s->page_guarded = xcalloc(s, (size_t)s->num_pages, sizeof(bool))) ||
+        !(s->fork_pages = xcalloc(s, (size_t)s->num_pages, sizeof(int32_t))))
         return KVA_ERR_OUT_OF_MEMORY;
     make_requests(s);
 
     /* Every plan of the run stays within these: the whole pool is the most any batch holds. */
     kva_plan_limits l = {0};
     l.max_batch = B;
-    l.max_total_pages = s->num_pages;
-    l.max_total_kv = (int64_t)s->num_pages * c->page_size;
+    l.max_total_pages = s->max_entries;
+    l.max_total_kv = (int64_t)s->max_entries * c->page_size;
     l.max_total_qo = c->token_budget;
     l.num_qo_heads = Hq;
     l.num_kv_heads = Hk;
@@ -350,7 +400,8 @@ static kva_status setup(sim *s) {
         !(s->ref_o = xcalloc(s, (size_t)Hq * D, sizeof(double))) ||
         !(s->expect = xcalloc(s, (size_t)heads * D, sizeof(float))) ||
         !(s->got = xcalloc(s, (size_t)Hq * D, sizeof(float))) ||
-        !(s->mirror_ids = xcalloc(s, (size_t)max_pages_seq, sizeof(int32_t))))
+        !(s->mirror_ids = xcalloc(s, (size_t)max_pages_seq, sizeof(int32_t))) ||
+        !(s->page_buf = xcalloc(s, (size_t)s->page_extent, s->es)))
         return KVA_ERR_OUT_OF_MEMORY;
     for (int32_t i = 0; i < max_pages_seq; ++i) s->mirror_ids[i] = i;
     synth_rng_seed(&s->verify_rng, c->seed ^ 0x5eed5eed5eedull);
@@ -369,8 +420,181 @@ static void teardown(sim *s) {
     void *host[] = {s->reqs, s->items, s->order, s->seq_ids, s->num_new, s->qo_indptr,
                     s->dec_indptr, s->dec_indices, s->dec_last, s->pre_indptr, s->pre_indices,
                     s->pre_last, s->row, s->mirror_k, s->mirror_v, s->ref_k, s->ref_v,
-                    s->ref_q, s->ref_o, s->expect, s->got, s->mirror_ids};
+                    s->ref_q, s->ref_o, s->expect, s->got, s->mirror_ids, s->roots,
+                    s->page_sum, s->page_guarded, s->page_buf, s->fork_pages};
     for (size_t i = 0; i < sizeof host / sizeof host[0]; ++i) free(host[i]);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Prefix sharing: forks, roots and the shared-page guard                                       */
+/* ------------------------------------------------------------------------------------------ */
+
+static kva_status gen_row(sim *s, synth_tensor t, int32_t req, int32_t pos, int32_t layer,
+                          int32_t heads, void *buf, int64_t row);
+
+/* FNV-1a of page p's K and V spans in every layer (device -> host copies). */
+static kva_status page_checksum(sim *s, int32_t p, uint64_t *sum) {
+    uint64_t h = 1469598103934665603ull;
+    const size_t span = (size_t)s->page_extent * s->es;
+    for (int32_t layer = 0; layer < s->cfg->num_layers; ++layer) {
+        kva_kv_pages pages;
+        SIM_TRY(s, kva_cache_layer_pages(s->cache, layer, &pages), "kva_cache_layer_pages");
+        const size_t off = (size_t)p * (size_t)pages.stride_page * s->es;
+        const void *src[2] = {(const char *)pages.k_data + off, (const char *)pages.v_data + off};
+        for (int kv = 0; kv < 2; ++kv) {
+            SIM_TRY(s, kva_memcpy(s->ctx, s->page_buf, src[kv], span, KVA_COPY_DEVICE_TO_HOST),
+                    "reading a shared page");
+            for (size_t i = 0; i < span; ++i) h = (h ^ s->page_buf[i]) * 1099511628211ull;
+        }
+    }
+    *sum = h;
+    return KVA_OK;
+}
+
+/* After a fork: checksum every page the new sequence shares, so later checks can prove that
+ * nothing wrote into it while it stayed shared. */
+static kva_status guard_shared_pages(sim *s, int32_t seq) {
+    int32_t indptr[2], last;
+    SIM_TRY(s, kva_cache_page_table(s->cache, 1, &seq, indptr, s->fork_pages, s->num_pages, &last,
+                                    NULL), "kva_cache_page_table (fork)");
+    for (int32_t i = 0; i < indptr[1]; ++i) {
+        int32_t p = s->fork_pages[i], rc;
+        SIM_TRY(s, kva_cache_page_refcount(s->cache, p, &rc), "kva_cache_page_refcount");
+        if (rc < 2) continue;
+        kva_status st = page_checksum(s, p, &s->page_sum[p]);
+        if (st != KVA_OK) return st;
+        s->page_guarded[p] = true;
+    }
+    return KVA_OK;
+}
+
+/* Every guarded page still shared must hold what it held when it became shared. */
+static kva_status check_shared_pages(sim *s) {
+    for (int32_t p = 0; p < s->num_pages; ++p) {
+        if (!s->page_guarded[p]) continue;
+        int32_t rc;
+        SIM_TRY(s, kva_cache_page_refcount(s->cache, p, &rc), "kva_cache_page_refcount");
+        if (rc < 2) { /* one owner again: it may write from now on */
+            s->page_guarded[p] = false;
+            continue;
+        }
+        uint64_t sum;
+        kva_status st = page_checksum(s, p, &sum);
+        if (st != KVA_OK) return st;
+        ++s->res->shared_page_checks;
+        if (sum != s->page_sum[p]) {
+            ++s->res->shared_page_writes;
+            s->page_sum[p] = sum; /* count each write once */
+        }
+    }
+    return KVA_OK;
+}
+
+/* Request req now holds sequence seq, just forked with `len` tokens of its content: account
+ * them as obtained, not prefilled, and guard the pages it shares. */
+static kva_status forked(sim *s, int32_t req, int32_t len, int32_t seq) {
+    ++s->res->forks;
+    request *r = &s->reqs[req];
+    s->res->shared_tokens += len;
+    /* tokens it had cached before (a preempted life) count as recomputed, like a re-prefill */
+    s->res->recomputed_tokens += r->high_water < len ? r->high_water : len;
+    r->cached = len;
+    if (len > r->high_water) r->high_water = len;
+    return guard_shared_pages(s, seq);
+}
+
+/* Prefills each system prompt once: a root sequence per group whose K/V every request of the
+ * group shares by fork. Appended in chunks of the token budget, every layer. */
+static kva_status make_roots(sim *s) {
+    const sim_config *c = s->cfg;
+    const int32_t Hk = c->num_kv_heads, D = c->head_dim;
+    for (int32_t g = 0; c->shared_prefix_len > 0 && g < c->prefix_groups; ++g) {
+        SIM_TRY(s, kva_cache_add_sequence(s->cache, &s->roots[g]), "kva_cache_add_sequence (root)");
+        for (int32_t at = 0; at < c->shared_prefix_len; at += c->token_budget) {
+            int32_t n = c->shared_prefix_len - at < c->token_budget ? c->shared_prefix_len - at
+                                                                     : c->token_budget;
+            SIM_TRY(s, kva_cache_reserve(s->cache, 1, &s->roots[g], &n), "kva_cache_reserve (root)");
+            for (int32_t layer = 0; layer < c->num_layers; ++layer) {
+                kva_status st;
+                for (int32_t i = 0; i < n; ++i)
+                    if ((st = gen_row(s, SYNTH_K, c->num_requests + g, at + i, layer, Hk,
+                                      s->k_rows.host, i)) != KVA_OK ||
+                        (st = gen_row(s, SYNTH_V, c->num_requests + g, at + i, layer, Hk,
+                                      s->v_rows.host, i)) != KVA_OK)
+                        return st;
+                size_t bytes = (size_t)n * Hk * D * s->es;
+                if ((st = upload(s, &s->k_rows, bytes)) != KVA_OK ||
+                    (st = upload(s, &s->v_rows, bytes)) != KVA_OK)
+                    return st;
+                SIM_TRY(s, kva_cache_append(s->cache, layer, 1, &s->roots[g], &n,
+                                            kva_tensor_nhd(s->k_rows.dev, c->dtype, Hk, D),
+                                            kva_tensor_nhd(s->v_rows.dev, c->dtype, Hk, D)),
+                        "kva_cache_append (root %d)", g);
+            }
+        }
+        s->res->root_tokens += c->shared_prefix_len;
+    }
+    return KVA_OK;
+}
+
+static kva_status free_roots(sim *s) {
+    for (int32_t g = 0; s->cfg->shared_prefix_len > 0 && g < s->cfg->prefix_groups; ++g)
+        SIM_TRY(s, kva_cache_free_sequence(s->cache, s->roots[g]), "kva_cache_free_sequence (root)");
+    return KVA_OK;
+}
+
+/* True while req leads a family whose other members still wait for its prompt. */
+static bool has_blocked_samples(const sim *s, int32_t req) {
+    const int32_t n = s->cfg->parallel_samples;
+    if (n <= 1 || s->reqs[req].leader != req) return false;
+    for (int32_t j = req + 1; j < req + n && j < s->cfg->num_requests; ++j)
+        if (s->reqs[j].state == REQ_BLOCKED) return true;
+    return false;
+}
+
+/* The leader has exactly its prompt cached: fork the waiting samples from it (parked until a
+ * batch slot frees). If it went past its prompt (a recompute chunk crossed it), the samples
+ * prefill the shared prompt themselves. */
+static kva_status release_samples(sim *s, int32_t leader) {
+    const request *l = &s->reqs[leader];
+    for (int32_t j = leader + 1; j < leader + s->cfg->parallel_samples && j < s->cfg->num_requests; ++j) {
+        request *r = &s->reqs[j];
+        if (r->state != REQ_BLOCKED) continue;
+        r->state = REQ_WAITING;
+        if (l->state != REQ_RUNNING || l->cached != l->prompt_len) continue;
+        kva_status st = kva_cache_fork(s->cache, l->seq, &r->seq);
+        if (st == KVA_ERR_NO_SPACE) { /* no sequence slot: it prefills the prompt later */
+            r->seq = -1;
+            continue;
+        }
+        SIM_TRY(s, st, "kva_cache_fork (sample %d)", j);
+        if ((st = forked(s, j, l->prompt_len, r->seq)) != KVA_OK) return st;
+        r->state = REQ_PARKED;
+        if (r->output_len == 0) { /* nothing to decode: the prompt was all it asked for */
+            SIM_TRY(s, kva_cache_free_sequence(s->cache, r->seq), "kva_cache_free_sequence");
+            r->seq = -1;
+            r->state = REQ_FINISHED;
+            ++s->finished;
+            ++s->res->requests_finished;
+        }
+    }
+    return KVA_OK;
+}
+
+/* Frees a parked sample's sequence (its pages are mostly shared); it prefills later instead. */
+static kva_status unpark_one(sim *s, bool *freed) {
+    *freed = false;
+    for (int32_t i = s->cfg->num_requests - 1; i >= 0; --i) {
+        request *r = &s->reqs[i];
+        if (r->state != REQ_PARKED) continue;
+        SIM_TRY(s, kva_cache_free_sequence(s->cache, r->seq), "kva_cache_free_sequence (unpark)");
+        r->seq = -1;
+        r->cached = 0;
+        r->state = REQ_WAITING;
+        *freed = true;
+        return KVA_OK;
+    }
+    return KVA_OK;
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -441,6 +665,9 @@ static kva_status reserve_running(sim *s, int32_t req, int32_t n, bool decode) {
         }
         if (st != KVA_ERR_NO_SPACE)
             SIM_TRY(s, st, "kva_cache_reserve (request %d, %d tokens)", req, n);
+        bool freed; /* parked samples give their pages back before anyone running is preempted */
+        if ((st = unpark_one(s, &freed)) != KVA_OK) return st;
+        if (freed) continue;
         int32_t victim = youngest_running(s);
         kva_status pst = preempt(s, victim);
         if (pst != KVA_OK) return pst;
@@ -454,14 +681,25 @@ static kva_status reserve_running(sim *s, int32_t req, int32_t n, bool decode) {
 static kva_status try_admit(sim *s, int32_t req, bool *admitted) {
     request *r = &s->reqs[req];
     *admitted = false;
-    int32_t seq;
-    SIM_TRY(s, kva_cache_add_sequence(s->cache, &seq), "kva_cache_add_sequence");
-    int32_t n = r->prefill_target < s->budget ? r->prefill_target : s->budget;
-    kva_status st = kva_cache_reserve(s->cache, 1, &seq, &n);
+    int32_t seq, base = 0;
+    const int32_t S = s->cfg->shared_prefix_len;
+    kva_status st;
+    if (r->group >= 0 && r->prefill_target > S) { /* starts from its system prompt's root */
+        st = kva_cache_fork(s->cache, s->roots[r->group], &seq);
+        base = S;
+    } else {
+        st = kva_cache_add_sequence(s->cache, &seq);
+    }
+    if (st == KVA_ERR_NO_SPACE) return KVA_OK; /* no sequence slot now */
+    SIM_TRY(s, st, "kva_cache_add_sequence / kva_cache_fork (admitting request %d)", req);
+    int32_t n = r->prefill_target - base < s->budget ? r->prefill_target - base : s->budget;
+    if (has_blocked_samples(s, req) && n > r->prompt_len - base) n = r->prompt_len - base;
+    st = kva_cache_reserve(s->cache, 1, &seq, &n);
     kva_cache_stats stats;
     if (st == KVA_OK) {
         SIM_TRY(s, kva_cache_get_stats(s->cache, &stats), "kva_cache_get_stats");
         if (s->running == 0 || stats.free_pages >= s->running + 1) {
+            if (base > 0 && (st = forked(s, req, base, seq)) != KVA_OK) return st;
             r->seq = seq;
             r->state = REQ_RUNNING;
             r->admitted_at = ++s->admit_clock;
@@ -497,6 +735,14 @@ static kva_status schedule(sim *s) {
     s->budget = s->cfg->token_budget;
     s->preempted_this_step = false;
     kva_status st;
+    /* Parked samples join first while there is room: their prompt is cached, they decode now. */
+    for (int32_t i = 0; i < s->cfg->num_requests && s->running < s->cfg->max_batch; ++i) {
+        request *r = &s->reqs[i];
+        if (r->state != REQ_PARKED) continue;
+        r->state = REQ_RUNNING;
+        r->admitted_at = ++s->admit_clock;
+        ++s->running;
+    }
     int32_t n = running_by_age(s);
     /* Decodes first: they are latency-critical and cost one token each. */
     for (int32_t i = 0; i < n && s->budget > 0; ++i) {
@@ -510,6 +756,10 @@ static kva_status schedule(sim *s) {
         if (r->state != REQ_RUNNING || in_decode_phase(r)) continue;
         int32_t chunk = r->prefill_target - r->cached;
         if (chunk > s->budget) chunk = s->budget;
+        /* a family's prompt ends on a chunk boundary, so its samples can fork right there */
+        if (has_blocked_samples(s, s->order[i]) && r->cached < r->prompt_len &&
+            chunk > r->prompt_len - r->cached)
+            chunk = r->prompt_len - r->cached;
         if ((st = reserve_running(s, s->order[i], chunk, false)) != KVA_OK) return st;
     }
     /* Then new (or preempted, which have lower ids) requests, in arrival order. */
@@ -528,11 +778,22 @@ static kva_status schedule(sim *s) {
 /* Synthetic rows                                                                               */
 /* ------------------------------------------------------------------------------------------ */
 
+/* Whose synthetic values position pos of request req holds: its system prompt's (a pseudo
+ * request after the real ones), its family's shared prompt (the leader's), or its own. Shared
+ * positions must hold identical K/V in every sequence that shares them. */
+static int32_t content_of(const sim *s, int32_t req, int32_t pos) {
+    if (req >= s->cfg->num_requests) return req; /* a root */
+    const request *r = &s->reqs[req];
+    if (r->group >= 0 && pos < s->cfg->shared_prefix_len) return s->cfg->num_requests + r->group;
+    if (pos < r->prompt_len) return r->leader;
+    return req;
+}
+
 /* Writes token `pos` of request `req` (tensor t, layer) as row `row` of a dtype buffer. */
 static kva_status gen_row(sim *s, synth_tensor t, int32_t req, int32_t pos, int32_t layer,
                           int32_t heads, void *buf, int64_t row) {
     const int32_t D = s->cfg->head_dim;
-    synth_token(s->cfg->seed, t, req, pos, layer, heads, D, s->row);
+    synth_token(s->cfg->seed, t, content_of(s, req, pos), pos, layer, heads, D, s->row);
     unsigned char *dst = (unsigned char *)buf + (size_t)row * heads * D * s->es;
     SIM_TRY(s, kva_convert(s->row, KVA_F32, dst, s->cfg->dtype, (size_t)heads * D), "kva_convert");
     return KVA_OK;
@@ -542,7 +803,8 @@ static kva_status gen_row(sim *s, synth_tensor t, int32_t req, int32_t pos, int3
 static kva_status expected_row(sim *s, synth_tensor t, int32_t req, int32_t pos, int32_t layer,
                                int32_t heads) {
     const size_t n = (size_t)heads * s->cfg->head_dim;
-    synth_token(s->cfg->seed, t, req, pos, layer, heads, s->cfg->head_dim, s->row);
+    synth_token(s->cfg->seed, t, content_of(s, req, pos), pos, layer, heads, s->cfg->head_dim,
+                s->row);
     /* f32 -> dtype -> f32: a dtype row is never larger than the f32 one, so `expect` can hold
      * the narrow copy before it receives the rounded floats. */
     SIM_TRY(s, kva_convert(s->row, KVA_F32, s->expect, s->cfg->dtype, n), "kva_convert");
@@ -699,7 +961,7 @@ static kva_status plan_step(sim *s) {
     double t0 = now_seconds();
     if (nd > 0) {
         SIM_TRY(s, kva_cache_page_table(s->cache, nd, s->seq_ids, s->dec_indptr, s->dec_indices,
-                                        s->num_pages, s->dec_last, &s->dec_table),
+                                        s->max_entries, s->dec_last, &s->dec_table),
                 "kva_cache_page_table (decode)");
         kva_plan_options opt = {0, 0, s->cfg->decode_algo};
         SIM_TRY(s, kva_decode_plan(s->ctx, &s->dec_limits, &s->dec_table, s->num_pages, &opt,
@@ -708,7 +970,7 @@ static kva_status plan_step(sim *s) {
     }
     if (np > 0) {
         SIM_TRY(s, kva_cache_page_table(s->cache, np, s->seq_ids + nd, s->pre_indptr,
-                                        s->pre_indices, s->num_pages, s->pre_last, &s->pre_table),
+                                        s->pre_indices, s->max_entries, s->pre_last, &s->pre_table),
                 "kva_cache_page_table (prefill)");
         s->qo_indptr[0] = 0;
         for (int32_t i = 0; i < np; ++i) s->qo_indptr[i + 1] = s->qo_indptr[i] + s->num_new[nd + i];
@@ -806,6 +1068,23 @@ static kva_status run_step(sim *s, int32_t step) {
     kva_status st;
     if ((st = plan_step(s)) != KVA_OK) return st;
     const sim_config *c = s->cfg;
+    /* Every sequence holds what its request thinks it holds (never more than the request). */
+    for (int32_t i = 0; i < c->num_requests; ++i) {
+        const request *r = &s->reqs[i];
+        if (r->state != REQ_RUNNING && r->state != REQ_PARKED) continue;
+        int32_t len = -1;
+        SIM_TRY(s, kva_cache_seq_len(s->cache, r->seq, &len), "kva_cache_seq_len");
+        int32_t want = r->cached;
+        for (int32_t j = 0; j < s->num_items; ++j)
+            if (s->items[j].req == i) want += s->items[j].num_new;
+        if (len != want || want > r->prompt_len + r->output_len)
+            return sim_fail(s, KVA_ERR_BAD_STATE,
+                            "request %d (state %d, leader %d, group %d): sequence %d holds %d tokens, "
+                            "expected %d (prompt %d + output %d)",
+                            i, (int)r->state, r->leader, r->group, r->seq, len, want, r->prompt_len,
+                            r->output_len);
+    }
+
     bool verify = c->verify_every > 0 && step % c->verify_every == 0;
     int32_t check_layer = step / (c->verify_every > 0 ? c->verify_every : 1) % c->num_layers;
     for (int32_t layer = 0; layer < c->num_layers; ++layer) {
@@ -820,7 +1099,10 @@ static kva_status run_step(sim *s, int32_t step) {
             if ((st = verify_layer(s, layer, prefill_ran)) != KVA_OK) return st;
         }
     }
-    if (verify) ++s->res->verified_steps;
+    if (verify) {
+        ++s->res->verified_steps;
+        if ((st = check_shared_pages(s)) != KVA_OK) return st;
+    }
 
     /* Account the step and retire finished requests. */
     for (int32_t i = 0; i < s->num_items; ++i) {
@@ -836,12 +1118,17 @@ static kva_status run_step(sim *s, int32_t step) {
         }
         r->cached += it->num_new;
         if (r->cached > r->high_water) r->high_water = r->cached;
+        kva_status rst;
+        if (has_blocked_samples(s, it->req) && r->cached >= r->prompt_len &&
+            (rst = release_samples(s, it->req)) != KVA_OK)
+            return rst;
         if (r->cached == r->prompt_len + r->output_len) {
             SIM_TRY(s, kva_cache_free_sequence(s->cache, r->seq), "kva_cache_free_sequence");
             r->seq = -1;
             r->state = REQ_FINISHED;
             --s->running;
             ++s->finished;
+            ++s->res->requests_finished;
         }
     }
     return KVA_OK;
@@ -851,9 +1138,37 @@ static kva_status run_step(sim *s, int32_t step) {
 /* The loop                                                                                     */
 /* ------------------------------------------------------------------------------------------ */
 
+/* Soak: while time remains, a finished request (a whole finished family with parallel
+ * samples) starts a new life with fresh lengths, so the run keeps its window of requests busy. */
+static void recycle_finished(sim *s) {
+    const sim_config *c = s->cfg;
+    if (c->duration_seconds <= 0 || now_seconds() - s->start_time >= c->duration_seconds) return;
+    const int32_t n = c->parallel_samples > 1 ? c->parallel_samples : 1;
+    for (int32_t lead = 0; lead < c->num_requests; lead += n) {
+        int32_t end = lead + n < c->num_requests ? lead + n : c->num_requests;
+        bool done = true;
+        for (int32_t j = lead; j < end; ++j) done = done && s->reqs[j].state == REQ_FINISHED;
+        if (!done) continue;
+        for (int32_t j = lead; j < end; ++j) {
+            new_request(s, j);
+            --s->finished;
+        }
+    }
+}
+
 static kva_status simulate(sim *s) {
     const sim_config *c = s->cfg;
     kva_status st;
+    /* Soak on the CPU: touch the whole pool first, so the resident set the soak measures is not
+     * the pool's pages being used for the first time. */
+    if (c->duration_seconds > 0 && kva_context_device(s->ctx) == KVA_DEVICE_CPU) {
+        kva_kv_pages l0;
+        SIM_TRY(s, kva_cache_layer_pages(s->cache, 0, &l0), "kva_cache_layer_pages");
+        memset(l0.k_data, 0, (size_t)sim_pool_bytes(c));
+    }
+    s->start_time = now_seconds();
+    double last_report = s->start_time;
+    if ((st = make_roots(s)) != KVA_OK) return st;
     /* Each step with unfinished requests schedules something: the oldest running request
      * always fits once younger ones are preempted (check_config made the pool hold the longest
      * request), and with nothing running the first waiting request is admitted. */
@@ -873,18 +1188,26 @@ static kva_status simulate(sim *s) {
             return st;
         }
         s->res->steps = step + 1;
-        if (c->progress) {
-            kva_cache_stats stats;
-            SIM_TRY(s, kva_cache_get_stats(s->cache, &stats), "kva_cache_get_stats");
-            sim_progress p = {step + 1, s->finished, c->num_requests, s->running,
-                              c->num_requests - s->finished - s->running, stats.used_pages,
-                              stats.num_pages, s->res->preemptions, s->res->verify_failures};
-            c->progress(&p, c->progress_user);
+        kva_cache_stats stats;
+        SIM_TRY(s, kva_cache_get_stats(s->cache, &stats), "kva_cache_get_stats");
+        if (stats.shared_pages > s->res->peak_shared_pages)
+            s->res->peak_shared_pages = stats.shared_pages;
+        s->res->cow_copies = stats.cow_copies;
+        sim_progress p = {step + 1, s->finished, c->num_requests, s->running,
+                          c->num_requests - s->finished - s->running, stats.used_pages,
+                          stats.num_pages, s->res->preemptions, s->res->verify_failures};
+        if (c->progress) c->progress(&p, c->progress_user);
+        double now = now_seconds();
+        if (c->soak_report && now - last_report >= c->soak_report_every) {
+            last_report = now;
+            c->soak_report(&p, c->progress_user);
         }
+        recycle_finished(s);
     }
+    if ((st = check_shared_pages(s)) != KVA_OK) return st;
+    if ((st = free_roots(s)) != KVA_OK) return st;
     kva_cache_stats stats;
     SIM_TRY(s, kva_cache_get_stats(s->cache, &stats), "kva_cache_get_stats");
-    s->res->requests_finished = s->finished;
     s->res->peak_pages = stats.peak_used_pages;
     s->res->leaked_pages = stats.used_pages + stats.num_sequences;
     return KVA_OK;

@@ -15,6 +15,16 @@
  *   4. per layer: append the step's new K/V rows (kva_cache_append), run decode and prefill;
  *   5. finished requests free their sequence.
  *
+ * Prefix sharing (optional): with shared_prefix_len > 0, every request's prompt starts with one of
+ * prefix_groups system prompts. Each system prompt is prefilled once into a root sequence at
+ * setup; a request is admitted by kva_cache_fork of its root and prefills only its own part.
+ * With parallel_samples = n > 1, requests come in families of n that share their whole prompt:
+ * the first prefills it, and the moment it has, the n - 1 others are forked from it and only
+ * decode (parked until a batch slot frees). Preemption frees a forked sequence like any other;
+ * it comes back by forking its root again (or, for a sample, by prefilling the shared prompt
+ * itself). Pages shared between sequences are checksummed when they become shared and checked
+ * at every verified step: no call may write into a shared page (copy-on-write must intervene).
+ *
  * Q/K/V are synthetic (synth.h): a verifier regenerates them. Every verify_every-th step, one
  * layer of a sample of the step's requests is checked: K/V read back from the cache (device ->
  * host copies of the sequence's pages) must equal the regenerated rows bit for bit (no request
@@ -55,6 +65,13 @@ typedef struct sim_config {
     int32_t verify_every;      /* verify every Nth step (0 = never) */
     int32_t verify_requests;   /* requests sampled per verified step (decode and prefill each) */
     kva_decode_algo decode_algo;
+    int32_t shared_prefix_len; /* system-prompt tokens shared by requests (0 = none) */
+    int32_t prefix_groups;     /* distinct system prompts (>= 1 when shared_prefix_len > 0) */
+    int32_t parallel_samples;  /* continuations forked from each prompt (1 = none) */
+    double duration_seconds;   /* > 0: soak; keep serving new requests until this much time has
+                                  passed (num_requests become a rolling window) */
+    sim_progress_fn soak_report; /* optional, soak: called about every soak_report_every s */
+    double soak_report_every;
     sim_progress_fn progress;  /* optional, called after every step */
     void *progress_user;
 } sim_config;
@@ -83,6 +100,14 @@ typedef struct sim_result {
     int64_t cache_mismatches;   /* K/V values read back that differ from what was appended */
     double max_abs_err;         /* over all verified outputs */
     int leaked_pages;           /* pages still in use after every request finished */
+    /* Prefix sharing. */
+    int32_t forks;              /* sequences made by kva_cache_fork */
+    int64_t shared_tokens;      /* tokens a request got by fork instead of prefill */
+    int64_t root_tokens;        /* system-prompt tokens prefilled once into the roots */
+    int32_t peak_shared_pages;  /* most pages with refcount > 1 at the end of a step */
+    int64_t cow_copies;         /* partial pages copied on write */
+    int64_t shared_page_checks; /* shared pages re-checksummed at verified steps */
+    int64_t shared_page_writes; /* of which changed while shared (must be 0) */
     char error[512];            /* why sim_run failed, or "" */
 } sim_result;
 

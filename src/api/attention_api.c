@@ -10,12 +10,14 @@
 kva_status kva_attention(kva_context *ctx, const kva_attn_params *params, int32_t qo_len,
                          int32_t kv_len, kva_tensor q, kva_tensor k, kva_tensor v, kva_tensor o,
                          float *lse) {
+    KVA_API("kva_attention");
     KVA_TRY(kva__check_params(ctx, params));
     if (qo_len < 0 || kv_len < 0)
         return kva__fail(KVA_ERR_BAD_SHAPE, "kva_attention: qo_len %d / kv_len %d negative", qo_len,
                          kv_len);
     kva_dtype dt = q.dtype;
-    if (!kva__dtype_valid(dt)) return kva__fail(KVA_ERR_INVALID_ARG, "kva_attention: unknown dtype");
+    if (!kva__dtype_valid(dt))
+        return kva__fail(KVA_ERR_INVALID_ARG, "kva_attention: q.dtype %d is unknown", (int)dt);
     KVA_TRY(kva__check_tensor("q", q, dt, qo_len));
     KVA_TRY(kva__check_tensor("k", k, dt, kv_len));
     KVA_TRY(kva__check_tensor("v", v, dt, kv_len));
@@ -27,6 +29,7 @@ kva_status kva_attention(kva_context *ctx, const kva_attn_params *params, int32_
 
 kva_status kva_decode_run(kva_context *ctx, const kva_plan *plan, const kva_attn_params *params,
                           kva_tensor q, const kva_kv_pages *pages, kva_tensor o, float *lse) {
+    KVA_API("kva_decode_run");
     KVA_TRY(kva__check_params(ctx, params));
     KVA_TRY(kva__check_plan(plan, KVA__PLAN_DECODE, params));
     const kva__plan_header *h = kva__plan_header_of(plan->workspace.host);
@@ -47,13 +50,15 @@ static int64_t total_qo(const kva_plan *plan) {
 kva_status kva_prefill_run_ragged(kva_context *ctx, const kva_plan *plan,
                                   const kva_attn_params *params, kva_tensor q, kva_tensor k,
                                   kva_tensor v, kva_tensor o, float *lse) {
+    KVA_API("kva_prefill_run_ragged");
     KVA_TRY(kva__check_params(ctx, params));
     KVA_TRY(kva__check_plan(plan, KVA__PLAN_PREFILL_RAGGED, params));
     const kva__plan_header *h = kva__plan_header_of(plan->workspace.host);
     const int32_t *ints = kva__plan_ints(plan->workspace.host);
     int64_t nq = total_qo(plan), nk = ints[h->off_kv_indptr + h->batch_size];
     kva_dtype dt = q.dtype;
-    if (!kva__dtype_valid(dt)) return kva__fail(KVA_ERR_INVALID_ARG, "prefill: unknown dtype");
+    if (!kva__dtype_valid(dt))
+        return kva__fail(KVA_ERR_INVALID_ARG, "kva_prefill_run_ragged: q.dtype %d is unknown", (int)dt);
     KVA_TRY(kva__check_tensor("q", q, dt, nq));
     KVA_TRY(kva__check_tensor("k", k, dt, nk));
     KVA_TRY(kva__check_tensor("v", v, dt, nk));
@@ -66,6 +71,7 @@ kva_status kva_prefill_run_ragged(kva_context *ctx, const kva_plan *plan,
 kva_status kva_prefill_run_paged(kva_context *ctx, const kva_plan *plan,
                                  const kva_attn_params *params, kva_tensor q,
                                  const kva_kv_pages *pages, kva_tensor o, float *lse) {
+    KVA_API("kva_prefill_run_paged");
     KVA_TRY(kva__check_params(ctx, params));
     KVA_TRY(kva__check_plan(plan, KVA__PLAN_PREFILL_PAGED, params));
     const kva__plan_header *h = kva__plan_header_of(plan->workspace.host);

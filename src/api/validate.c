@@ -1,84 +1,107 @@
-/* validate.c -- argument checks shared by every attention entry point. */
+/* validate.c -- argument checks shared by every attention entry point. Messages name the
+ * public call (kva__api()) and the argument as the caller wrote it. */
 #include "validate.h"
 #include "../plan/workspace_layout.h"
 
+#include <math.h>
+
 kva_status kva__check_params(const kva_context *ctx, const kva_attn_params *p) {
     KVA_CHECK_NULL(ctx);
-    KVA_CHECK_NULL(p);
+    if (!p) return kva__fail(KVA_ERR_INVALID_ARG, "%s: params is NULL", kva__api());
     if (p->num_qo_heads < 1 || p->num_kv_heads < 1 || p->num_qo_heads % p->num_kv_heads != 0)
         return kva__fail(KVA_ERR_BAD_SHAPE,
-                         "params: num_kv_heads (%d) must divide num_qo_heads (%d), both >= 1",
-                         p->num_kv_heads, p->num_qo_heads);
+                         "%s: params.num_kv_heads (%d) must divide params.num_qo_heads (%d), both >= 1",
+                         kva__api(), p->num_kv_heads, p->num_qo_heads);
+    KVA_TRY(kva__check_head_dim(ctx, "params.head_dim", p->head_dim));
     if (ctx->device == KVA_DEVICE_CUDA) {
-        if (p->head_dim != 64 && p->head_dim != 128 && p->head_dim != 256)
-            return kva__fail(KVA_ERR_UNSUPPORTED, "params: head_dim %d unsupported on CUDA (64, 128, 256)",
-                             p->head_dim);
         if (p->score_mod)
-            return kva__fail(KVA_ERR_UNSUPPORTED, "params: score_mod callbacks run on the CPU only");
+            return kva__fail(KVA_ERR_UNSUPPORTED, "%s: params.score_mod callbacks run on the CPU only",
+                             kva__api());
         if (p->num_qo_heads / p->num_kv_heads > 16)
-            return kva__fail(KVA_ERR_UNSUPPORTED, "params: GQA group %d > 16 unsupported on CUDA",
-                             p->num_qo_heads / p->num_kv_heads);
-    } else if (p->head_dim < 16 || p->head_dim > 256 || p->head_dim % 16 != 0) {
-        return kva__fail(KVA_ERR_UNSUPPORTED,
-                         "params: head_dim %d unsupported on the CPU (multiples of 16 up to 256)",
-                         p->head_dim);
+            return kva__fail(KVA_ERR_UNSUPPORTED,
+                             "%s: GQA group %d (params.num_qo_heads / num_kv_heads) > 16 unsupported on CUDA",
+                             kva__api(), p->num_qo_heads / p->num_kv_heads);
     }
     if (p->causal != 0 && p->causal != 1)
-        return kva__fail(KVA_ERR_INVALID_ARG, "params: causal must be 0 or 1 (got %d)", p->causal);
-    if (p->sm_scale != p->sm_scale || p->logits_soft_cap != p->logits_soft_cap)
-        return kva__fail(KVA_ERR_INVALID_ARG, "params: sm_scale / logits_soft_cap is NaN");
+        return kva__fail(KVA_ERR_INVALID_ARG, "%s: params.causal must be 0 or 1 (got %d)", kva__api(),
+                         p->causal);
+    /* An infinite scale makes every score inf or NaN (inf * 0): no attention is defined. A soft
+     * cap of +inf is defined: no cap (kva__soft_cap). */
+    if (isnan(p->sm_scale) || isinf(p->sm_scale))
+        return kva__fail(KVA_ERR_INVALID_ARG, "%s: params.sm_scale = %g must be finite", kva__api(),
+                         (double)p->sm_scale);
+    if (isnan(p->logits_soft_cap))
+        return kva__fail(KVA_ERR_INVALID_ARG, "%s: params.logits_soft_cap is NaN", kva__api());
+    return KVA_OK;
+}
+
+kva_status kva__check_head_dim(const kva_context *ctx, const char *what, int32_t head_dim) {
+    if (ctx->device == KVA_DEVICE_CUDA) {
+        if (head_dim != 64 && head_dim != 128 && head_dim != 256)
+            return kva__fail(KVA_ERR_UNSUPPORTED, "%s: %s = %d unsupported on CUDA (64, 128, 256)",
+                             kva__api(), what, head_dim);
+    } else if (head_dim < 16 || head_dim > 256 || head_dim % 16 != 0) {
+        return kva__fail(KVA_ERR_UNSUPPORTED,
+                         "%s: %s = %d unsupported on the CPU (multiples of 16 up to 256)", kva__api(),
+                         what, head_dim);
+    }
     return KVA_OK;
 }
 
 kva_status kva__check_tensor(const char *what, kva_tensor t, kva_dtype dtype, int64_t tokens) {
     if (t.dtype != dtype)
-        return kva__fail(KVA_ERR_BAD_SHAPE, "%s: dtype %s, expected %s", what,
+        return kva__fail(KVA_ERR_BAD_SHAPE, "%s: %s.dtype is %s, expected %s", kva__api(), what,
                          kva_dtype_name(t.dtype), kva_dtype_name(dtype));
     if (tokens == 0) return KVA_OK;
-    if (!t.data) return kva__fail(KVA_ERR_INVALID_ARG, "%s: data is NULL", what);
+    if (!t.data) return kva__fail(KVA_ERR_INVALID_ARG, "%s: %s.data is NULL", kva__api(), what);
     int64_t vec = 16 / (int64_t)kva_dtype_size(dtype);
     if ((uintptr_t)t.data % 16 != 0 || t.stride_token % vec != 0 || t.stride_head % vec != 0 ||
         t.stride_token < 0 || t.stride_head < 0)
         return kva__fail(KVA_ERR_BAD_SHAPE,
-                         "%s: data must be 16-byte aligned and strides (%lld, %lld) non-negative "
-                         "multiples of %lld elements",
-                         what, (long long)t.stride_token, (long long)t.stride_head, (long long)vec);
+                         "%s: %s.data must be 16-byte aligned and its strides (%lld, %lld) "
+                         "non-negative multiples of %lld elements",
+                         kva__api(), what, (long long)t.stride_token, (long long)t.stride_head, (long long)vec);
     return KVA_OK;
 }
 
 kva_status kva__check_pages(const kva_kv_pages *pg, const kva_attn_params *p, int32_t page_size,
                             int32_t min_num_pages) {
-    KVA_CHECK_NULL(pg);
+    if (!pg) return kva__fail(KVA_ERR_INVALID_ARG, "%s: pages is NULL", kva__api());
     if (!pg->k_data || !pg->v_data)
-        return kva__fail(KVA_ERR_INVALID_ARG, "pages: k_data / v_data is NULL");
+        return kva__fail(KVA_ERR_INVALID_ARG, "%s: pages.k_data / v_data is NULL", kva__api());
     if (!kva__dtype_valid(pg->dtype))
-        return kva__fail(KVA_ERR_INVALID_ARG, "pages: unknown dtype %d", (int)pg->dtype);
+        return kva__fail(KVA_ERR_INVALID_ARG, "%s: pages.dtype %d is unknown", kva__api(),
+                         (int)pg->dtype);
     if (pg->num_kv_heads != p->num_kv_heads || pg->head_dim != p->head_dim)
         return kva__fail(KVA_ERR_BAD_SHAPE,
-                         "pages: %d kv heads x head_dim %d, params say %d x %d", pg->num_kv_heads,
-                         pg->head_dim, p->num_kv_heads, p->head_dim);
+                         "%s: pages has %d kv heads x head_dim %d, params say %d x %d", kva__api(),
+                         pg->num_kv_heads, pg->head_dim, p->num_kv_heads, p->head_dim);
+    if (pg->page_size < 1 || pg->page_size > KVA__MAX_PAGE_SIZE)
+        return kva__fail(KVA_ERR_INVALID_ARG, "%s: pages.page_size %d outside 1..%d", kva__api(),
+                         pg->page_size, KVA__MAX_PAGE_SIZE);
     if (pg->page_size != page_size)
-        return kva__fail(KVA_ERR_BAD_SHAPE, "pages: page_size %d, the plan was made for %d",
-                         pg->page_size, page_size);
+        return kva__fail(KVA_ERR_BAD_SHAPE, "%s: pages.page_size %d, the plan was made for %d",
+                         kva__api(), pg->page_size, page_size);
     if (pg->num_pages < min_num_pages)
         return kva__fail(KVA_ERR_OUT_OF_RANGE,
-                         "pages: pool has %d pages, the plan's page table was checked against %d",
-                         pg->num_pages, min_num_pages);
+                         "%s: pages.num_pages is %d, the plan's page table was checked against %d",
+                         kva__api(), pg->num_pages, min_num_pages);
     int64_t vec = 16 / (int64_t)kva_dtype_size(pg->dtype);
     if ((uintptr_t)pg->k_data % 16 || (uintptr_t)pg->v_data % 16 || pg->stride_page % vec ||
         pg->stride_token % vec || pg->stride_head % vec || pg->stride_page < 0 ||
         pg->stride_token < 0 || pg->stride_head < 0)
         return kva__fail(KVA_ERR_BAD_SHAPE,
-                         "pages: base pointers must be 16-byte aligned and strides non-negative "
-                         "multiples of %lld elements",
-                         (long long)vec);
+                         "%s: pages.k_data / v_data must be 16-byte aligned and the strides "
+                         "non-negative multiples of %lld elements",
+                         kva__api(), (long long)vec);
     return KVA_OK;
 }
 
 kva_status kva__check_plan(const kva_plan *plan, int kind, const kva_attn_params *p) {
     KVA_CHECK_NULL(plan);
     if (plan->magic != KVA__PLAN_MAGIC || !plan->workspace.host)
-        return kva__fail(KVA_ERR_BAD_STATE, "plan: not made by kva_*_plan (or zeroed)");
+        return kva__fail(KVA_ERR_BAD_STATE, "%s: plan was not made by kva_*_plan (or is zeroed)",
+                         kva__api());
     const kva__plan_header *h = kva__plan_header_of(plan->workspace.host);
     /* A re-plan into the same workspace replaces the header; compare every fact a run reads
      * from it, since tensors are checked against the struct but kernels use the header. */
@@ -87,16 +110,21 @@ kva_status kva__check_plan(const kva_plan *plan, int kind, const kva_attn_params
         h->qo_tile_size != plan->qo_tile_size || h->page_size != plan->page_size ||
         h->num_qo_heads != plan->num_qo_heads || h->num_kv_heads != plan->num_kv_heads ||
         h->head_dim != plan->head_dim || h->padded_work != plan->padded_work ||
-        h->split_kv != plan->split_kv || h->algo != (int32_t)plan->algo)
+        h->split_kv != plan->split_kv || h->algo != (int32_t)plan->algo ||
+        h->generation != plan->generation)
         return kva__fail(KVA_ERR_BAD_STATE,
-                         "plan: its workspace now holds another plan (re-plan before running)");
+                         "%s: plan is stale: its workspace was planned into again since (a later "
+                         "kva_*_plan call, failed or not); re-plan before running",
+                         kva__api());
     if (plan->kind != kind)
-        return kva__fail(KVA_ERR_BAD_STATE, "plan: made for another operation (kind %d, run needs %d)",
-                         plan->kind, kind);
+        return kva__fail(KVA_ERR_BAD_STATE,
+                         "%s: plan was made for another operation (kind %d, this run needs %d)",
+                         kva__api(), plan->kind, kind);
     if (plan->num_qo_heads != p->num_qo_heads || plan->num_kv_heads != p->num_kv_heads ||
         plan->head_dim != p->head_dim)
         return kva__fail(KVA_ERR_BAD_SHAPE,
-                         "plan: made for %d/%d heads x %d, params say %d/%d x %d", plan->num_qo_heads,
+                         "%s: plan was made for %d/%d heads x %d, params say %d/%d x %d",
+                         kva__api(), plan->num_qo_heads,
                          plan->num_kv_heads, plan->head_dim, p->num_qo_heads, p->num_kv_heads,
                          p->head_dim);
     return KVA_OK;

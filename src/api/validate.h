@@ -6,6 +6,8 @@
 
 /* Checks heads, head_dim support on ctx's device, and variants the device can run. */
 kva_status kva__check_params(const kva_context *ctx, const kva_attn_params *params);
+/* Checks that ctx's device runs this head_dim; `what` names the argument ("limits.head_dim"). */
+kva_status kva__check_head_dim(const kva_context *ctx, const char *what, int32_t head_dim);
 /* Checks a tensor view: dtype, 16-byte alignment of data and strides. `what` names it. */
 kva_status kva__check_tensor(const char *what, kva_tensor t, kva_dtype dtype, int64_t tokens);
 /* Checks a page pool against params and the plan's page size / pool size. */

@@ -68,6 +68,7 @@ kva_status kva_cache_create(kva_context *ctx, const kva_cache_config *config, kv
     kva_cache *c = calloc(1, sizeof *c);
     if (!c) return kva__fail(KVA_ERR_OUT_OF_MEMORY, "kva_cache_create: out of host memory");
     c->ctx = ctx;
+    ctx->live_caches += 1; /* released by kva_cache_destroy, even on the failure paths below */
     c->cfg = *config;
     c->layer_bytes = layer_bytes;
 
@@ -129,7 +130,9 @@ void kva_cache_destroy(kva_cache *c) {
     free(c->cow_seq);
     kva_free(c->ctx, c->pool);
     if (c->slots_device) kva__cuda_free(c->ctx, c->slots_device);
+    kva_context *ctx = c->ctx;
     free(c);
+    kva__context_cache_released(ctx);
 }
 
 kva_status kva__cache_check_batch(kva_cache *c, int32_t n, const int32_t *ids, const char *what) {

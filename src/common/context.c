@@ -84,11 +84,23 @@ kva_status kva_context_create(kva_device_type device, int device_id, kva_context
     return KVA_OK;
 }
 
-void kva_context_destroy(kva_context *ctx) {
-    if (!ctx) return;
+static void context_free(kva_context *ctx) {
     if (ctx->device == KVA_DEVICE_CUDA) kva__cuda_context_destroy(ctx);
     free(ctx->cpu_scratch);
     free(ctx);
+}
+
+void kva_context_destroy(kva_context *ctx) {
+    if (!ctx) return;
+    if (ctx->live_caches > 0) {
+        ctx->destroyed = true; /* the last kva_cache_destroy frees it */
+        return;
+    }
+    context_free(ctx);
+}
+
+void kva__context_cache_released(kva_context *ctx) {
+    if (--ctx->live_caches == 0 && ctx->destroyed) context_free(ctx);
 }
 
 kva_device_type kva_context_device(const kva_context *ctx) {
@@ -133,10 +145,16 @@ kva_status kva_context_info(const kva_context *ctx, kva_device_info *info) {
     return KVA_OK;
 }
 
+/* Rounding up to the 64-byte alignment must not wrap (SIZE_MAX would become 0), and no object
+ * may exceed PTRDIFF_MAX anyway. */
+#define KVA__MAX_ALLOC ((size_t)PTRDIFF_MAX - 63)
+
 kva_status kva_malloc(kva_context *ctx, size_t bytes, void **ptr) {
     KVA_CHECK_NULL(ctx);
     KVA_CHECK_NULL(ptr);
     *ptr = NULL;
+    if (bytes > KVA__MAX_ALLOC)
+        return kva__fail(KVA_ERR_OUT_OF_MEMORY, "kva_malloc: bytes = %zu is too large", bytes);
     if (ctx->device == KVA_DEVICE_CUDA) return kva__cuda_malloc(ctx, bytes, ptr);
     if (posix_memalign(ptr, 64, bytes ? kva__align_up(bytes, 64) : 64) != 0) {
         *ptr = NULL;
@@ -157,6 +175,8 @@ kva_status kva_host_alloc(kva_context *ctx, size_t bytes, void **ptr) {
     KVA_CHECK_NULL(ctx);
     KVA_CHECK_NULL(ptr);
     *ptr = NULL;
+    if (bytes > KVA__MAX_ALLOC)
+        return kva__fail(KVA_ERR_OUT_OF_MEMORY, "kva_host_alloc: bytes = %zu is too large", bytes);
     if (ctx->device == KVA_DEVICE_CUDA) return kva__cuda_host_alloc(ctx, bytes, ptr);
     if (posix_memalign(ptr, 64, bytes ? kva__align_up(bytes, 64) : 64) != 0) {
         *ptr = NULL;

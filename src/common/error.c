@@ -3,7 +3,17 @@
 
 #include <stdio.h>
 
+#include <string.h>
+
 static _Thread_local char last_error[1024];
+static _Thread_local const char *api_name;
+
+void kva__set_api(const char *name) { api_name = name; }
+const char *kva__api(void) { return api_name ? api_name : "kvattn"; }
+const char *kva__caller(const char *func) {
+    bool internal = strncmp(func, "kva_", 4) != 0 || strncmp(func, "kva__", 5) == 0;
+    return internal ? kva__api() : func;
+}
 
 const char *kva_status_str(kva_status status) {
     switch (status) {

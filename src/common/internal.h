@@ -7,6 +7,7 @@
 
 #include "kvattn.h"
 
+#include <math.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -34,7 +35,15 @@ struct kva_context {
     size_t total_memory;
     char name[128];
     void *cuda_private;       /* owned by src/cuda (events etc.) */
+
+    /* Caches made with this context still alive: kva_context_destroy defers the free until the
+     * last of them is destroyed, since each frees its pool through the context. */
+    int live_caches;
+    bool destroyed;
 };
+
+/* A cache of ctx is gone; frees ctx if kva_context_destroy already ran and it was the last. */
+void kva__context_cache_released(kva_context *ctx);
 
 /* Records a formatted message as this thread's last error and returns status, so failures read
  * `return kva__fail(KVA_ERR_BAD_SHAPE, "q.stride_head (%lld) ...", ...);` */
@@ -51,10 +60,26 @@ kva_status kva__fail(kva_status status, const char *fmt, ...)
         if (kva__st != KVA_OK) return kva__st;                                                 \
     } while (0)
 
+/* The public call being served on this thread, so checks shared by several entry points name
+ * the call the caller wrote ("kva_decode_run: params is NULL"), not an internal helper. Public
+ * entry points whose checks live in shared helpers set it first (KVA_API). */
+void kva__set_api(const char *name);
+const char *kva__api(void);
+#define KVA_API(name) kva__set_api(name)
+/* __func__ of a public function, or the current public call inside an internal kva__ helper. */
+const char *kva__caller(const char *func);
+
 #define KVA_CHECK_NULL(p)                                                                      \
     do {                                                                                       \
-        if ((p) == NULL) return kva__fail(KVA_ERR_INVALID_ARG, "%s: %s is NULL", __func__, #p); \
+        if ((p) == NULL)                                                                       \
+            return kva__fail(KVA_ERR_INVALID_ARG, "%s: %s is NULL", kva__caller(__func__), #p); \
     } while (0)
+
+/* Largest page size any call accepts (documented in kvattn.h). */
+#define KVA__MAX_PAGE_SIZE 65536
+
+/* The soft cap a kernel applies: 0 (none) for caps <= 0 and for +inf, which caps nothing. */
+static inline float kva__soft_cap(float cap) { return cap > 0 && cap < INFINITY ? cap : 0.0f; }
 
 static inline int64_t kva__ceil_div64(int64_t a, int64_t b) { return (a + b - 1) / b; }
 static inline int32_t kva__min32(int32_t a, int32_t b) { return a < b ? a : b; }

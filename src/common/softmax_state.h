@@ -16,6 +16,7 @@
 
 /* Natural-log LSE of a state in log2 units; -inf when empty. */
 static inline float kva__state_lse(float m_log2, float d) {
+    if (m_log2 != m_log2 || d != d) return NAN; /* an overflowed row stays visibly wrong */
     if (d <= 0.0f || m_log2 == -INFINITY) return -INFINITY;
     return (m_log2 + log2f(d)) * KVA_LN2;
 }
@@ -35,11 +36,14 @@ static inline float kva__rescale_log2(float m_old, float m_new) {
 }
 
 /* LSE of a union of n disjoint states, log(sum_i exp(lse[i * stride])): the normaliser of the
- * merged state. -inf when every state is empty (or n == 0); max-subtracted, so no overflow. */
+ * merged state. -inf when every state is empty (or n == 0); NaN if any state is NaN;
+ * max-subtracted, so no overflow. */
 static inline float kva__lse_combine(const float *lse, int64_t stride, int32_t n) {
     float m = -INFINITY;
-    for (int32_t i = 0; i < n; ++i)
+    for (int32_t i = 0; i < n; ++i) {
+        if (lse[i * stride] != lse[i * stride]) return NAN; /* NaN (overflowed state) propagates */
         if (lse[i * stride] > m) m = lse[i * stride];
+    }
     if (m == -INFINITY) return -INFINITY;
     float sum = 0.0f;
     for (int32_t i = 0; i < n; ++i) {

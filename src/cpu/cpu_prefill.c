@@ -36,7 +36,7 @@ static kva__prefill_config make_config(const kva_attn_params *p, kva_dtype dtype
     c.sm_scale = p->sm_scale > 0 ? p->sm_scale : 1.0f / sqrtf((float)p->head_dim);
     c.causal = p->causal;
     c.window_left = p->window_left;
-    c.logits_soft_cap = p->logits_soft_cap;
+    c.logits_soft_cap = kva__soft_cap(p->logits_soft_cap);
     c.score_mod = p->score_mod;
     c.score_mod_user = p->score_mod_user;
     return c;
@@ -47,9 +47,9 @@ static kva_status check_scratch(const kva_context *ctx, int32_t head_dim) {
     if (!ctx->cpu_scratch || ctx->cpu_scratch_per_thread < need ||
         ctx->cpu_scratch_threads < ctx->num_threads)
         return kva__fail(KVA_ERR_BAD_STATE,
-                         "CPU prefill: per-thread scratch is %zu bytes for %d threads, needs %zu "
-                         "for %d",
-                         ctx->cpu_scratch_per_thread, ctx->cpu_scratch_threads, need,
+                         "%s: the context's per-thread scratch is %zu bytes for %d threads, needs "
+                         "%zu for %d",
+                         kva__api(), ctx->cpu_scratch_per_thread, ctx->cpu_scratch_threads, need,
                          ctx->num_threads);
     return KVA_OK;
 }

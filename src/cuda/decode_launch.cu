@@ -22,14 +22,14 @@ extern "C" kva_status kva__cuda_decode_run(kva_context *ctx, const kva_plan *pla
     int smem = 0, per_sm = 1;
     const void *fn = kva__decode_kernel_for(ctx, pages->dtype, D, group <= 8 ? 1 : 2, &smem, &per_sm);
     if (!fn)
-        return kva__fail(KVA_ERR_UNSUPPORTED, "decode on CUDA: %s with head_dim %d is not built",
+        return kva__fail(KVA_ERR_UNSUPPORTED, "kva_decode_run: %s with head_dim %d is not built for CUDA",
                          kva_dtype_name(pages->dtype), D);
     /* Persistent grid: every block resident at once, each looping over (work item, KV head)
      * units; never more blocks than the plan (padded for graphs) has units. */
     const int64_t units = (int64_t)plan->padded_work * Hk;
     if (units == 0) return KVA_OK;
     if (units > 0x7fffffff)
-        return kva__fail(KVA_ERR_BAD_SHAPE, "decode on CUDA: %lld (work item, KV head) units exceed 2^31",
+        return kva__fail(KVA_ERR_BAD_SHAPE, "kva_decode_run: %lld (work item, KV head) units exceed 2^31",
                          (long long)units);
     const int64_t resident = (int64_t)(ctx->num_sms > 0 ? ctx->num_sms : 1) * per_sm;
     const int64_t blocks = units < resident ? units : resident;
@@ -74,9 +74,10 @@ extern "C" kva_status kva__cuda_decode_run(kva_context *ctx, const kva_plan *pla
     const float sm_scale = params->sm_scale > 0 ? params->sm_scale : 1.0f / sqrtf((float)D);
     const float log2e = 1.4426950408889634f;
     a.scale_log2 = sm_scale * log2e;
-    if (params->logits_soft_cap > 0) {
-        a.cap_log2 = params->logits_soft_cap * log2e;
-        a.cap_inv_scale = sm_scale / params->logits_soft_cap;
+    const float cap = kva__soft_cap(params->logits_soft_cap); /* +inf: no cap */
+    if (cap > 0) {
+        a.cap_log2 = cap * log2e;
+        a.cap_inv_scale = sm_scale / cap;
     } else {
         a.cap_log2 = 0.0f;
         a.cap_inv_scale = 0.0f;

@@ -12,6 +12,7 @@
 
 kva_status kva_decode_workspace_size(const kva_context *ctx, const kva_plan_limits *limits,
                                      size_t *device_bytes, size_t *host_bytes) {
+    KVA_API("kva_decode_workspace_size");
     KVA_CHECK_NULL(device_bytes);
     KVA_CHECK_NULL(host_bytes);
     kva__workspace_layout L;
@@ -23,49 +24,55 @@ kva_status kva_decode_workspace_size(const kva_context *ctx, const kva_plan_limi
 
 kva_status kva_prefill_workspace_size(const kva_context *ctx, const kva_plan_limits *limits,
                                       size_t *device_bytes, size_t *host_bytes) {
+    KVA_API("kva_prefill_workspace_size");
     KVA_CHECK_NULL(device_bytes);
     KVA_CHECK_NULL(host_bytes);
     KVA_CHECK_NULL(limits);
     kva__workspace_layout R;
     KVA_TRY(kva__compute_layout(ctx, limits, KVA__PLAN_PREFILL_RAGGED, &R));
-    *device_bytes = R.device_bytes;
-    *host_bytes = R.host_bytes;
-    /* page_size 0 means "ragged plans only"; otherwise size for paged plans too */
+    size_t dev = R.device_bytes, host = R.host_bytes;
+    /* page_size 0 means "ragged plans only"; otherwise size for paged plans too. Outputs are
+     * written only once both layouts are known to be valid. */
     if (limits->page_size != 0) {
         kva__workspace_layout L;
         KVA_TRY(kva__compute_layout(ctx, limits, KVA__PLAN_PREFILL_PAGED, &L));
-        if (L.device_bytes > *device_bytes) *device_bytes = L.device_bytes;
-        if (L.host_bytes > *host_bytes) *host_bytes = L.host_bytes;
+        if (L.device_bytes > dev) dev = L.device_bytes;
+        if (L.host_bytes > host) host = L.host_bytes;
     }
+    *device_bytes = dev;
+    *host_bytes = host;
     return KVA_OK;
 }
 
 static kva_status check_workspace(const kva__workspace_layout *L, kva_workspace ws) {
     if (!ws.host || !ws.device)
-        return kva__fail(KVA_ERR_INVALID_ARG, "plan: workspace.host and workspace.device are required");
+        return kva__fail(KVA_ERR_INVALID_ARG, "%s: workspace.host and workspace.device are required",
+                         kva__api());
     if (ws.host_bytes < L->host_bytes || ws.device_bytes < L->device_bytes)
         return kva__fail(KVA_ERR_WORKSPACE_TOO_SMALL,
-                         "plan: workspace has %zu host / %zu device bytes, needs %zu / %zu",
-                         ws.host_bytes, ws.device_bytes, L->host_bytes, L->device_bytes);
+                         "%s: workspace has %zu host / %zu device bytes, these limits need %zu / %zu",
+                         kva__api(), ws.host_bytes, ws.device_bytes, L->host_bytes, L->device_bytes);
     if (((uintptr_t)ws.host | (uintptr_t)ws.device) % 64 != 0)
-        return kva__fail(KVA_ERR_INVALID_ARG, "plan: workspace parts must be 64-byte aligned");
+        return kva__fail(KVA_ERR_INVALID_ARG, "%s: workspace.host / workspace.device must be 64-byte aligned",
+                         kva__api());
     return KVA_OK;
 }
 
 /* Checks a CSR indptr: indptr[0] == 0, non-decreasing, total <= cap. */
 static kva_status check_indptr(const char *what, const int32_t *indptr, int32_t batch,
                                int64_t cap) {
-    if (!indptr) return kva__fail(KVA_ERR_INVALID_ARG, "plan: %s is NULL", what);
+    const char *api = kva__api();
+    if (!indptr) return kva__fail(KVA_ERR_INVALID_ARG, "%s: %s is NULL", api, what);
     if (indptr[0] != 0)
-        return kva__fail(KVA_ERR_BAD_SHAPE, "plan: %s[0] = %d, must be 0", what, indptr[0]);
+        return kva__fail(KVA_ERR_BAD_SHAPE, "%s: %s[0] = %d, must be 0", api, what, indptr[0]);
     for (int32_t b = 0; b < batch; ++b)
         if (indptr[b + 1] < indptr[b])
-            return kva__fail(KVA_ERR_BAD_SHAPE, "plan: %s decreases at request %d (%d -> %d)",
+            return kva__fail(KVA_ERR_BAD_SHAPE, "%s: %s decreases at request %d (%d -> %d)", api,
                              what, b, indptr[b], indptr[b + 1]);
     if (indptr[batch] > cap)
         return kva__fail(KVA_ERR_WORKSPACE_TOO_SMALL,
-                         "plan: %s total %d exceeds the workspace limit %lld", what, indptr[batch],
-                         (long long)cap);
+                         "%s: %s[%d] = %d exceeds the limit %lld the workspace was sized for", api,
+                         what, batch, indptr[batch], (long long)cap);
     return KVA_OK;
 }
 
@@ -75,14 +82,14 @@ static kva_status check_page_table(const kva_page_table *pt, int32_t num_pages, 
     KVA_TRY(check_indptr("page_table.indptr", pt->indptr, pt->batch_size, cap_pages));
     int32_t total = pt->indptr[pt->batch_size];
     if (total > 0 && !pt->indices)
-        return kva__fail(KVA_ERR_INVALID_ARG, "plan: page_table.indices is NULL");
+        return kva__fail(KVA_ERR_INVALID_ARG, "%s: page_table.indices is NULL", kva__api());
     if (pt->batch_size > 0 && !pt->last_page_len)
-        return kva__fail(KVA_ERR_INVALID_ARG, "plan: page_table.last_page_len is NULL");
+        return kva__fail(KVA_ERR_INVALID_ARG, "%s: page_table.last_page_len is NULL", kva__api());
     for (int32_t i = 0; i < total; ++i)
         if (pt->indices[i] < 0 || pt->indices[i] >= num_pages)
             return kva__fail(KVA_ERR_OUT_OF_RANGE,
-                             "plan: page_table.indices[%d] = %d is outside the pool (0..%d)", i,
-                             pt->indices[i], num_pages - 1);
+                             "%s: page_table.indices[%d] = %d is outside the pool (0..%d)",
+                             kva__api(), i, pt->indices[i], num_pages - 1);
     for (int32_t b = 0; b < pt->batch_size; ++b) {
         int32_t np = pt->indptr[b + 1] - pt->indptr[b];
         int32_t last = pt->last_page_len[b];
@@ -92,12 +99,12 @@ static kva_status check_page_table(const kva_page_table *pt, int32_t num_pages, 
         }
         if (last < 1 || last > page_size)
             return kva__fail(KVA_ERR_OUT_OF_RANGE,
-                             "plan: last_page_len[%d] = %d must be in 1..page_size (%d)", b, last,
-                             page_size);
+                             "%s: page_table.last_page_len[%d] = %d must be in 1..page_size (%d)",
+                             kva__api(), b, last, page_size);
         int64_t len = (int64_t)(np - 1) * page_size + last;
         if (len > INT32_MAX)
-            return kva__fail(KVA_ERR_OUT_OF_RANGE, "plan: request %d has %lld keys (> 2^31)", b,
-                             (long long)len);
+            return kva__fail(KVA_ERR_OUT_OF_RANGE, "%s: page_table request %d has %lld keys (> 2^31)",
+                             kva__api(), b, (long long)len);
         kv_len[b] = (int32_t)len;
     }
     return KVA_OK;
@@ -132,16 +139,26 @@ static kva_status make_plan(kva_context *ctx, const kva_plan_limits *limits, con
     kva_plan_options opt = {0, 0, KVA_DECODE_PARTIAL_ROWMAX};
     if (options) opt = *options;
     if (opt.algo != KVA_DECODE_PARTIAL_ROWMAX && opt.algo != KVA_DECODE_GLOBAL_ROWMAX)
-        return kva__fail(KVA_ERR_INVALID_ARG, "plan: unknown decode algo %d", (int)opt.algo);
+        return kva__fail(KVA_ERR_INVALID_ARG, "%s: options.algo %d is unknown", kva__api(), (int)opt.algo);
+    if (opt.flags & ~(uint32_t)(KVA_PLAN_NO_SPLIT | KVA_PLAN_GRAPH))
+        return kva__fail(KVA_ERR_INVALID_ARG, "%s: options.flags 0x%x has unknown bits", kva__api(),
+                         opt.flags);
     if (opt.algo == KVA_DECODE_GLOBAL_ROWMAX &&
         (in->kind != KVA__PLAN_DECODE || ctx->device != KVA_DEVICE_CPU))
         return kva__fail(KVA_ERR_UNSUPPORTED,
-                         "plan: the global-rowmax algorithm exists for CPU decode only");
+                         "%s: options.algo: the global-rowmax algorithm exists for CPU decode only",
+                         kva__api());
     if (opt.fixed_chunk_size < 0)
-        return kva__fail(KVA_ERR_INVALID_ARG, "plan: fixed_chunk_size %d < 0", opt.fixed_chunk_size);
+        return kva__fail(KVA_ERR_INVALID_ARG, "%s: options.fixed_chunk_size %d < 0", kva__api(),
+                         opt.fixed_chunk_size);
+    /* The workspace holds the work items of chunks >= limits.min_fixed_chunk (sizing saw it). */
+    if (opt.fixed_chunk_size > 0 && opt.fixed_chunk_size < limits->min_fixed_chunk)
+        return kva__fail(KVA_ERR_INVALID_ARG,
+                         "%s: options.fixed_chunk_size %d is below limits.min_fixed_chunk %d",
+                         kva__api(), opt.fixed_chunk_size, limits->min_fixed_chunk);
     if (in->batch < 0 || in->batch > limits->max_batch)
-        return kva__fail(KVA_ERR_BAD_SHAPE, "plan: batch %d outside 0..max_batch (%d)", in->batch,
-                         limits->max_batch);
+        return kva__fail(KVA_ERR_BAD_SHAPE, "%s: batch %d outside 0..limits.max_batch (%d)",
+                         kva__api(), in->batch, limits->max_batch);
 
     if (ctx->device == KVA_DEVICE_CUDA) KVA_TRY(kva__cuda_plan_begin(ctx, ws.host));
 
@@ -150,7 +167,9 @@ static kva_status make_plan(kva_context *ctx, const kva_plan_limits *limits, con
      * nothing outside the workspace changes. */
     kva__plan_header *h = kva__plan_header_of(ws.host);
     int32_t *ints = kva__plan_ints(ws.host);
+    const uint32_t generation = h->generation; /* set by plan_into */
     memset(h, 0, sizeof *h);
+    h->generation = generation;
     int64_t off = 0;
     h->off_request = off; off += L.cap_work;
     h->off_qo_tile = off; off += L.cap_work;
@@ -187,10 +206,11 @@ static kva_status make_plan(kva_context *ctx, const kva_plan_limits *limits, con
     } else {
         const kva_page_table *pt = in->page_table;
         if (pt->batch_size != B)
-            return kva__fail(KVA_ERR_BAD_SHAPE, "plan: page_table.batch_size %d != batch %d",
-                             pt->batch_size, B);
+            return kva__fail(KVA_ERR_BAD_SHAPE, "%s: page_table.batch_size %d != batch_size %d",
+                             kva__api(), pt->batch_size, B);
         if (in->num_pages < 1)
-            return kva__fail(KVA_ERR_INVALID_ARG, "plan: num_pages %d must be >= 1", in->num_pages);
+            return kva__fail(KVA_ERR_INVALID_ARG, "%s: num_pages %d must be >= 1", kva__api(),
+                             in->num_pages);
         page_size = limits->page_size;
         KVA_TRY(check_page_table(pt, in->num_pages, page_size, L.cap_pages, kv_len));
         memcpy(kv_indptr, pt->indptr, sizeof(int32_t) * (size_t)(B + 1));
@@ -205,7 +225,7 @@ static kva_status make_plan(kva_context *ctx, const kva_plan_limits *limits, con
             for (int32_t b = 0; b < B; ++b) sum += kv_len[b];
             if (sum > limits->max_total_kv)
                 return kva__fail(KVA_ERR_WORKSPACE_TOO_SMALL,
-                                 "plan: %lld keys exceed max_total_kv %lld", (long long)sum,
+                                 "%s: %lld keys exceed limits.max_total_kv %lld", kva__api(), (long long)sum,
                                  (long long)limits->max_total_kv);
         }
     }
@@ -227,17 +247,32 @@ static kva_status make_plan(kva_context *ctx, const kva_plan_limits *limits, con
     int32_t *req = ints + h->off_request, *qt = ints + h->off_qo_tile, *kt = ints + h->off_kv_tile;
     int32_t *gi = ints + h->off_group_indptr;
     int64_t w = kva__flatten_work(&p, chunk, req, qt, kt, L.cap_work, gi, L.cap_groups + 1);
+    if (w < 0 && opt.fixed_chunk_size > 0 && limits->min_fixed_chunk == 0)
+        return kva__fail(KVA_ERR_WORKSPACE_TOO_SMALL,
+                         "%s: options.fixed_chunk_size %d makes %lld work items, more than the %lld "
+                         "a workspace sized without limits.min_fixed_chunk holds; size it (and "
+                         "plan) with limits.min_fixed_chunk = %d",
+                         kva__api(), chunk, (long long)kva__count_work(&p, chunk),
+                         (long long)L.cap_work, chunk);
     if (w < 0)
         return kva__fail(KVA_ERR_WORKSPACE_TOO_SMALL,
-                         "plan: %lld work items (chunk %d) exceed the workspace's %lld",
-                         (long long)kva__count_work(&p, chunk), chunk, (long long)L.cap_work);
+                         "%s: %lld work items (chunk %d) exceed the %lld the workspace was sized for",
+                         kva__api(), (long long)kva__count_work(&p, chunk), chunk, (long long)L.cap_work);
     int64_t g = 0;
     for (int32_t b = 0; b < B; ++b) g += ((int64_t)qo_len[b] + p.qo_tile - 1) / p.qo_tile;
     bool split = w > g;
+    if (split && w > L.cap_split_work && opt.fixed_chunk_size > 0 && limits->min_fixed_chunk == 0)
+        return kva__fail(KVA_ERR_WORKSPACE_TOO_SMALL,
+                         "%s: options.fixed_chunk_size %d splits into %lld work items, more than "
+                         "the %lld partial states a workspace sized without "
+                         "limits.min_fixed_chunk holds; size it (and plan) with "
+                         "limits.min_fixed_chunk = %d",
+                         kva__api(), chunk, (long long)w, (long long)L.cap_split_work, chunk);
     if (split && w > L.cap_split_work)
         return kva__fail(KVA_ERR_WORKSPACE_TOO_SMALL,
-                         "plan: %lld split work items exceed the workspace's %lld partial states",
-                         (long long)w, (long long)L.cap_split_work);
+                         "%s: %lld split work items exceed the %lld partial states the workspace "
+                         "was sized for",
+                         kva__api(), (long long)w, (long long)L.cap_split_work);
 
     h->magic = KVA__PLAN_MAGIC;
     h->kind = in->kind;
@@ -317,19 +352,40 @@ static kva_status make_plan(kva_context *ctx, const kva_plan_limits *limits, con
     plan->kv_tile_indices = kt;
     plan->merge_indptr = gi;
     plan->workspace = ws;
+    plan->generation = generation;
     return KVA_OK;
+}
+
+/* Every plan call starts by retiring whatever plan the workspace holds: a new generation, no
+ * magic. So an older kva_plan of this workspace is stale whether this call succeeds or fails
+ * (kva__check_plan compares generations). Skipped when the host part cannot hold a header. */
+static kva_status plan_into(kva_context *ctx, const kva_plan_limits *limits, const plan_inputs *in,
+                            const kva_plan_options *options, kva_workspace ws, kva_plan *plan) {
+    if (ctx && ws.host && ws.host_bytes >= sizeof(kva__plan_header) && (uintptr_t)ws.host % 64 == 0) {
+        /* on CUDA, the host part may still be read by the previous plan's upload */
+        if (ctx->device == KVA_DEVICE_CUDA) KVA_TRY(kva__cuda_plan_begin(ctx, ws.host));
+        kva__plan_header *h = kva__plan_header_of(ws.host);
+        h->magic = 0;
+        h->generation += 1;
+    }
+    KVA_CHECK_NULL(ctx);
+    KVA_CHECK_NULL(limits);
+    KVA_CHECK_NULL(plan);
+    return make_plan(ctx, limits, in, options, ws, plan);
 }
 
 kva_status kva_decode_plan(kva_context *ctx, const kva_plan_limits *limits,
                            const kva_page_table *page_table, int32_t num_pages,
                            const kva_plan_options *options, kva_workspace workspace,
                            kva_plan *plan) {
-    KVA_CHECK_NULL(ctx);
-    KVA_CHECK_NULL(limits);
-    KVA_CHECK_NULL(page_table);
-    KVA_CHECK_NULL(plan);
-    plan_inputs in = {KVA__PLAN_DECODE, page_table->batch_size, NULL, NULL, page_table, num_pages};
-    return make_plan(ctx, limits, &in, options, workspace, plan);
+    KVA_API("kva_decode_plan");
+    plan_inputs in = {KVA__PLAN_DECODE, page_table ? page_table->batch_size : 0, NULL, NULL,
+                      page_table, num_pages};
+    if (!page_table) {
+        (void)plan_into(ctx, NULL, &in, options, workspace, plan); /* retire the old plan */
+        return kva__fail(KVA_ERR_INVALID_ARG, "kva_decode_plan: page_table is NULL");
+    }
+    return plan_into(ctx, limits, &in, options, workspace, plan);
 }
 
 kva_status kva_prefill_plan(kva_context *ctx, const kva_plan_limits *limits, int32_t batch_size,
@@ -337,14 +393,14 @@ kva_status kva_prefill_plan(kva_context *ctx, const kva_plan_limits *limits, int
                             const kva_page_table *page_table, int32_t num_pages,
                             const kva_plan_options *options, kva_workspace workspace,
                             kva_plan *plan) {
-    KVA_CHECK_NULL(ctx);
-    KVA_CHECK_NULL(limits);
-    KVA_CHECK_NULL(plan);
-    KVA_CHECK_NULL(qo_indptr);
-    if ((kv_indptr == NULL) == (page_table == NULL))
-        return kva__fail(KVA_ERR_INVALID_ARG,
-                         "kva_prefill_plan: give exactly one of kv_indptr and page_table");
+    KVA_API("kva_prefill_plan");
     plan_inputs in = {kv_indptr ? KVA__PLAN_PREFILL_RAGGED : KVA__PLAN_PREFILL_PAGED, batch_size,
                       qo_indptr, kv_indptr, page_table, num_pages};
-    return make_plan(ctx, limits, &in, options, workspace, plan);
+    if (!qo_indptr || (kv_indptr == NULL) == (page_table == NULL)) {
+        (void)plan_into(ctx, NULL, &in, options, workspace, plan); /* retire the old plan */
+        if (!qo_indptr) return kva__fail(KVA_ERR_INVALID_ARG, "kva_prefill_plan: qo_indptr is NULL");
+        return kva__fail(KVA_ERR_INVALID_ARG,
+                         "kva_prefill_plan: give exactly one of kv_indptr and page_table");
+    }
+    return plan_into(ctx, limits, &in, options, workspace, plan);
 }

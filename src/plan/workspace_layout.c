@@ -1,34 +1,59 @@
 /* workspace_layout.c -- capacities and offsets of a workspace for given limits (see header). */
 #include "workspace_layout.h"
 #include "../common/internal.h"
+#include "../api/validate.h"
 
-static kva_status check_limits(const kva_plan_limits *l, int kind) {
+static kva_status check_limits(const kva_context *ctx, const kva_plan_limits *l, int kind) {
+    const char *api = kva__api();
     if (l->max_batch < 1)
-        return kva__fail(KVA_ERR_INVALID_ARG, "plan limits: max_batch (%d) must be >= 1",
+        return kva__fail(KVA_ERR_INVALID_ARG, "%s: limits.max_batch (%d) must be >= 1", api,
                          l->max_batch);
     if (l->num_qo_heads < 1 || l->num_kv_heads < 1 || l->num_qo_heads % l->num_kv_heads != 0)
         return kva__fail(KVA_ERR_BAD_SHAPE,
-                         "plan limits: num_kv_heads (%d) must divide num_qo_heads (%d), both >= 1",
-                         l->num_kv_heads, l->num_qo_heads);
-    if (l->head_dim < 1 || l->head_dim > 256)
-        return kva__fail(KVA_ERR_UNSUPPORTED, "plan limits: head_dim %d not in 1..256", l->head_dim);
+                         "%s: limits.num_kv_heads (%d) must divide limits.num_qo_heads (%d), both >= 1",
+                         api, l->num_kv_heads, l->num_qo_heads);
+    /* The same rule as the runs, so a plan never succeeds for a shape its run must refuse. */
+    KVA_TRY(kva__check_head_dim(ctx, "limits.head_dim", l->head_dim));
     bool paged = kind == KVA__PLAN_DECODE || kind == KVA__PLAN_PREFILL_PAGED;
     if (paged && (l->page_size < 1 || l->max_total_pages < 0))
         return kva__fail(KVA_ERR_INVALID_ARG,
-                         "plan limits: page_size (%d) must be >= 1 and max_total_pages (%lld) >= 0",
-                         l->page_size, (long long)l->max_total_pages);
+                         "%s: limits.page_size (%d) must be >= 1 and limits.max_total_pages (%lld) >= 0",
+                         api, l->page_size, (long long)l->max_total_pages);
+    if (l->page_size < 0 || l->page_size > KVA__MAX_PAGE_SIZE)
+        return kva__fail(KVA_ERR_INVALID_ARG, "%s: limits.page_size %d outside 1..%d", api,
+                         l->page_size, KVA__MAX_PAGE_SIZE);
     if (kind != KVA__PLAN_DECODE && l->max_total_qo < 0)
-        return kva__fail(KVA_ERR_INVALID_ARG, "plan limits: max_total_qo < 0");
+        return kva__fail(KVA_ERR_INVALID_ARG, "%s: limits.max_total_qo < 0", api);
     if (l->max_total_kv < 0)
-        return kva__fail(KVA_ERR_INVALID_ARG, "plan limits: max_total_kv < 0");
+        return kva__fail(KVA_ERR_INVALID_ARG, "%s: limits.max_total_kv < 0", api);
+    if (l->min_fixed_chunk < 0)
+        return kva__fail(KVA_ERR_INVALID_ARG, "%s: limits.min_fixed_chunk %d < 0", api,
+                         l->min_fixed_chunk);
+    if (l->min_fixed_chunk > 0 && kind == KVA__PLAN_PREFILL_RAGGED && l->max_total_kv == 0)
+        return kva__fail(KVA_ERR_INVALID_ARG,
+                         "%s: limits.min_fixed_chunk needs limits.max_total_kv to bound ragged "
+                         "prefill work",
+                         api);
     /* The CSR totals are int32, so larger limits can never be used; refusing them also keeps
      * the int-section arithmetic below far from overflow. */
     if (l->max_total_pages > INT32_MAX || l->max_total_kv > INT32_MAX || l->max_total_qo > INT32_MAX)
         return kva__fail(KVA_ERR_INVALID_ARG,
-                         "plan limits: max_total_pages / kv / qo (%lld / %lld / %lld) exceed 2^31 - 1",
-                         (long long)l->max_total_pages, (long long)l->max_total_kv,
+                         "%s: limits.max_total_pages / kv / qo (%lld / %lld / %lld) exceed 2^31 - 1",
+                         api, (long long)l->max_total_pages, (long long)l->max_total_kv,
                          (long long)l->max_total_qo);
     return KVA_OK;
+}
+
+/* Work items a plan with a fixed chunk of at least min_chunk keys can make (see planner.h):
+ * sum_b tiles_b * ceil(kv_b / c) <= sum_b tiles_b + max_b tiles_b * total_kv / c. */
+static int64_t fixed_chunk_work_bound(const kva_plan_limits *l, int kind, int64_t cap_groups,
+                                      int32_t tile) {
+    int64_t total_kv = kind == KVA__PLAN_PREFILL_RAGGED
+                           ? l->max_total_kv
+                           : l->max_total_pages * (int64_t)l->page_size;
+    int64_t max_tiles = kind == KVA__PLAN_DECODE ? 1 : l->max_total_qo / tile + 1;
+    double bound = (double)cap_groups + (double)max_tiles * (double)(total_kv / l->min_fixed_chunk + 1);
+    return bound > (double)INT32_MAX ? -1 : (int64_t)bound;
 }
 
 /* Appends a region of a * b * c 4-byte elements (f32 or u32; rounded to 256 bytes) at *off;
@@ -46,7 +71,7 @@ kva_status kva__compute_layout(const kva_context *ctx, const kva_plan_limits *li
                                kva__workspace_layout *out) {
     KVA_CHECK_NULL(ctx);
     KVA_CHECK_NULL(limits);
-    KVA_TRY(check_limits(limits, kind));
+    KVA_TRY(check_limits(ctx, limits, kind));
     kva__workspace_layout L = {0};
     if (ctx->device == KVA_DEVICE_CUDA)
         KVA_TRY(kva__cuda_split_policy(ctx, limits, kind, &L.policy));
@@ -80,6 +105,16 @@ kva_status kva__compute_layout(const kva_context *ctx, const kva_plan_limits *li
          * few more slots let a fixed (forced) chunk size split small batches too. */
         L.cap_split_work = budget_items > 8 ? budget_items : 8;
     }
+    if (limits->min_fixed_chunk > 0) {
+        int64_t fixed = fixed_chunk_work_bound(limits, kind, L.cap_groups, L.policy.qo_tile);
+        if (fixed < 0)
+            return kva__fail(KVA_ERR_INVALID_ARG,
+                             "%s: limits.min_fixed_chunk %d allows more than 2^31 work items for "
+                             "these limits",
+                             kva__api(), limits->min_fixed_chunk);
+        if (fixed > L.cap_work) L.cap_work = fixed;
+        if (fixed > L.cap_split_work) L.cap_split_work = fixed;
+    }
 
     L.header_bytes = kva__align_up(sizeof(kva__plan_header), 64);
     int64_t ints = 3 * L.cap_work + (L.cap_groups + 1) + (B + 1) + L.cap_pages + B + (B + 1) + B + B;
@@ -105,9 +140,9 @@ kva_status kva__compute_layout(const kva_context *ctx, const kva_plan_limits *li
     }
     if (!fits)
         return kva__fail(KVA_ERR_INVALID_ARG,
-                         "plan limits: a workspace for batch %d, %d query heads x head_dim %d is "
+                         "%s: limits give a workspace for batch %d, %d query heads x head_dim %d "
                          "too large to address",
-                         limits->max_batch, limits->num_qo_heads, limits->head_dim);
+                         kva__api(), limits->max_batch, limits->num_qo_heads, limits->head_dim);
     L.device_bytes = off;
     *out = L;
     return KVA_OK;

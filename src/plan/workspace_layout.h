@@ -52,7 +52,7 @@ typedef struct kva__plan_header {
     int32_t num_kv_heads;
     int32_t head_dim;
     int32_t algo;
-    int32_t pad0;
+    uint32_t generation;    /* bumped by every plan call into this workspace (kva_plan.generation) */
     /* int32 element offsets from the start of the int section */
     int64_t off_request, off_qo_tile, off_kv_tile, off_group_indptr;
     int64_t off_kv_indptr;     /* paged: page indptr [batch+1]; ragged: key row indptr [batch+1] */

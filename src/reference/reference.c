@@ -4,6 +4,7 @@
 #include "../common/dtype_convert.h"
 
 #include <math.h>
+#include <stdbool.h>
 #include <stdlib.h>
 
 void kva_ref_attention(const kva_attn_params *p, int32_t qo_len, int32_t kv_len, const double *q,
@@ -11,6 +12,10 @@ void kva_ref_attention(const kva_attn_params *p, int32_t qo_len, int32_t kv_len,
     const int32_t Hq = p->num_qo_heads, Hk = p->num_kv_heads, D = p->head_dim;
     const int32_t group = Hq / Hk;
     const double scale = p->sm_scale > 0 ? p->sm_scale : 1.0 / sqrt((double)D);
+    /* The definition in kvattn.h, taken literally: a cap of +inf caps nothing (the textbook
+     * cap * tanh(x / cap) would be inf * 0 = NaN), an infinite scale defines nothing (NaN). */
+    const double cap = p->logits_soft_cap > 0 && isfinite(p->logits_soft_cap) ? p->logits_soft_cap : 0;
+    const bool undefined = !isfinite(scale);
     double *s = malloc(sizeof(double) * (size_t)(kv_len > 0 ? kv_len : 1));
     for (int32_t i = 0; i < qo_len; ++i) {
         const int32_t q_pos = kv_len - qo_len + i;
@@ -23,7 +28,7 @@ void kva_ref_attention(const kva_attn_params *p, int32_t qo_len, int32_t kv_len,
                 double dot = 0;
                 for (int32_t d = 0; d < D; ++d) dot += qr[d] * kr[d];
                 double x = dot * scale;
-                if (p->logits_soft_cap > 0) x = p->logits_soft_cap * tanh(x / p->logits_soft_cap);
+                if (cap > 0) x = cap * tanh(x / cap);
                 if (p->score_mod) x = p->score_mod((float)x, q_pos, j, h, p->score_mod_user);
                 if (p->causal && j > q_pos) x = -INFINITY;
                 if (p->window_left >= 0 && (int64_t)j < (int64_t)q_pos - p->window_left) x = -INFINITY;
@@ -31,7 +36,11 @@ void kva_ref_attention(const kva_attn_params *p, int32_t qo_len, int32_t kv_len,
                 if (x > m) m = x;
             }
             double *orow = o + ((size_t)i * Hq + h) * D;
-            for (int32_t d = 0; d < D; ++d) orow[d] = 0;
+            for (int32_t d = 0; d < D; ++d) orow[d] = undefined ? NAN : 0;
+            if (undefined) {
+                if (lse) lse[(size_t)i * Hq + h] = NAN;
+                continue;
+            }
             if (m == -INFINITY) {
                 if (lse) lse[(size_t)i * Hq + h] = -INFINITY;
                 continue;

@@ -102,6 +102,7 @@ typedef struct task_scratch {
     float *o;     /* [MAX_TASK_HEADS][D] packed output accumulators */
     float *s;     /* [MAX_TASK_HEADS][BLOCK_KEYS] scores, then probabilities */
     float *m, *d, *alpha; /* [MAX_TASK_HEADS] running max (log2), sum, rescale */
+    int32_t *bad; /* [MAX_TASK_HEADS] 1: a score overflowed f32 in log2 units (output NaN) */
     const unsigned char **krows, **vrows; /* [BLOCK_KEYS + PREFETCH_KEYS] rows of the first KV
                                              head: the block's, then those to prefetch */
 } task_scratch;
@@ -110,7 +111,7 @@ static size_t scratch_bytes_needed(int32_t D) {
     size_t f = sizeof(float);
     return kva__align_up((size_t)MAX_TASK_HEADS * (size_t)D * f, 64) * 2 +
            kva__align_up((size_t)MAX_TASK_HEADS * BLOCK_KEYS * f, 64) +
-           kva__align_up((size_t)MAX_TASK_HEADS * f, 64) * 3 +
+           kva__align_up((size_t)MAX_TASK_HEADS * f, 64) * 4 +
            kva__align_up((BLOCK_KEYS + PREFETCH_KEYS) * sizeof(void *), 64) * 2;
 }
 
@@ -123,6 +124,7 @@ static task_scratch carve_scratch(unsigned char *p, int32_t D) {
     S.m = (float *)(void *)p; p += kva__align_up((size_t)MAX_TASK_HEADS * f, 64);
     S.d = (float *)(void *)p; p += kva__align_up((size_t)MAX_TASK_HEADS * f, 64);
     S.alpha = (float *)(void *)p; p += kva__align_up((size_t)MAX_TASK_HEADS * f, 64);
+    S.bad = (int32_t *)(void *)p; p += kva__align_up((size_t)MAX_TASK_HEADS * f, 64);
     S.krows = (const unsigned char **)(void *)p;
     p += kva__align_up((BLOCK_KEYS + PREFETCH_KEYS) * sizeof(void *), 64);
     S.vrows = (const unsigned char **)(void *)p;
@@ -265,20 +267,29 @@ static void load_queries(const decode_job *J, int32_t b, const task_heads *th, f
 }
 
 /* Soft cap and score_mod on raw scores (natural units) of keys k0.., then log2 units; padding
- * lanes [T, padded(T)) become -inf so they weigh nothing. */
+ * lanes [T, padded(T)) become -inf so they weigh nothing. A row whose dot product is not finite,
+ * or whose score leaves f32 range in log2 units (|s| > FLT_MAX / log2(e)), is marked bad: its
+ * result is NaN rather than a plausible wrong value (kvattn.h, kva_attn_params). */
 static void finish_scores(const decode_job *J, const task_heads *th, float *s, int32_t T,
-                          int32_t k0, int32_t q_pos) {
+                          int32_t k0, int32_t q_pos, int32_t *bad) {
     for (int32_t r = 0; r < th->nkv * th->ng; ++r) {
         float *row = s + (size_t)r * BLOCK_KEYS;
+        int32_t overflow = 0;
         if (!J->plain_scores) {
             int32_t hq = head_of_row(J, th, r);
             for (int32_t t = 0; t < T; ++t) {
                 float x = row[t];
+                overflow |= !(x - x == 0.0f);
                 if (J->soft_cap > 0) x = J->soft_cap * tanhf(x / J->soft_cap);
                 if (J->score_mod) x = J->score_mod(x, q_pos, k0 + t, hq, J->score_mod_user);
-                row[t] = x * KVA_LOG2E;
+                const float y = x * KVA_LOG2E;
+                overflow |= (x - x == 0.0f) && !(y - y == 0.0f); /* a mask (-inf) is fine */
+                row[t] = y;
             }
+        } else {
+            for (int32_t t = 0; t < T; ++t) overflow |= !(row[t] - row[t] == 0.0f);
         }
+        bad[r] |= overflow;
         for (int32_t t = T; t < padded(T); ++t) row[t] = -INFINITY;
     }
 }
@@ -342,12 +353,13 @@ KVA__INLINE void attend_online(kva_dtype dtype, const decode_job *J, const task_
     for (int32_t i = 0; i < n; ++i) {
         S->m[i] = -INFINITY;
         S->d[i] = 0.0f;
+        S->bad[i] = 0;
     }
     for (int32_t k0 = r->key_begin; k0 < r->key_end; k0 += BLOCK_KEYS) {
         int32_t T = kva__min32(BLOCK_KEYS, r->key_end - k0);
         int32_t rows = gather_rows(J, r, th->kvh0, k0, T, S->krows, S->vrows);
         block_scores(dtype, J, th, T, rows, S);
-        finish_scores(J, th, S->s, T, k0, r->q_pos);
+        finish_scores(J, th, S->s, T, k0, r->q_pos, S->bad);
         int any = 0;
         for (int32_t i = 0; i < n; ++i) {
             float *row = S->s + (size_t)i * BLOCK_KEYS;
@@ -383,12 +395,15 @@ KVA__INLINE void scores_pass(kva_dtype dtype, const decode_job *J, const task_ra
                         int64_t key_off, task_scratch *S) {
     const int32_t n = th->nkv * th->ng;
     load_queries(J, r->b, th, S->q);
-    for (int32_t i = 0; i < n; ++i) S->m[i] = -INFINITY;
+    for (int32_t i = 0; i < n; ++i) {
+        S->m[i] = -INFINITY;
+        S->bad[i] = 0;
+    }
     for (int32_t k0 = r->key_begin; k0 < r->key_end; k0 += BLOCK_KEYS) {
         int32_t T = kva__min32(BLOCK_KEYS, r->key_end - k0);
         int32_t rows = gather_rows(J, r, th->kvh0, k0, T, S->krows, NULL);
         block_scores(dtype, J, th, T, rows, S);
-        finish_scores(J, th, S->s, T, k0, r->q_pos);
+        finish_scores(J, th, S->s, T, k0, r->q_pos, S->bad);
         for (int32_t i = 0; i < n; ++i) {
             const float *row = S->s + (size_t)i * BLOCK_KEYS;
             memcpy(score_row(J, th, key_off, i) + k0, row, sizeof(float) * (size_t)T);
@@ -492,7 +507,8 @@ static void merge_global(const decode_job *J, int32_t b, int32_t hq, int64_t key
     float rmax = -INFINITY, l = 0.0f;
     for (int32_t i = 0; i < n; ++i) {
         float ri = *partial_lse_at(J, w0 + i, hq);
-        if (ri > rmax) rmax = ri;
+        if (ri > rmax || ri != ri) rmax = ri; /* a NaN R_i (overflow) stays NaN */
+        if (rmax != rmax) break;
     }
     memset(acc, 0, sizeof(float) * (size_t)J->D);
     if (rmax != -INFINITY) {
@@ -503,7 +519,7 @@ static void merge_global(const decode_job *J, int32_t b, int32_t hq, int64_t key
             for (int32_t e = 0; e < J->D; ++e) acc[e] += src[e];
         }
     }
-    float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    float inv = rmax != rmax ? NAN : l > 0.0f ? 1.0f / l : 0.0f;
     unpack_row(KVA_F32, J->D, acc, inv, output_row(J, b, hq), J->dtype);
     if (J->lse) J->lse[(size_t)b * J->Hq + hq] = kva__state_lse(rmax, l);
 }
@@ -518,8 +534,8 @@ KVA__INLINE void task_online(kva_dtype dtype, const decode_job *J, int64_t t, ta
     int split = request_is_split(J, r.b);
     for (int32_t i = 0; i < th.nkv * th.ng; ++i) {
         int32_t hq = head_of_row(J, &th, i);
-        float inv = S->d[i] > 0.0f ? 1.0f / S->d[i] : 0.0f;
-        float lse = kva__state_lse(S->m[i], S->d[i]);
+        float inv = S->bad[i] ? NAN : S->d[i] > 0.0f ? 1.0f / S->d[i] : 0.0f;
+        float lse = S->bad[i] ? NAN : kva__state_lse(S->m[i], S->d[i]);
         const float *acc = S->o + (size_t)i * J->D;
         if (split) {
             write_partial(J, w, hq, acc, inv);
@@ -539,15 +555,16 @@ KVA__INLINE void task_global_first(kva_dtype dtype, const decode_job *J, int64_t
     const int32_t n = th.nkv * th.ng;
     scores_pass(dtype, J, &r, &th, key_off, S);
     if (request_is_split(J, r.b)) {
-        for (int32_t i = 0; i < n; ++i) *partial_lse_at(J, w, head_of_row(J, &th, i)) = S->m[i];
+        for (int32_t i = 0; i < n; ++i)
+            *partial_lse_at(J, w, head_of_row(J, &th, i)) = S->bad[i] ? NAN : S->m[i];
         return;
     }
     memcpy(S->alpha, S->m, sizeof(float) * (size_t)n); /* rmax: this chunk is the request */
     values_pass(dtype, J, &r, &th, key_off, S->alpha, S);
     for (int32_t i = 0; i < n; ++i) {
-        float inv = S->d[i] > 0.0f ? 1.0f / S->d[i] : 0.0f;
+        float inv = S->bad[i] ? NAN : S->d[i] > 0.0f ? 1.0f / S->d[i] : 0.0f;
         write_output(J, r.b, head_of_row(J, &th, i), S->o + (size_t)i * J->D, inv,
-                     kva__state_lse(S->alpha[i], S->d[i]));
+                     S->bad[i] ? NAN : kva__state_lse(S->alpha[i], S->d[i]));
     }
 }
 
@@ -564,7 +581,8 @@ KVA__INLINE void task_global_second(kva_dtype dtype, const decode_job *J, int64_
         float rmax = -INFINITY;
         for (int32_t x = w0; x < w1; ++x) {
             float ri = *partial_lse_at(J, x, hq);
-            if (ri > rmax) rmax = ri;
+            if (ri > rmax || ri != ri) rmax = ri; /* NaN (overflow) wins, merge_global sees it */
+            if (rmax != rmax) break;
         }
         S->alpha[i] = rmax;
     }
@@ -691,8 +709,8 @@ kva_status KVA__ISA_FN(decode_run)(kva_context *ctx, const kva_plan *plan,
     const kva__plan_header *h = kva__plan_header_of(plan->workspace.host);
     const int32_t *ints = kva__plan_ints(plan->workspace.host);
     if (ctx->cpu_scratch_per_thread < scratch_bytes_needed(params->head_dim))
-        return kva__fail(KVA_ERR_UNSUPPORTED, "decode: CPU scratch of %zu bytes per thread is too "
-                         "small for head_dim %d", ctx->cpu_scratch_per_thread, params->head_dim);
+        return kva__fail(KVA_ERR_UNSUPPORTED, "kva_decode_run: the context's CPU scratch of %zu bytes "
+                         "per thread is too small for head_dim %d", ctx->cpu_scratch_per_thread, params->head_dim);
     if (h->batch_size == 0) return KVA_OK;
 
     decode_job J;
@@ -723,9 +741,9 @@ kva_status KVA__ISA_FN(decode_run)(kva_context *ctx, const kva_plan *plan,
     J.o = o;
     J.lse = lse;
     float sm_scale = params->sm_scale > 0 ? params->sm_scale : 1.0f / sqrtf((float)J.D);
-    J.plain_scores = !(params->logits_soft_cap > 0) && !params->score_mod;
+    J.plain_scores = !(kva__soft_cap(params->logits_soft_cap) > 0) && !params->score_mod;
     J.q_scale = J.plain_scores ? sm_scale * KVA_LOG2E : sm_scale;
-    J.soft_cap = params->logits_soft_cap;
+    J.soft_cap = kva__soft_cap(params->logits_soft_cap);
     J.window_left = params->window_left;
     J.score_mod = params->score_mod;
     J.score_mod_user = params->score_mod_user;

@@ -302,7 +302,8 @@ static void pv_rows(int rc, const float *p, int nk, const float *v, int D, float
 /* Soft cap and score_mod on natural-log scores, then conversion to log2 units. score_mod sees
  * only real rows and keys inside their causal / window range. */
 static void apply_variants(const kva__prefill_config *cfg, const scratch_view *sv, int rc,
-                           int32_t rb_first, int32_t rb_last, int32_t kb, int j0, int j1) {
+                           int32_t rb_first, int32_t rb_last, int32_t kb, int j0, int j1,
+                           kva__vi bad[4]) {
     const float cap = cfg->logits_soft_cap;
     for (int j = j0; j < j1; ++j) {
         const int32_t kpos = kb + j;
@@ -319,7 +320,26 @@ static void apply_variants(const kva__prefill_config *cfg, const scratch_view *s
                                           cfg->score_mod_user);
                 }
             }
-            *(kva__vf *)sp = x * kva__splat(KVA_LOG2E);
+            const kva__vf y = x * kva__splat(KVA_LOG2E);
+            /* finite in natural units but not in log2 units: out of range (a -inf mask is fine) */
+            bad[c] |= (x - x == kva__splat(0.0f)) & ~(y - y == kva__splat(0.0f));
+            *(kva__vf *)sp = y;
+        }
+    }
+}
+
+/* Marks lanes (rows) that see a score which is not finite before masking (an overflowed dot
+ * product, or log2 units beyond f32 on the fast path): their result becomes NaN, never a
+ * plausible wrong value (kvattn.h). Keys a lane cannot see do not count. */
+static void flag_overflow(const scratch_view *sv, int rc, int32_t rb_first, int32_t kb, int j0,
+                          int j1, kva__vi bad[4]) {
+    for (int j = j0; j < j1; ++j) {
+        const kva__vi vk = kva__splat_i(kb + j);
+        for (int c = 0; c < rc; ++c) {
+            kva__vi lo = *(const kva__vi *)(sv->lane_lo + rb_first + KVA__VL * c);
+            kva__vi hi = *(const kva__vi *)(sv->lane_hi + rb_first + KVA__VL * c);
+            kva__vf x = *(const kva__vf *)(sv->s + (size_t)j * KVA__PF_LANES + KVA__VL * c);
+            bad[c] |= ~((vk < lo) | (vk > hi)) & ~(x - x == kva__splat(0.0f));
         }
     }
 }
@@ -391,7 +411,7 @@ static void write_rows(const kva__prefill_config *cfg, const kva__prefill_task *
                 dst[i] = (unsigned char *)task->out +
                          (size_t)(t * task->out_stride_token + h * task->out_stride_head) * es;
                 float l = sv->l[r];
-                inv_l[i] = l > 0.0f ? 1.0f / l : 0.0f;
+                inv_l[i] = l > 0.0f ? 1.0f / l : l == 0.0f ? 0.0f : NAN; /* NaN: overflow */
                 if (task->lse)
                     task->lse[(int64_t)t * task->lse_stride_token + h] =
                         kva__state_lse(sv->m[r], l);
@@ -441,10 +461,16 @@ static void run_pass(const kva__prefill_config *cfg, const kva__prefill_task *ta
             const float *qt = sv->qt + (size_t)rb * D * KVA__PF_LANES;
             float *ot = sv->ot + (size_t)rb * D * KVA__PF_LANES;
             qk_rows(rc, qt, sv->k, D, j0 - j0 % KVA__PF_QK_KEYS, j1, sv->s, &pf);
-            if (variants) apply_variants(cfg, sv, rc, first, last, kb, j0, j1);
+            kva__vi bad[4] = {kva__splat_i(0), kva__splat_i(0), kva__splat_i(0), kva__splat_i(0)};
+            flag_overflow(sv, rc, first, kb, j0, j1, bad);
+            if (variants) apply_variants(cfg, sv, rc, first, last, kb, j0, j1, bad);
             apply_masks(sv, rc, first, last, kb, j0, j1);
             kva__vf alpha[4];
             softmax_update(sv, rc, first, j0, j1, alpha);
+            for (int c = 0; c < rc; ++c) { /* NaN sums stay NaN through later rescales */
+                kva__vf *l = (kva__vf *)(sv->l + first + KVA__VL * c);
+                *l = kva__select(bad[c], kva__splat(NAN), *l);
+            }
             pv_rows(rc, sv->s + (size_t)j0 * KVA__PF_LANES, j1 - j0, sv->v + (size_t)j0 * D, D, ot,
                     alpha);
         }

@@ -1,0 +1,119 @@
+/*
+ * test_error_messages.c -- kva_last_error() names the public call and the argument the caller
+ * wrote ("kva_decode_plan: page_table.indices[3] = 9000 ..."), never an internal helper
+ * ("kva__check_params: p is NULL") or its parameter names.
+ */
+#include "harness.h"
+#include "test_util.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* The message of the last failure starts with "call:" and, if given, contains `arg`. */
+static void expect_message(int line, kva_status st, const char *call, const char *arg) {
+    const char *m = kva_last_error();
+    size_t n = strlen(call);
+    if (st == KVA_OK) {
+        kva_test_fail(__FILE__, line, "%s: the bad call succeeded", call);
+        return;
+    }
+    if (strncmp(m, call, n) != 0 || m[n] != ':')
+        kva_test_fail(__FILE__, line, "message does not start with \"%s:\": %s", call, m);
+    if (strstr(m, "kva__") || strstr(m, " p is") || strstr(m, "plan:") == m)
+        kva_test_fail(__FILE__, line, "message names an internal function: %s", m);
+    if (arg && !strstr(m, arg))
+        kva_test_fail(__FILE__, line, "message does not name %s: %s", arg, m);
+}
+#define EXPECT_MSG(expr, call, arg) expect_message(__LINE__, (expr), call, arg)
+
+KVA_TEST(error_messages_name_the_public_call_and_argument) {
+    kva_context *ctx = NULL;
+    REQUIRE_OK(kva_context_create(KVA_DEVICE_CPU, 0, &ctx));
+    enum { HQ = 2, HK = 1, D = 16, PS = 16, POOL = 256 };
+    kva_plan_limits lim = {.max_batch = 4, .max_total_pages = 16, .num_qo_heads = HQ,
+                           .num_kv_heads = HK, .head_dim = D, .page_size = PS};
+    kva_workspace ws = {0};
+    REQUIRE_OK(kva_decode_workspace_size(ctx, &lim, &ws.device_bytes, &ws.host_bytes));
+    REQUIRE_OK(kva_malloc(ctx, ws.device_bytes, &ws.device));
+    REQUIRE_OK(kva_host_alloc(ctx, ws.host_bytes, &ws.host));
+    size_t pool_elems = (size_t)POOL * PS * HK * D;
+    float *k = kva_test_alloc(pool_elems * sizeof(float));
+    float *v = kva_test_alloc(pool_elems * sizeof(float));
+    memset(k, 0, pool_elems * sizeof(float));
+    memset(v, 0, pool_elems * sizeof(float));
+    float *q = kva_test_alloc(4 * HQ * D * sizeof(float));
+    float *o = kva_test_alloc(4 * HQ * D * sizeof(float));
+    memset(q, 0, 4 * HQ * D * sizeof(float));
+    kva_kv_pages pages = kva_kv_pages_separate(k, v, KVA_F32, POOL, PS, HK, D, KVA_LAYOUT_NHD);
+    kva_tensor qt = kva_tensor_nhd(q, KVA_F32, HQ, D), ot = kva_tensor_nhd(o, KVA_F32, HQ, D);
+    kva_attn_params p = kva_attn_params_default(HQ, HK, D);
+
+    int32_t indptr[3] = {0, 2, 4}, idx[4] = {0, 1, 2, 9000}, last[2] = {3, 4};
+    kva_page_table t = {2, indptr, idx, last};
+    kva_plan plan;
+    EXPECT_MSG(kva_decode_plan(ctx, &lim, &t, POOL, NULL, ws, &plan), "kva_decode_plan",
+               "page_table.indices[3] = 9000 is outside the pool (0..255)");
+    idx[3] = 3;
+    last[1] = 17;
+    EXPECT_MSG(kva_decode_plan(ctx, &lim, &t, POOL, NULL, ws, &plan), "kva_decode_plan",
+               "page_table.last_page_len[1]");
+    last[1] = 4;
+    EXPECT_MSG(kva_decode_plan(ctx, NULL, &t, POOL, NULL, ws, &plan), "kva_decode_plan", "limits");
+    EXPECT_MSG(kva_decode_plan(ctx, &lim, NULL, POOL, NULL, ws, &plan), "kva_decode_plan",
+               "page_table");
+    kva_plan_options opt = {0, 0, (kva_decode_algo)9};
+    EXPECT_MSG(kva_decode_plan(ctx, &lim, &t, POOL, &opt, ws, &plan), "kva_decode_plan",
+               "options.algo");
+    kva_plan_limits bad_lim = lim;
+    bad_lim.num_kv_heads = 3;
+    EXPECT_MSG(kva_decode_plan(ctx, &bad_lim, &t, POOL, NULL, ws, &plan), "kva_decode_plan",
+               "limits.num_kv_heads");
+    size_t a, b;
+    EXPECT_MSG(kva_decode_workspace_size(ctx, &bad_lim, &a, &b), "kva_decode_workspace_size",
+               "limits.num_kv_heads");
+    EXPECT_MSG(kva_decode_workspace_size(ctx, NULL, &a, &b), "kva_decode_workspace_size", "limits");
+    EXPECT_MSG(kva_prefill_workspace_size(ctx, &bad_lim, &a, &b), "kva_prefill_workspace_size",
+               "limits.num_kv_heads");
+    int32_t qo[3] = {0, 1, 2};
+    EXPECT_MSG(kva_prefill_plan(ctx, &lim, 2, qo, NULL, NULL, 0, NULL, ws, &plan), "kva_prefill_plan",
+               "kv_indptr");
+
+    REQUIRE_OK(kva_decode_plan(ctx, &lim, &t, POOL, NULL, ws, &plan));
+    EXPECT_MSG(kva_decode_run(ctx, &plan, NULL, qt, &pages, ot, NULL), "kva_decode_run", "params");
+    EXPECT_MSG(kva_decode_run(ctx, NULL, &p, qt, &pages, ot, NULL), "kva_decode_run", "plan");
+    EXPECT_MSG(kva_decode_run(ctx, &plan, &p, qt, NULL, ot, NULL), "kva_decode_run", "pages");
+    kva_attn_params bp = p;
+    bp.head_dim = 24;
+    EXPECT_MSG(kva_decode_run(ctx, &plan, &bp, qt, &pages, ot, NULL), "kva_decode_run",
+               "params.head_dim");
+    bp = p;
+    bp.causal = 2;
+    EXPECT_MSG(kva_decode_run(ctx, &plan, &bp, qt, &pages, ot, NULL), "kva_decode_run",
+               "params.causal");
+    kva_tensor misq = qt;
+    misq.data = (char *)q + 4;
+    EXPECT_MSG(kva_decode_run(ctx, &plan, &p, misq, &pages, ot, NULL), "kva_decode_run", "q.data");
+    kva_tensor wrong = ot;
+    wrong.dtype = KVA_F16;
+    EXPECT_MSG(kva_decode_run(ctx, &plan, &p, qt, &pages, wrong, NULL), "kva_decode_run", "o.dtype");
+    kva_kv_pages bad_pages = pages;
+    bad_pages.num_kv_heads = 2;
+    EXPECT_MSG(kva_decode_run(ctx, &plan, &p, qt, &bad_pages, ot, NULL), "kva_decode_run", "pages");
+    EXPECT_MSG(kva_prefill_run_paged(ctx, &plan, &p, qt, &pages, ot, NULL), "kva_prefill_run_paged",
+               "plan");
+    EXPECT_MSG(kva_prefill_run_ragged(ctx, &plan, NULL, qt, qt, qt, ot, NULL),
+               "kva_prefill_run_ragged", "params");
+    EXPECT_MSG(kva_attention(ctx, NULL, 1, 1, qt, qt, qt, ot, NULL), "kva_attention", "params");
+    EXPECT_MSG(kva_attention(ctx, &bp, 1, 1, qt, qt, qt, ot, NULL), "kva_attention", "params.causal");
+    EXPECT_MSG(kva_attention(ctx, &p, 1, 1, misq, qt, qt, ot, NULL), "kva_attention", "q.data");
+    EXPECT_MSG(kva_merge_states(NULL, 1, 1, 16, KVA_F32, q, q, o, NULL), "kva_merge_states", "ctx");
+
+    free(k);
+    free(v);
+    free(q);
+    free(o);
+    kva_free(ctx, ws.device);
+    kva_host_free(ctx, ws.host);
+    kva_context_destroy(ctx);
+}
