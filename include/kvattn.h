@@ -129,6 +129,8 @@ typedef struct kva_device_info {
     int num_sms;             /* CUDA multiprocessors, or CPU threads of the context */
     size_t l2_bytes;         /* CUDA L2 size, 0 on the CPU */
     size_t total_memory;     /* device memory in bytes (0 if unknown on the CPU) */
+    size_t free_memory;      /* CUDA: device memory free at the call, for every process on the
+                                device (cudaMemGetInfo); 0 on the CPU */
 } kva_device_info;
 kva_status kva_context_info(const kva_context *ctx, kva_device_info *info);
 
@@ -253,8 +255,10 @@ typedef float (*kva_score_mod_fn)(float score, int32_t q_pos, int32_t kv_pos, in
  * single query is at kv_len - 1). Query head h reads KV head h / (num_qo_heads / num_kv_heads).
  * Range: kernels keep scores in log2 units in f32, so a visible score must satisfy
  * |s| < FLT_MAX / log2(e) (about 2.3e38). A row that sees a larger score, or whose dot product
- * overflows f32, gets NaN output and NaN LSE on the CPU -- never a plausible wrong value (and
- * kva_merge_states propagates a NaN LSE). The CUDA decode kernel does not detect this yet. */
+ * overflows f32, gets NaN output and NaN LSE -- never a plausible wrong value (and
+ * kva_merge_states propagates a NaN LSE). One exception, on the CUDA prefill kernels, which
+ * check per row rather than per score: a score below -2.3e38 in a row that also sees a score in
+ * range weighs 0 there, which is its weight to f32 precision. */
 typedef struct kva_attn_params {
     int32_t num_qo_heads;
     int32_t num_kv_heads;    /* must divide num_qo_heads */
@@ -434,7 +438,8 @@ kva_status kva_prefill_run_paged(kva_context *ctx, const kva_plan *plan,
  *     v_out[r]   = sum_s exp(lse_in[r][s] - lse_out[r]) * v_in[r][s]
  * v_in: [num_rows, num_states, head_dim] (dtype), lse_in: f32 [num_rows, num_states],
  * v_out: [num_rows, head_dim] (dtype), lse_out: NULL or f32 [num_rows]. All in device memory.
- * States with lse = -inf contribute nothing; a row whose states are all -inf gets 0 and -inf. */
+ * States with lse = -inf contribute nothing; a row whose states are all -inf gets 0 and -inf;
+ * a NaN LSE (a state whose scores left f32 range) makes the row NaN. */
 kva_status kva_merge_states(kva_context *ctx, int32_t num_rows, int32_t num_states,
                             int32_t head_dim, kva_dtype dtype, const void *v_in,
                             const float *lse_in, void *v_out, float *lse_out);

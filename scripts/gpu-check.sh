@@ -12,7 +12,9 @@
 #      graph replays -- and prefill table -- bf16 GEMM ceiling, ours ragged / paged / dense vs
 #      SDPA flash and cuDNN; both tables printed at the end, numbers in bench.json),
 #   6. a summary, printed last.
-# Full logs go to $OUT (default ./gpu-check-out). Knobs: GPU_CHECK_SANITIZE=0 skips step 3,
+# Full logs go to $OUT (default ./gpu-check-out). Knobs: GPU_CHECK_SOAK=S adds a soak of S seconds
+# (kvattn run --duration, prefix sharing on; host and device memory must stay flat),
+# GPU_CHECK_E2E=0 skips the kvattn check/run steps, GPU_CHECK_SANITIZE=0 skips step 3,
 # GPU_CHECK_PYTHON=0 skips step 4, GPU_CHECK_BENCH=0 skips step 5, GPU_CHECK_BENCH_ARGS passes
 # options to bench_torch.py (e.g. "--quick --shapes 1x8192,64x4096", "--prefill-only",
 # "--decode-only"), GPU_CHECK_TESTS selects tests (default "cuda", which includes cuda_prefill*).
@@ -69,12 +71,12 @@ run_tests() { # name, log, command...
 run_tests "tests" tests.log "./$BUILD/kvattn_tests" $TESTS
 # The prefill sweep again on the mma.sync kernels (on a Hopper GPU the default is wgmma).
 run_tests "tests (prefill, mma.sync path)" tests-mma.log env KVA_PREFILL_PATH=mma \
-    "./$BUILD/kvattn_tests" cuda_prefill
+    "./$BUILD/kvattn_tests" cuda_prefill cuda_score_range
 
 if [ "${GPU_CHECK_SANITIZE:-1}" != 0 ]; then
     run_tests "memcheck" memcheck.log env KVA_TEST_QUICK=1 compute-sanitizer --tool memcheck \
         --leak-check no --error-exitcode 9 "./$BUILD/kvattn_tests" cuda_decode cuda_merge cuda_cache cuda_graph \
-        cuda_prefill
+        cuda_prefill cuda_score_range threads_cuda
     grep -E "ERROR SUMMARY" "$OUT/memcheck.log" | tail -1
     run_tests "racecheck" racecheck.log env KVA_TEST_QUICK=1 compute-sanitizer --tool racecheck \
         --error-exitcode 9 "./$BUILD/kvattn_tests" cuda_decode_sweep cuda_decode_long \
@@ -92,6 +94,17 @@ if [ "${GPU_CHECK_E2E:-1}" != 0 ]; then
     run_tests "kvattn check" check.log "./$BUILD/kvattn" check --device cuda
     run_tests "kvattn run" run.log "./$BUILD/kvattn" run --device cuda --requests 48 --pages 600
     tail -25 "$OUT/run.log"
+    # Prefix sharing (forks, copy-on-write, refcounts) under preemption, verified on the GPU.
+    run_tests "kvattn run (prefix sharing)" run-sharing.log "./$BUILD/kvattn" run --device cuda \
+        --requests 48 --shared-prefix 512 --prefix-groups 2 --samples 2
+    tail -25 "$OUT/run-sharing.log"
+fi
+
+# Soak (GPU_CHECK_SOAK=seconds, off by default): host RSS and device memory must stay flat.
+if [ "${GPU_CHECK_SOAK:-0}" != 0 ]; then
+    run_tests "kvattn run (soak ${GPU_CHECK_SOAK} s)" soak.log "./$BUILD/kvattn" run --device cuda \
+        --duration "$GPU_CHECK_SOAK" --shared-prefix 512 --prefix-groups 2 --samples 2
+    grep -E "^soak|verified|sharing|PASS|FAIL" "$OUT/soak.log" | tail -8
 fi
 
 if [ "${GPU_CHECK_PYTHON:-1}" != 0 ]; then

@@ -65,11 +65,20 @@ static int64_t rss_bytes(void) {
     return ok ? (int64_t)resident * sysconf(_SC_PAGESIZE) : -1;
 }
 
+/* Device memory in use on ctx's GPU (total - free, every process on it), or -1 on the CPU. */
+static int64_t device_used_bytes(const kva_context *ctx) {
+    kva_device_info i;
+    if (kva_context_device(ctx) != KVA_DEVICE_CUDA || kva_context_info(ctx, &i) != KVA_OK) return -1;
+    return (int64_t)(i.total_memory - i.free_memory);
+}
+
 typedef struct soak_log {
     progress_bar *bar;
     double start;
     int64_t rss_first, rss_min, rss_max, rss_last; /* from the end of the warm-up on */
     int64_t rss_warm;                              /* at the first sample */
+    const kva_context *ctx;                        /* CUDA: device memory sampled too */
+    int64_t dev_first, dev_max;                    /* device bytes in use, after the warm-up */
     int samples;
     int quiet;                                     /* --json: no lines on stderr */
     double warmup;                                 /* seconds before the baseline sample */
@@ -77,19 +86,24 @@ typedef struct soak_log {
 
 static void soak_sample(const sim_progress *p, void *user) {
     soak_log *log = ((progress_bar *)user)->soak;
-    int64_t rss = rss_bytes();
+    int64_t rss = rss_bytes(), dev = device_used_bytes(log->ctx);
     double t = cli_now() - log->start;
     if (log->samples++ == 0) log->rss_warm = rss;
     if (t >= log->warmup) {
         if (log->rss_first < 0) log->rss_first = log->rss_min = log->rss_max = rss;
         if (rss < log->rss_min) log->rss_min = rss;
         if (rss > log->rss_max) log->rss_max = rss;
+        if (log->dev_first < 0) log->dev_first = log->dev_max = dev;
+        if (dev > log->dev_max) log->dev_max = dev;
     }
     log->rss_last = rss;
-    if (!log->quiet)
-        fprintf(stderr, "%ssoak %6.0f s  step %d  rss %.1f MB  pages %d/%d  preempted %d%s\n",
-                log->bar->drawn ? "\n" : "", t, p->step, (double)rss / 1e6, p->used_pages,
+    if (!log->quiet) {
+        char devtxt[48] = "";
+        if (dev >= 0) snprintf(devtxt, sizeof devtxt, "  device %.1f MB", (double)dev / 1e6);
+        fprintf(stderr, "%ssoak %6.0f s  step %d  rss %.1f MB%s  pages %d/%d  preempted %d%s\n",
+                log->bar->drawn ? "\n" : "", t, p->step, (double)rss / 1e6, devtxt, p->used_pages,
                 p->num_pages, p->preemptions, p->verify_failures ? "  VERIFY FAIL" : "");
+    }
 }
 
 static void print_summary(const sim_config *c, const sim_result *r, const kva_device_info *info,
@@ -250,7 +264,8 @@ int kvattn_cmd_run(int argc, char **argv) {
     const char *dev_name = kva_context_device(ctx) == KVA_DEVICE_CUDA ? "cuda" : "cpu";
 
     progress_bar bar = {0, 0, NULL};
-    soak_log soak = {&bar, cli_now(), -1, -1, -1, -1, -1, 0, json, duration >= 120 ? 60.0 : 0.0};
+    soak_log soak = {&bar, cli_now(), -1, -1, -1, -1, -1, ctx, -1, -1, 0, json,
+                     duration >= 120 ? 60.0 : 0.0};
     cfg.progress_user = &bar;
     if (isatty(STDERR_FILENO)) cfg.progress = draw_progress;
     if (duration > 0) {
@@ -278,6 +293,10 @@ int kvattn_cmd_run(int argc, char **argv) {
         int64_t growth = soak.rss_max - soak.rss_first;
         int64_t allowed = soak.rss_first / 100 > (1 << 20) ? soak.rss_first / 100 : (1 << 20);
         int flat = soak.samples > 0 && growth <= allowed;
+        /* Device memory: the library allocates only at setup, so after the warm-up any growth
+         * is a leak (1 MB of slack for the driver's own bookkeeping). */
+        const int64_t dev_growth = soak.dev_first >= 0 ? soak.dev_max - soak.dev_first : 0;
+        if (dev_growth > (1 << 20)) flat = 0;
         FILE *out = json ? stderr : stdout;
         fprintf(out, "soak       %.0f s, %d lives of %d request slots, %d samples: host RSS %.1f MB "
                      "at first sample, %.1f MB after warm-up, then min %.1f / max %.1f MB "
@@ -286,6 +305,10 @@ int kvattn_cmd_run(int argc, char **argv) {
                 (double)soak.rss_warm / 1e6, (double)soak.rss_first / 1e6,
                 (double)soak.rss_min / 1e6, (double)soak.rss_max / 1e6, (double)growth / 1e6,
                 (double)rss_end / 1e6, flat ? "flat" : "GROWING");
+        if (soak.dev_first >= 0)
+            fprintf(out, "soak       device memory in use (all processes) %.1f MB after warm-up, max "
+                         "%.1f MB (growth %.2f MB)\n",
+                    (double)soak.dev_first / 1e6, (double)soak.dev_max / 1e6, (double)dev_growth / 1e6);
         if (!flat) return 1;
     }
     return passed(&res) ? 0 : 1;

@@ -2008,9 +2008,9 @@ static PyObject *ext_device_info(PyObject *m, PyObject *args) {
     kva_device_info i;
     kva_status st = kva_context_info(s->ctx, &i);
     if (st != KVA_OK) return raise_status(st, kva_last_error());
-    return Py_BuildValue("{s:s,s:i,s:n,s:n,s:i}", "name", i.name, "num_sms", i.num_sms, "l2_bytes",
-                         (Py_ssize_t)i.l2_bytes, "total_memory", (Py_ssize_t)i.total_memory, "threads",
-                         kva_context_threads(s->ctx));
+    return Py_BuildValue("{s:s,s:i,s:n,s:n,s:n,s:i}", "name", i.name, "num_sms", i.num_sms,
+                         "l2_bytes", (Py_ssize_t)i.l2_bytes, "total_memory", (Py_ssize_t)i.total_memory,
+                         "free_memory", (Py_ssize_t)i.free_memory, "threads", kva_context_threads(s->ctx));
 }
 
 /* array_info(x) -> (device_type, device_id, dtype name, shape): how kvattn sees an array. */

@@ -142,6 +142,7 @@ kva_status kva_context_info(const kva_context *ctx, kva_device_info *info) {
     info->num_sms = ctx->num_sms;
     info->l2_bytes = ctx->l2_bytes;
     info->total_memory = ctx->total_memory;
+    if (ctx->device == KVA_DEVICE_CUDA) return kva__cuda_free_memory((kva_context *)ctx, &info->free_memory);
     return KVA_OK;
 }
 

@@ -29,6 +29,8 @@ kva_status kva__cuda_memcpy(kva_context *ctx, void *dst, const void *src, size_t
 /* Asynchronous memset on the context stream. */
 kva_status kva__cuda_memset_async(kva_context *ctx, void *dst, int value, size_t bytes);
 kva_status kva__cuda_synchronize(kva_context *ctx);
+/* Device memory free now (cudaMemGetInfo). */
+kva_status kva__cuda_free_memory(kva_context *ctx, size_t *free_bytes);
 
 /* Before a plan rewrites a workspace's host part: waits until the previous upload from it has
  * been consumed (so pinned staging is not overwritten under an in-flight copy). */

@@ -11,6 +11,7 @@
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <math.h>
 #include <stdint.h>
 
 #include "cuda_backend.h"
@@ -68,6 +69,16 @@ static inline kva_status kva__cuda_use_device(const kva_context *ctx) {
 /* ------------------------------------------------------------------------------------------ */
 /* Inline PTX                                                                                   */
 /* ------------------------------------------------------------------------------------------ */
+
+/* The end of a row's softmax (kvattn.h, kva_attn_params, "Range"): 1 / L and the natural-log
+ * LSE from the log2 max M and the sum L. L == 0 is a row that saw no key (output 0, LSE -inf); a
+ * NaN L marks a score that left f32 range, and the row stays NaN instead of looking empty. */
+__device__ __forceinline__ float kva__softmax_inv(float L) {
+    return L > 0.0f ? 1.0f / L : (L == 0.0f ? 0.0f : NAN);
+}
+__device__ __forceinline__ float kva__softmax_lse(float M, float L) {
+    return L > 0.0f ? (M + __log2f(L)) * 0.6931471805599453f : (L == 0.0f ? -INFINITY : NAN);
+}
 
 __device__ __forceinline__ uint32_t kva__smem_addr(const void *p) {
     return (uint32_t)__cvta_generic_to_shared(p);

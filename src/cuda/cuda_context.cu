@@ -222,6 +222,15 @@ extern "C" kva_status kva__cuda_synchronize(kva_context *ctx) {
     return KVA_OK;
 }
 
+extern "C" kva_status kva__cuda_free_memory(kva_context *ctx, size_t *free_bytes) {
+    size_t total = 0;
+    KVA_TRY(kva__cuda_use_device(ctx));
+    const cudaError_t e = cudaMemGetInfo(free_bytes, &total);
+    if (e != cudaSuccess)
+        return kva__fail(KVA_ERR_DEVICE, "kva_context_info: cudaMemGetInfo failed: %s", cudaGetErrorString(e));
+    return KVA_OK;
+}
+
 /* ---- plan upload ----------------------------------------------------------------------------- */
 
 /* The slot remembering the last upload from host_part, or -1. */

@@ -23,6 +23,9 @@ kva_status kva__cuda_memset_async(kva_context *ctx, void *dst, int value, size_t
     (void)ctx; (void)dst; (void)value; (void)bytes; return NOT_BUILT();
 }
 kva_status kva__cuda_synchronize(kva_context *ctx) { (void)ctx; return NOT_BUILT(); }
+kva_status kva__cuda_free_memory(kva_context *ctx, size_t *free_bytes) {
+    (void)ctx; (void)free_bytes; return NOT_BUILT();
+}
 kva_status kva__cuda_plan_begin(kva_context *ctx, const void *host_part) {
     (void)ctx; (void)host_part; return NOT_BUILT();
 }

@@ -114,10 +114,14 @@ __device__ __forceinline__ float kva__tanh(float x) {
     return copysignf(1.0f - __fdividef(2.0f, e + 1.0f), x);
 }
 
-/* Score of a raw dot product, in log2 units, with the optional soft cap. */
+/* Score of a raw dot product of a visible key, in log2 units, with the optional soft cap. A
+ * score outside f32 range becomes NaN, which the softmax carries into the row's sum and output:
+ * -inf would look like a masked key (an empty row), +inf already gives NaN (inf - inf). */
 __device__ __forceinline__ float kva__score(const kva__decode_args &a, float dot) {
-    if (a.cap_log2 > 0.0f) return a.cap_log2 * kva__tanh(dot * a.cap_inv_scale);
-    return dot * a.scale_log2;
+    if (a.cap_log2 > 0.0f)
+        return fabsf(dot) <= 3.402823466e38f ? a.cap_log2 * kva__tanh(dot * a.cap_inv_scale) : NAN;
+    const float x = dot * a.scale_log2;
+    return x == -INFINITY ? NAN : x;
 }
 
 /* Stores 4 consecutive f32 values as T (8 or 16 bytes, aligned since d % 4 == 0). */
@@ -505,9 +509,9 @@ __global__ void __launch_bounds__(KVA__DECODE_THREADS)
                 acc.x += f * x.x; acc.y += f * x.y; acc.z += f * x.z; acc.w += f * x.w;
                 L += f * cww[GM * G::OROW + GM + h];
             }
-            const float inv = L > 0.0f ? 1.0f / L : 0.0f;
+            const float inv = kva__softmax_inv(L);
             acc.x *= inv; acc.y *= inv; acc.z *= inv; acc.w *= inv;
-            const float lse = L > 0.0f ? (M + __log2f(L)) * KVA__LN2_F : -INFINITY;
+            const float lse = kva__softmax_lse(M, L);
             const int qh = kh * g + h;
             if (n_items == 1) {
                 kva__store4<T>((T *)a.o + (int64_t)b * a.o_st + (int64_t)qh * a.o_sh + d, acc);
@@ -591,12 +595,12 @@ __global__ void __launch_bounds__(KVA__DECODE_THREADS)
                     const int i = tid + e * KVA__DECODE_THREADS;
                     if (i < gd / 4) {
                         const int h = (i * 4) / D, d = (i * 4) % D, qh = kh * g + h;
-                        const float inv = Lx[e] > 0.0f ? 1.0f / Lx[e] : 0.0f;
+                        const float inv = kva__softmax_inv(Lx[e]);
                         float4 o4 = acc[e];
                         o4.x *= inv; o4.y *= inv; o4.z *= inv; o4.w *= inv;
                         kva__store4<T>((T *)a.o + (int64_t)b * a.o_st + (int64_t)qh * a.o_sh + d, o4);
                         if (a.lse && d == 0)
-                            a.lse[(int64_t)b * Hq + qh] = Lx[e] > 0.0f ? (Mx[e] + __log2f(Lx[e])) * KVA__LN2_F : -INFINITY;
+                            a.lse[(int64_t)b * Hq + qh] = kva__softmax_lse(Mx[e], Lx[e]);
                     }
                 }
             } else if (s_last) {
@@ -631,11 +635,11 @@ __global__ void __launch_bounds__(KVA__DECODE_THREADS)
                             M = m_new;
                         }
                     }
-                    const float inv = L > 0.0f ? 1.0f / L : 0.0f;
+                    const float inv = kva__softmax_inv(L);
                     acc.x *= inv; acc.y *= inv; acc.z *= inv; acc.w *= inv;
                     kva__store4<T>((T *)a.o + (int64_t)b * a.o_st + (int64_t)qh * a.o_sh + d, acc);
                     if (a.lse && d == 0)
-                        a.lse[(int64_t)b * Hq + qh] = L > 0.0f ? (M + __log2f(L)) * KVA__LN2_F : -INFINITY;
+                        a.lse[(int64_t)b * Hq + qh] = kva__softmax_lse(M, L);
                 }
             }
         }

@@ -7,7 +7,8 @@
  * max and total LSE over the states (the f32 LSE row is small and stays in L1), then threads
  * stride over head_dim, each summing its element over the states with weights
  * exp(lse_s - lse_total). Traffic: v_in and lse_in read once, v_out and lse_out written once.
- * States with lse = -inf weigh 0; a row with no finite state gets 0 and -inf (never NaN).
+ * States with lse = -inf weigh 0; a row with no finite state gets 0 and -inf; a NaN LSE (a
+ * state whose scores left f32 range) makes the row NaN, as on the CPU.
  */
 #include "cuda_common.cuh"
 
@@ -23,12 +24,11 @@ __global__ void __launch_bounds__(KVA__MERGE_THREADS)
         const float *lse_r = lse_in + (int64_t)r * num_states;
         float m = -INFINITY;
         for (int s = 0; s < num_states; ++s) m = fmaxf(m, __ldg(lse_r + s) * LOG2E);
-        float total = -INFINITY; /* log2 units */
-        if (m != -INFINITY) {
-            float sum = 0.0f;
-            for (int s = 0; s < num_states; ++s) sum += exp2f(__ldg(lse_r + s) * LOG2E - m);
-            total = m + __log2f(sum);
-        }
+        /* max ignores NaN; the sum does not, so a NaN state still makes total NaN */
+        const float m_use = m == -INFINITY ? 0.0f : m;
+        float sum = 0.0f;
+        for (int s = 0; s < num_states; ++s) sum += exp2f(__ldg(lse_r + s) * LOG2E - m_use);
+        const float total = sum > 0.0f ? m_use + __log2f(sum) : (sum == 0.0f ? -INFINITY : NAN); /* log2 */
         const T *v_r = v_in + (int64_t)r * num_states * head_dim;
         for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
             float acc = 0.0f;

@@ -98,7 +98,11 @@ __global__ void __launch_bounds__(KVA__PREFILL_THREADS)
                     const float4 y = *reinterpret_cast<const float4 *>(kr + 4 * c);
                     dot = fmaf(x.x, y.x, fmaf(x.y, y.y, fmaf(x.z, y.z, fmaf(x.w, y.w, dot))));
                 }
-                float x = a.cap_log2 > 0.0f ? a.cap_log2 * kva__pf_tanh(dot * a.cap_inv_scale) : dot * a.scale_log2;
+                /* out of f32 range: NaN, carried into the row (kvattn.h, kva_attn_params) */
+                float x = a.cap_log2 > 0.0f
+                              ? (fabsf(dot) <= 3.402823466e38f ? a.cap_log2 * kva__pf_tanh(dot * a.cap_inv_scale) : NAN)
+                              : dot * a.scale_log2;
+                if (x == -INFINITY) x = NAN;
                 const int p = it.q_pos0 + R / g;
                 if (key >= hi || (a.causal && key > p) || (a.window_left >= 0 && (int64_t)key < (int64_t)p - a.window_left)) x = -INFINITY;
                 float mx = x;
@@ -130,8 +134,8 @@ __global__ void __launch_bounds__(KVA__PREFILL_THREADS)
             const int R = r0 + warp * 8 + rr;
             if (R >= rows) break;
             const int t = R / g, qh = kh * g + (R - t * g);
-            const float inv = l[rr] > 0.0f ? 1.0f / l[rr] : 0.0f;
-            const float lse = l[rr] > 0.0f ? (m[rr] + __log2f(l[rr])) * KVA__PF_LN2 : -INFINITY;
+            const float inv = kva__softmax_inv(l[rr]);
+            const float lse = kva__softmax_lse(m[rr], l[rr]);
             float *dst;
             if (!split) {
                 dst = (float *)a.o + (int64_t)(it.q_row0 + t) * a.o_st + (int64_t)qh * a.o_sh;

@@ -156,6 +156,16 @@ __device__ __forceinline__ bool kva__pf_load_item(const kva__prefill_args &a, in
     return true;
 }
 
+/* Whether the query at position p sees any of the item's keys [key_beg, key_end) under the
+ * causal and window masks (64-bit: p is negative when a request has more queries than keys). */
+__device__ __forceinline__ bool kva__pf_row_sees_keys(const kva__prefill_args &a, const kva__pf_item &it,
+                                                      int64_t p) {
+    int64_t lo = it.key_beg, hi = it.key_end;
+    if (a.causal && hi > p + 1) hi = p + 1;
+    if (a.window_left >= 0 && lo < p - a.window_left) lo = p - a.window_left;
+    return hi > lo;
+}
+
 /* wgmma kernels at head_dim <= 128 fit two blocks (16 warps) per SM in 128 registers */
 template <typename T, int D, int MT, int WARPS, int BN_, bool WG>
 __global__ void __launch_bounds__(32 * WARPS, (WG && D <= 128) ? 2 : 1)
@@ -369,7 +379,8 @@ __global__ void __launch_bounds__(32 * WARPS, (WG && D <= 128) ? 2 : 1)
 #pragma unroll
                     for (int e = 2 * h; e < 2 * h + 2; ++e) {
                         float x = sc[mt][nt][e];
-                        if (capped) x = a.cap_log2 * kva__pf_tanh(x * a.cap_inv_scale);
+                        if (capped) /* an overflowed dot product must not pass as the cap */
+                            x = fabsf(x) <= 3.402823466e38f ? a.cap_log2 * kva__pf_tanh(x * a.cap_inv_scale) : NAN;
                         if (need_mask) {
                             const int key = key0 + nt * 8 + 2 * (lane & 3) + (e & 1);
                             if (key >= hi || (a.causal && key > p) || (a.window_left >= 0 && (int64_t)key < (int64_t)p - a.window_left))
@@ -495,8 +506,12 @@ __global__ void __launch_bounds__(32 * WARPS, (WG && D <= 128) ? 2 : 1)
             const int r = row_base + mt * 16 + (lane >> 2) + 8 * h;
             if (r >= rows) continue;
             const int t = r / g, qh = kh * g + (r - t * g);
-            const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-            const float lse = l > 0.0f ? (m_st[mt][h] + __log2f(l)) * KVA__PF_LN2 : -INFINITY;
+            /* A row that sees keys in this item cannot sum to 0 unless its scores left f32 range
+             * (all -inf after scaling, or +huge: exp2(fma(s, scale, -inf)) = 0): NaN, never an
+             * empty row (kvattn.h, kva_attn_params). +inf and NaN scores already give NaN. */
+            if (l == 0.0f && kva__pf_row_sees_keys(a, it, it.q_pos0 + t)) l = NAN;
+            const float inv = kva__softmax_inv(l);
+            const float lse = kva__softmax_lse(m_st[mt][h], l);
             const int d0 = 2 * (lane & 3);
             if (!split) {
                 T *orow = (T *)a.o + (int64_t)(it.q_row0 + t) * a.o_st + (int64_t)qh * a.o_sh + d0;

@@ -17,7 +17,7 @@
 template <typename T>
 __global__ void __launch_bounds__(32 * KVA__PM_WARPS) kva__prefill_merge_kernel(const __grid_constant__ kva__prefill_merge_args a) {
     if (!__ldg(a.split_dev)) return;
-    const float LOG2E = 1.4426950408889634f, LN2 = 0.6931471805599453f;
+    const float LOG2E = 1.4426950408889634f;
     const int lane = threadIdx.x & 31;
     const int Hq = a.num_qo_heads, D = a.head_dim;
     const int64_t rows = (int64_t)__ldg(a.num_groups_dev) * a.qo_tile * Hq;
@@ -41,9 +41,12 @@ __global__ void __launch_bounds__(32 * KVA__PM_WARPS) kva__prefill_merge_kernel(
 #pragma unroll
         for (int e = 0; e < 8; ++e) acc[e] = 0.0f;
         float sum = 0.0f;
-        if (mx != -INFINITY) {
+        /* Empty states weigh 0; a NaN state (a score out of f32 range) makes the row NaN, even
+         * when every other state is empty (max ignores NaN, so mx may be -inf). */
+        const float m_use = mx == -INFINITY ? 0.0f : mx;
+        {
             for (int s = 0; s < n; ++s) {
-                const float wgt = exp2f(__ldcg(a.partial_lse + prow + s * sstride) * LOG2E - mx);
+                const float wgt = exp2f(__ldcg(a.partial_lse + prow + s * sstride) * LOG2E - m_use);
                 sum += wgt;
                 const float *src = a.partial_o + (prow + s * sstride) * D;
 #pragma unroll
@@ -51,12 +54,12 @@ __global__ void __launch_bounds__(32 * KVA__PM_WARPS) kva__prefill_merge_kernel(
                     if (lane + 32 * e < D) acc[e] = fmaf(wgt, __ldcg(src + lane + 32 * e), acc[e]);
             }
         }
-        const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+        const float inv = kva__softmax_inv(sum);
         T *dst = (T *)a.o + q_row * a.o_st + (int64_t)qh * a.o_sh;
 #pragma unroll
         for (int e = 0; e < 8; ++e)
             if (lane + 32 * e < D) dst[lane + 32 * e] = kva__from_f32<T>(acc[e] * inv);
-        if (a.lse && lane == 0) a.lse[q_row * Hq + qh] = sum > 0.0f ? (mx + __log2f(sum)) * LN2 : -INFINITY;
+        if (a.lse && lane == 0) a.lse[q_row * Hq + qh] = kva__softmax_lse(m_use, sum);
     }
 }
 
