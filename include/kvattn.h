@@ -256,9 +256,12 @@ typedef float (*kva_score_mod_fn)(float score, int32_t q_pos, int32_t kv_pos, in
  * Range: kernels keep scores in log2 units in f32, so a visible score must satisfy
  * |s| < FLT_MAX / log2(e) (about 2.3e38). A row that sees a larger score, or whose dot product
  * overflows f32, gets NaN output and NaN LSE -- never a plausible wrong value (and
- * kva_merge_states propagates a NaN LSE). One exception, on the CUDA prefill kernels, which
- * check per row rather than per score: a score below -2.3e38 in a row that also sees a score in
- * range weighs 0 there, which is its weight to f32 precision. */
+ * kva_merge_states propagates a NaN LSE). Under a soft cap an overflowed dot product is NaN on
+ * the CPU and the cap on CUDA (tanh saturates: the float64 reference's value). The f16/bf16 CUDA prefill kernels (compute-bound:
+ * they check per row and tile, not per score, and compute exp2(s * scale - max) as one FMA)
+ * have a smaller range: a row whose largest visible score in a 64-key tile exceeds 2^28 /
+ * log2(e) (about 1.86e8) in magnitude gets NaN; and a score below -2.3e38 in a tile row that
+ * also sees one in range weighs 0, which is its weight to f32 precision. */
 typedef struct kva_attn_params {
     int32_t num_qo_heads;
     int32_t num_kv_heads;    /* must divide num_qo_heads */

@@ -16,7 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { TH_THREADS = 4, TH_ROUNDS = 6, TH_HQ = 4, TH_HK = 2, TH_D = 32, TH_PS = 8, TH_PAGES = 32,
+enum { TH_THREADS = 4, TH_ROUNDS = 6, TH_HQ = 4, TH_HK = 2, TH_D = 64, TH_PS = 8, TH_PAGES = 32,
        TH_SEQS = 3 };
 
 typedef struct th_job {

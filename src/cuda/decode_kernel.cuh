@@ -116,11 +116,13 @@ __device__ __forceinline__ float kva__tanh(float x) {
 
 /* Score of a raw dot product of a visible key, in log2 units, with the optional soft cap. A
  * score outside f32 range becomes NaN, which the softmax carries into the row's sum and output:
- * -inf would look like a masked key (an empty row), +inf already gives NaN (inf - inf). */
+ * -inf would look like a masked key (an empty row), +inf already gives NaN (inf - inf). The
+ * product is rounded before use: an FMA in exp2(x - max) would keep it unrounded, and at huge
+ * scores its difference from the (rounded) max exceeds what exp2 can take. */
 __device__ __forceinline__ float kva__score(const kva__decode_args &a, float dot) {
-    if (a.cap_log2 > 0.0f)
-        return fabsf(dot) <= 3.402823466e38f ? a.cap_log2 * kva__tanh(dot * a.cap_inv_scale) : NAN;
-    const float x = dot * a.scale_log2;
+    if (a.cap_log2 > 0.0f) /* an overflowed dot is capped (tanh saturates), as in the reference */
+        return a.cap_log2 * kva__tanh(dot * a.cap_inv_scale);
+    const float x = __fmul_rn(dot, a.scale_log2); /* rounded: exp2(x - max) must not fuse it */
     return x == -INFINITY ? NAN : x;
 }
 
@@ -564,7 +566,7 @@ __global__ void __launch_bounds__(KVA__DECODE_THREADS)
                     kva__cp_async_commit();
                     for (int i = tid; i < nb * g; i += KVA__DECODE_THREADS) {
                         const int st = i / g, h = i - st * g;
-                        st_l[i] = __ldcg(a.partial_lse + (int64_t)(s0 + st) * Hq + kh * g + h) * KVA__LOG2E_F;
+                        st_l[i] = __fmul_rn(__ldcg(a.partial_lse + (int64_t)(s0 + st) * Hq + kh * g + h), KVA__LOG2E_F);
                     }
                     kva__cp_async_wait<0>();
                     __syncthreads();
@@ -618,7 +620,7 @@ __global__ void __launch_bounds__(KVA__DECODE_THREADS)
 #pragma unroll
                         for (int j = 0; j < MB; ++j) {
                             const int st = s0 + j < cur.item_end ? s0 + j : cur.item_end - 1;
-                            ls[j] = __ldcg(a.partial_lse + (int64_t)st * Hq + qh) * KVA__LOG2E_F;
+                            ls[j] = __fmul_rn(__ldcg(a.partial_lse + (int64_t)st * Hq + qh), KVA__LOG2E_F);
                             x[j] = __ldcg(reinterpret_cast<const float4 *>(a.partial_o + ((int64_t)st * Hq + qh) * D + d));
                             if (s0 + j >= cur.item_end) ls[j] = -INFINITY;
                         }

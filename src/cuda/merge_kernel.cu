@@ -23,18 +23,19 @@ __global__ void __launch_bounds__(KVA__MERGE_THREADS)
     for (int r = blockIdx.x; r < num_rows; r += gridDim.x) {
         const float *lse_r = lse_in + (int64_t)r * num_states;
         float m = -INFINITY;
-        for (int s = 0; s < num_states; ++s) m = fmaxf(m, __ldg(lse_r + s) * LOG2E);
-        /* max ignores NaN; the sum does not, so a NaN state still makes total NaN */
+        for (int s = 0; s < num_states; ++s) m = fmaxf(m, __fmul_rn(__ldg(lse_r + s), LOG2E));
+        /* max ignores NaN; the sum does not, so a NaN state still makes total NaN. __fmul_rn:
+         * the log2 LSE is rounded the same way in the max and the weights (never fused). */
         const float m_use = m == -INFINITY ? 0.0f : m;
         float sum = 0.0f;
-        for (int s = 0; s < num_states; ++s) sum += exp2f(__ldg(lse_r + s) * LOG2E - m_use);
+        for (int s = 0; s < num_states; ++s) sum += exp2f(__fmul_rn(__ldg(lse_r + s), LOG2E) - m_use);
         const float total = sum > 0.0f ? m_use + __log2f(sum) : (sum == 0.0f ? -INFINITY : NAN); /* log2 */
         const T *v_r = v_in + (int64_t)r * num_states * head_dim;
         for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
             float acc = 0.0f;
             if (total != -INFINITY)
                 for (int s = 0; s < num_states; ++s) {
-                    const float w = exp2f(__ldg(lse_r + s) * LOG2E - total);
+                    const float w = exp2f(__fmul_rn(__ldg(lse_r + s), LOG2E) - total);
                     acc += w * kva__to_f32(v_r[(int64_t)s * head_dim + d]);
                 }
             v_out[(int64_t)r * head_dim + d] = kva__from_f32<T>(acc);

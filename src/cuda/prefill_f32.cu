@@ -98,10 +98,11 @@ __global__ void __launch_bounds__(KVA__PREFILL_THREADS)
                     const float4 y = *reinterpret_cast<const float4 *>(kr + 4 * c);
                     dot = fmaf(x.x, y.x, fmaf(x.y, y.y, fmaf(x.z, y.z, fmaf(x.w, y.w, dot))));
                 }
-                /* out of f32 range: NaN, carried into the row (kvattn.h, kva_attn_params) */
-                float x = a.cap_log2 > 0.0f
-                              ? (fabsf(dot) <= 3.402823466e38f ? a.cap_log2 * kva__pf_tanh(dot * a.cap_inv_scale) : NAN)
-                              : dot * a.scale_log2;
+                /* out of f32 range: NaN, carried into the row (kvattn.h, kva_attn_params); an
+                 * overflowed dot product under a soft cap is the cap, as in the reference.
+                 * __fmul_rn: rounded like the max, never fused into exp2(x - max). */
+                float x = a.cap_log2 > 0.0f ? a.cap_log2 * kva__pf_tanh(dot * a.cap_inv_scale)
+                                            : __fmul_rn(dot, a.scale_log2);
                 if (x == -INFINITY) x = NAN;
                 const int p = it.q_pos0 + R / g;
                 if (key >= hi || (a.causal && key > p) || (a.window_left >= 0 && (int64_t)key < (int64_t)p - a.window_left)) x = -INFINITY;

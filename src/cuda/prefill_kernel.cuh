@@ -156,16 +156,6 @@ __device__ __forceinline__ bool kva__pf_load_item(const kva__prefill_args &a, in
     return true;
 }
 
-/* Whether the query at position p sees any of the item's keys [key_beg, key_end) under the
- * causal and window masks (64-bit: p is negative when a request has more queries than keys). */
-__device__ __forceinline__ bool kva__pf_row_sees_keys(const kva__prefill_args &a, const kva__pf_item &it,
-                                                      int64_t p) {
-    int64_t lo = it.key_beg, hi = it.key_end;
-    if (a.causal && hi > p + 1) hi = p + 1;
-    if (a.window_left >= 0 && lo < p - a.window_left) lo = p - a.window_left;
-    return hi > lo;
-}
-
 /* wgmma kernels at head_dim <= 128 fit two blocks (16 warps) per SM in 128 registers */
 template <typename T, int D, int MT, int WARPS, int BN_, bool WG>
 __global__ void __launch_bounds__(32 * WARPS, (WG && D <= 128) ? 2 : 1)
@@ -379,8 +369,12 @@ __global__ void __launch_bounds__(32 * WARPS, (WG && D <= 128) ? 2 : 1)
 #pragma unroll
                     for (int e = 2 * h; e < 2 * h + 2; ++e) {
                         float x = sc[mt][nt][e];
-                        if (capped) /* an overflowed dot product must not pass as the cap */
-                            x = fabsf(x) <= 3.402823466e38f ? a.cap_log2 * kva__pf_tanh(x * a.cap_inv_scale) : NAN;
+                        /* an overflowed dot product: capped (tanh saturates, as in the float64
+                         * reference), or NaN without a cap -- never a mask */
+                        if (capped)
+                            x = a.cap_log2 * kva__pf_tanh(x * a.cap_inv_scale);
+                        else if (x == -INFINITY)
+                            x = NAN;
                         if (need_mask) {
                             const int key = key0 + nt * 8 + 2 * (lane & 3) + (e & 1);
                             if (key >= hi || (a.causal && key > p) || (a.window_left >= 0 && (int64_t)key < (int64_t)p - a.window_left))
@@ -403,10 +397,19 @@ __global__ void __launch_bounds__(32 * WARPS, (WG && D <= 128) ? 2 : 1)
                 for (int nt = 0; nt < NT; ++nt) mx = fmaxf(mx, fmaxf(sc[mt][nt][2 * h], sc[mt][nt][2 * h + 1]));
                 mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
                 mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-                const float m_new = fmaxf(m_st[mt][h], mx * mul);
+                float ms = __fmul_rn(mx, mul);
+                /* every visible score of the tile row left f32 range below (-inf after scaling;
+                 * without masks every key is visible, so a raw -inf is one too): the row's max
+                 * remembers it as -FLT_MAX, which the epilogue turns into NaN */
+                if (ms == -INFINITY && (mx != -INFINITY || !need_mask)) ms = -3.402823466e38f;
+                const float m_new = fmaxf(m_st[mt][h], ms);
                 const float m_use = m_new == -INFINITY ? 0.0f : m_new;
                 const float alpha = exp2f(m_st[mt][h] - m_use);
                 m_st[mt][h] = m_new;
+                /* p = exp2(s * scale - m) as one FFMA: the product is not rounded, so it differs
+                 * from the rounded max by up to half an ulp of m, a common factor of all p that
+                 * cancels while it is small (|m| < 2^28: at most 2^4); the epilogue makes rows
+                 * whose max is beyond that NaN. */
                 float sum = 0.0f;
 #pragma unroll
                 for (int nt = 0; nt < NT; ++nt) {
@@ -506,10 +509,10 @@ __global__ void __launch_bounds__(32 * WARPS, (WG && D <= 128) ? 2 : 1)
             const int r = row_base + mt * 16 + (lane >> 2) + 8 * h;
             if (r >= rows) continue;
             const int t = r / g, qh = kh * g + (r - t * g);
-            /* A row that sees keys in this item cannot sum to 0 unless its scores left f32 range
-             * (all -inf after scaling, or +huge: exp2(fma(s, scale, -inf)) = 0): NaN, never an
-             * empty row (kvattn.h, kva_attn_params). +inf and NaN scores already give NaN. */
-            if (l == 0.0f && kva__pf_row_sees_keys(a, it, it.q_pos0 + t)) l = NAN;
+            /* A row max out of the range above (scores beyond ~1.9e8 in magnitude, +inf, or
+             * all visible scores out of f32 range: -FLT_MAX) ends NaN, never empty or finite and
+             * wrong (kvattn.h, kva_attn_params). -inf is a row that saw no key. */
+            if (!(fabsf(m_st[mt][h]) < 268435456.0f) && m_st[mt][h] != -INFINITY) l = NAN;
             const float inv = kva__softmax_inv(l);
             const float lse = kva__softmax_lse(m_st[mt][h], l);
             const int d0 = 2 * (lane & 3);

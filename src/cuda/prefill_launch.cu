@@ -61,9 +61,10 @@ static void fill_variant(kva__prefill_args *a, const kva_attn_params *p) {
     const float sm_scale = p->sm_scale > 0 ? p->sm_scale : 1.0f / sqrtf((float)D);
     const float log2e = 1.4426950408889634f;
     a->scale_log2 = sm_scale * log2e;
-    if (p->logits_soft_cap > 0) {
-        a->cap_log2 = p->logits_soft_cap * log2e;
-        a->cap_inv_scale = sm_scale / p->logits_soft_cap;
+    const float cap = kva__soft_cap(p->logits_soft_cap); /* +inf: no cap */
+    if (cap > 0) {
+        a->cap_log2 = cap * log2e;
+        a->cap_inv_scale = sm_scale / cap;
     } else {
         a->cap_log2 = 0.0f;
         a->cap_inv_scale = 0.0f;

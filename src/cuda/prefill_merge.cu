@@ -34,7 +34,7 @@ __global__ void __launch_bounds__(32 * KVA__PM_WARPS) kva__prefill_merge_kernel(
         const int64_t prow = (int64_t)w0 * a.rows_per_work + (int64_t)t * Hq + qh;
         const int64_t sstride = a.rows_per_work; /* between the group's consecutive work items */
         float mx = -INFINITY;
-        for (int s = lane; s < n; s += 32) mx = fmaxf(mx, __ldcg(a.partial_lse + prow + s * sstride) * LOG2E);
+        for (int s = lane; s < n; s += 32) mx = fmaxf(mx, __fmul_rn(__ldcg(a.partial_lse + prow + s * sstride), LOG2E));
 #pragma unroll
         for (int sh = 16; sh >= 1; sh >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, sh));
         float acc[8];
@@ -44,9 +44,11 @@ __global__ void __launch_bounds__(32 * KVA__PM_WARPS) kva__prefill_merge_kernel(
         /* Empty states weigh 0; a NaN state (a score out of f32 range) makes the row NaN, even
          * when every other state is empty (max ignores NaN, so mx may be -inf). */
         const float m_use = mx == -INFINITY ? 0.0f : mx;
+        /* (__fmul_rn: rounded as in the max, never fused into exp2's argument -- an unrounded
+         * product differs from a huge max by more than exp2 can take) */
         {
             for (int s = 0; s < n; ++s) {
-                const float wgt = exp2f(__ldcg(a.partial_lse + prow + s * sstride) * LOG2E - m_use);
+                const float wgt = exp2f(__fmul_rn(__ldcg(a.partial_lse + prow + s * sstride), LOG2E) - m_use);
                 sum += wgt;
                 const float *src = a.partial_o + (prow + s * sstride) * D;
 #pragma unroll
