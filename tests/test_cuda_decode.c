@@ -147,7 +147,7 @@ KVA_TEST(cuda_decode_sweep_matches_reference) {
                 for (int bi = 0; bi < 3; ++bi, ++idx) {
                     if (quick() && (dims[hi] != 128 || (pages[pi] != 3 && pages[pi] != 16) || batches[bi] == 37))
                         continue;
-                    decode_case c;
+                    decode_case c = {0};
                     c.dtype = dtypes[di];
                     c.head_dim = dims[hi];
                     c.page_size = pages[pi];
