@@ -264,8 +264,12 @@ typedef float (*kva_score_mod_fn)(float score, int32_t q_pos, int32_t kv_pos, in
  * also sees one in range weighs 0, which is its weight to f32 precision. */
 typedef struct kva_attn_params {
     int32_t num_qo_heads;
-    int32_t num_kv_heads;    /* must divide num_qo_heads */
-    int32_t head_dim;        /* 64, 128 or 256 (CPU: any multiple of 16 up to 256) */
+    int32_t num_kv_heads;    /* must divide num_qo_heads; CUDA decode: any group; CUDA
+                                prefill: groups of up to 16 query heads per KV head */
+    int32_t head_dim;        /* CPU: any multiple of 16 up to 256. CUDA decode: any multiple of
+                                16 in 32..256 (64, 128, 256 run on their own kernels, others on
+                                the next of them with the tail zero-filled). CUDA prefill and
+                                kva_attention: 64, 128 or 256 */
     float sm_scale;          /* <= 0 means 1/sqrt(head_dim); must be finite (NaN, inf refused) */
     int32_t causal;          /* 0 or 1 */
     int32_t window_left;     /* < 0: no sliding window */
@@ -334,7 +338,8 @@ typedef enum kva_decode_algo {
     /* seed 002 Alg. 1: each chunk keeps its own running max, chunks merged by LSE. */
     KVA_DECODE_PARTIAL_ROWMAX = 0,
     /* seed 002 Alg. 2: pass 1 finds each row's global max over all chunks, pass 2 exponentiates
-     * against it so chunk results add without rescaling. CPU only. */
+     * against it so chunk results add without rescaling. Decode only, CPU and CUDA (CUDA: two
+     * launches per run; pass 1 reads K to find each chunk's max, so it reads K twice). */
     KVA_DECODE_GLOBAL_ROWMAX = 1
 } kva_decode_algo;
 

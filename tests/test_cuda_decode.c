@@ -3,7 +3,10 @@
  * public API: every dtype x head dim x page size (1, 3, 16, 64) x batch (1, 7, 37), with lengths
  * 0 / 1 / odd / long, shuffled physical pages, all pool layouts, GQA groups 1..16, the attention
  * variants (sliding window, soft cap, custom scale), split and unsplit plans, LSE, and poisoned
- * outputs that must be fully written. KVA_TEST_QUICK=1 (sanitizer runs) shrinks the sweep.
+ * outputs that must be fully written. Then head dims between the built ones (32..256, multiples
+ * of 16, run on the next built kernel), GQA groups above 16 (sub-groups: 17, 48, 64, 71, 128),
+ * and the global-rowmax algorithm (two launches, plain-sum merge). KVA_TEST_QUICK=1 (sanitizer
+ * runs) shrinks every sweep.
  */
 #include "harness.h"
 #include "test_cuda_util.h"
@@ -19,6 +22,7 @@ typedef struct decode_case {
     int variant;   /* 0 plain, 1 sliding window, 2 soft cap, 3 causal + custom scale */
     int plan_mode; /* 0 split by the planner, 1 KVA_PLAN_NO_SPLIT, 2 fixed chunk of 37 keys */
     bool with_lse;
+    kva_decode_algo algo; /* 0 (partial rowmax) unless set */
 } decode_case;
 
 static const char *variant_name(int v) {
@@ -77,7 +81,7 @@ static void run_case(kva_context *ctx, kva_rng *rng, const decode_case *c, const
     kva_tensor qt = kva_tensor_nhd(q_dev, c->dtype, Hq, D);
     kva_tensor ot = {o_dev, c->dtype, (int64_t)Hq * (D + o_pad), D + o_pad};
 
-    kva_plan_options opt = {0, 0, KVA_DECODE_PARTIAL_ROWMAX};
+    kva_plan_options opt = {0, 0, c->algo};
     if (c->plan_mode == 1) opt.flags = KVA_PLAN_NO_SPLIT;
     if (c->plan_mode == 2) opt.fixed_chunk_size = 37;
     kva_plan plan;
@@ -107,10 +111,10 @@ static void run_case(kva_context *ctx, kva_rng *rng, const decode_case *c, const
     }
     if (kva_test_failures != failures_before)
         printf("    case: %s D=%d page=%d batch=%d heads=%d/%d %s %s plan_mode=%d chunk=%d work=%d "
-               "split=%d\n",
+               "split=%d algo=%s\n",
                kva_dtype_name(c->dtype), D, c->page_size, B, Hq, Hk, cuda_test_layout_name(c->layout),
                variant_name(c->variant), c->plan_mode, plan.kv_chunk_size, plan.num_work,
-               plan.split_kv);
+               plan.split_kv, c->algo == KVA_DECODE_GLOBAL_ROWMAX ? "global" : "partial");
 
 done:
     free(lens);
@@ -143,7 +147,7 @@ KVA_TEST(cuda_decode_sweep_matches_reference) {
                 for (int bi = 0; bi < 3; ++bi, ++idx) {
                     if (quick() && (dims[hi] != 128 || (pages[pi] != 3 && pages[pi] != 16) || batches[bi] == 37))
                         continue;
-                    decode_case c;
+                    decode_case c = {0};
                     c.dtype = dtypes[di];
                     c.head_dim = dims[hi];
                     c.page_size = pages[pi];
@@ -172,7 +176,7 @@ KVA_TEST(cuda_decode_long_context_split_matches_reference) {
     const int32_t lens[] = {quick() ? 3001 : 30001, 4097, 0};
     const kva_dtype dtypes[] = {KVA_BF16, KVA_F32};
     for (int i = 0; i < 2; ++i) {
-        decode_case c = {dtypes[i], 128, 16, 3, 32, 8, i ? CUDA_TEST_HND : CUDA_TEST_NHD, 0, 0, 0, true};
+        decode_case c = {dtypes[i], 128, 16, 3, 32, 8, i ? CUDA_TEST_HND : CUDA_TEST_NHD, 0, 0, 0, true, KVA_DECODE_PARTIAL_ROWMAX};
         run_case(ctx, &rng, &c, lens);
     }
     kva_context_destroy(ctx);
@@ -185,21 +189,22 @@ KVA_TEST(cuda_decode_empty_requests_give_zero_and_neg_inf) {
     kva_rng rng;
     kva_rng_seed(&rng, kva_test_seed());
     const int32_t lens[] = {0, 0, 0, 0, 0};
-    decode_case c = {KVA_F16, 64, 16, 5, 8, 2, CUDA_TEST_NHD, 0, 0, 0, true};
+    decode_case c = {KVA_F16, 64, 16, 5, 8, 2, CUDA_TEST_NHD, 0, 0, 0, true, KVA_DECODE_PARTIAL_ROWMAX};
     run_case(ctx, &rng, &c, lens);
-    decode_case e = {KVA_BF16, 128, 16, 0, 8, 2, CUDA_TEST_NHD, 0, 0, 0, true};
+    decode_case e = {KVA_BF16, 128, 16, 0, 8, 2, CUDA_TEST_NHD, 0, 0, 0, true, KVA_DECODE_PARTIAL_ROWMAX};
     run_case(ctx, &rng, &e, lens);
     kva_context_destroy(ctx);
 }
 
 /* One plan serves several layers (pools) and repeated runs give identical results, so the
- * fused merge's counters are back at zero after every run. */
-KVA_TEST(cuda_decode_repeated_runs_are_identical) {
+ * fused merge's counters are back at zero after every run (after both launches of global
+ * rowmax). */
+static void repeated_runs(kva_decode_algo algo, int32_t Hq, int32_t Hk) {
     kva_context *ctx = cuda_test_context();
     if (!ctx) return;
     kva_rng rng;
     kva_rng_seed(&rng, kva_test_seed());
-    const int32_t B = 4, Hq = 16, Hk = 4, D = 128, ps = 16;
+    const int32_t B = 4, D = 128, ps = 16;
     int32_t lens[4] = {2000, 17, 0, 999};
     cuda_paged_batch pb;
     cuda_test_workspace w = {0};
@@ -212,7 +217,8 @@ KVA_TEST(cuda_decode_repeated_runs_are_identical) {
     void *q = cuda_test_upload(ctx, qh, n), *o = cuda_test_poisoned(ctx, n);
     kva_plan plan;
     kva_attn_params p = kva_attn_params_default(Hq, Hk, D);
-    CHECK_OK(kva_decode_plan(ctx, &lim, &pb.table, pb.num_pages, NULL, w.ws, &plan));
+    kva_plan_options opt = {0, 0, algo};
+    CHECK_OK(kva_decode_plan(ctx, &lim, &pb.table, pb.num_pages, &opt, w.ws, &plan));
     CHECK(plan.split_kv == 1);
     void *first = NULL;
     for (int rep = 0; rep < 5; ++rep) {
@@ -232,5 +238,145 @@ KVA_TEST(cuda_decode_repeated_runs_are_identical) {
 out:
     cuda_test_workspace_free(ctx, &w);
     cuda_paged_batch_free(ctx, &pb);
+    kva_context_destroy(ctx);
+}
+
+KVA_TEST(cuda_decode_repeated_runs_are_identical) { repeated_runs(KVA_DECODE_PARTIAL_ROWMAX, 16, 4); }
+
+KVA_TEST(cuda_decode_global_rowmax_repeated_runs_are_identical) {
+    repeated_runs(KVA_DECODE_GLOBAL_ROWMAX, 16, 4);
+    repeated_runs(KVA_DECODE_GLOBAL_ROWMAX, 48, 1); /* three sub-groups share one counter */
+}
+
+/* Head dims between the built kernels (64, 128, 256): each runs on the next built one with
+ * zero-filled loads of q, K, V past the real dim and stores of o only inside it (o is poisoned:
+ * a missing store fails; with dense o a store past the dim would clobber the next head). */
+KVA_TEST(cuda_decode_head_dims_match_reference) {
+    kva_context *ctx = cuda_test_context();
+    if (!ctx) return;
+    kva_rng rng;
+    kva_rng_seed(&rng, kva_test_seed());
+    const kva_dtype dtypes[] = {KVA_BF16, KVA_F16, KVA_F32};
+    const int32_t dims[] = {32, 48, 80, 96, 112, 144, 160, 192, 208, 240};
+    const int32_t quick_dims[] = {32, 80, 192};
+    const int nd = quick() ? 3 : 10;
+    int idx = 0;
+    for (int di = 0; di < 3; ++di)
+        for (int k = 0; k < nd; ++k)
+            for (int rep = 0; rep < 2; ++rep, ++idx) {
+                if (quick() && dtypes[di] == KVA_F16) continue;
+                decode_case c = {0};
+                c.dtype = dtypes[di];
+                c.head_dim = quick() ? quick_dims[k] : dims[k];
+                c.page_size = rep ? 16 : 3;
+                c.batch = rep ? 7 : 1;
+                const int32_t *hp = head_pairs[idx % 9];
+                c.num_qo_heads = hp[0];
+                c.num_kv_heads = hp[1];
+                c.layout = idx % CUDA_TEST_NUM_LAYOUTS;
+                c.max_len = c.batch == 1 ? 700 : 150;
+                c.variant = idx % 4;
+                c.plan_mode = (idx / 2) % 3;
+                c.with_lse = idx % 3 != 2;
+                run_case(ctx, &rng, &c, NULL);
+                if (kva_test_failures > 20) goto out;
+            }
+out:
+    kva_context_destroy(ctx);
+}
+
+/* GQA groups above 16 are served in sub-groups of <= 16 query heads (one unit each); groups up to
+ * 16 keep one unit. Split (fused merge over all sub-groups of a KV head) and unsplit plans,
+ * padded and built head dims. */
+KVA_TEST(cuda_decode_large_groups_match_reference) {
+    kva_context *ctx = cuda_test_context();
+    if (!ctx) return;
+    kva_rng rng;
+    kva_rng_seed(&rng, kva_test_seed());
+    static const int32_t groups[][2] = {{1, 1},  {3, 1},  {7, 2},  {16, 1}, {17, 1},  {48, 1},
+                                        {64, 1}, {71, 1}, {34, 2}, {96, 2}, {128, 1}, {40, 4}};
+    const kva_dtype dtypes[] = {KVA_BF16, KVA_F16, KVA_F32};
+    const int32_t dims[] = {64, 80, 128, 192, 256};
+    int idx = 0;
+    for (int gi = 0; gi < 12; ++gi)
+        for (int di = 0; di < 3; ++di, ++idx) {
+            const int32_t g = groups[gi][0];
+            if (quick() && ((g != 17 && g != 48 && g != 71) || dtypes[di] == KVA_F16)) continue;
+            decode_case c = {0};
+            c.dtype = dtypes[di];
+            c.head_dim = dims[idx % 5];
+            c.page_size = idx % 2 ? 16 : 7;
+            c.batch = idx % 2 ? 1 : 5;
+            c.num_qo_heads = groups[gi][0] * groups[gi][1];
+            c.num_kv_heads = groups[gi][1];
+            c.layout = idx % CUDA_TEST_NUM_LAYOUTS;
+            c.max_len = c.batch == 1 ? 900 : 200;
+            c.variant = idx % 4;
+            c.plan_mode = idx % 3;
+            c.with_lse = idx % 4 != 3;
+            run_case(ctx, &rng, &c, NULL);
+            if (kva_test_failures > 20) goto out;
+        }
+    {
+        /* MQA with 71 heads over a long split context, and 64 heads on one KV head. */
+        const int32_t lens[] = {quick() ? 2500 : 12001, 0, 33};
+        decode_case c = {KVA_BF16, 64, 16, 3, 71, 1, CUDA_TEST_NHD, 0, 0, 0, true, KVA_DECODE_PARTIAL_ROWMAX};
+        run_case(ctx, &rng, &c, lens);
+        decode_case d = {KVA_F32, 128, 16, 3, 64, 1, CUDA_TEST_HND, 0, 0, 0, true, KVA_DECODE_PARTIAL_ROWMAX};
+        run_case(ctx, &rng, &d, lens);
+    }
+out:
+    kva_context_destroy(ctx);
+}
+
+/* Seed 002's global-rowmax algorithm on CUDA: pass 1 writes each chunk's row max and the last
+ * block of a request reduces them; pass 2 exponentiates against the request's max and merges by
+ * a plain sum. Split by the planner, unsplit, fixed small chunks; every dtype; built and padded
+ * head dims; groups up to 48; all variants; LSE. */
+KVA_TEST(cuda_decode_global_rowmax_matches_reference) {
+    kva_context *ctx = cuda_test_context();
+    if (!ctx) return;
+    kva_rng rng;
+    kva_rng_seed(&rng, kva_test_seed());
+    static const int32_t pairs[][2] = {{4, 4}, {8, 2}, {32, 8}, {7, 1}, {16, 2}, {48, 1}, {6, 2}};
+    const kva_dtype dtypes[] = {KVA_BF16, KVA_F16, KVA_F32};
+    const int32_t dims[] = {64, 80, 128, 256}, batches[] = {1, 7, 37};
+    int idx = 0;
+    for (int di = 0; di < 3; ++di)
+        for (int hi = 0; hi < 4; ++hi)
+            for (int bi = 0; bi < 3; ++bi)
+                for (int mode = 0; mode < 3; ++mode, ++idx) {
+                    if (quick() && (dtypes[di] == KVA_F16 || hi % 2 == 1 || bi == 2)) continue;
+                    decode_case c = {0};
+                    c.dtype = dtypes[di];
+                    c.head_dim = dims[hi];
+                    c.page_size = idx % 2 ? 16 : 3;
+                    c.batch = batches[bi];
+                    const int32_t *hp = pairs[idx % 7];
+                    c.num_qo_heads = hp[0];
+                    c.num_kv_heads = hp[1];
+                    c.layout = idx % CUDA_TEST_NUM_LAYOUTS;
+                    c.max_len = c.batch == 1 ? (idx % 2 ? 1000 : 301) : c.batch == 7 ? 200 : 90;
+                    c.variant = (idx / 5) % 4;
+                    c.plan_mode = mode;
+                    c.with_lse = idx % 3 != 2;
+                    c.algo = KVA_DECODE_GLOBAL_ROWMAX;
+                    run_case(ctx, &rng, &c, NULL);
+                    if (kva_test_failures > 20) goto out;
+                }
+    {
+        /* Long contexts split into many chunks, an empty request beside them. */
+        const int32_t lens[] = {quick() ? 3001 : 30001, 4097, 0};
+        const kva_dtype dts[] = {KVA_BF16, KVA_F32};
+        for (int i = 0; i < 2; ++i) {
+            decode_case c = {dts[i], 128, 16, 3, 32, 8, i ? CUDA_TEST_HND : CUDA_TEST_NHD, 0, 0, 0, true,
+                             KVA_DECODE_GLOBAL_ROWMAX};
+            run_case(ctx, &rng, &c, lens);
+        }
+        const int32_t empty[] = {0, 0, 0};
+        decode_case e = {KVA_F16, 96, 16, 3, 8, 2, CUDA_TEST_NHD, 0, 0, 0, true, KVA_DECODE_GLOBAL_ROWMAX};
+        run_case(ctx, &rng, &e, empty);
+    }
+out:
     kva_context_destroy(ctx);
 }

@@ -44,11 +44,18 @@ KVA_TEST(cuda_errors_are_reported) {
     kva_attn_params p = kva_attn_params_default(Hq, Hk, D);
 
     kva_attn_params bad_p = p;
-    bad_p.head_dim = 96;
+    bad_p.head_dim = 88; /* not a multiple of 16 */
+    CHECK_STATUS(kva_decode_run(ctx, &plan, &bad_p, qt, &pb.dev_pages, ot, NULL), KVA_ERR_UNSUPPORTED);
+    bad_p.head_dim = 272; /* above 256 */
     CHECK_STATUS(kva_decode_run(ctx, &plan, &bad_p, qt, &pb.dev_pages, ot, NULL), KVA_ERR_UNSUPPORTED);
     bad_p = p;
+    /* Every multiple of 16 in 32..256 and every group decode on CUDA; a shape the plan was not
+     * made for is a shape error. */
+    bad_p.head_dim = 96;
+    CHECK_STATUS(kva_decode_run(ctx, &plan, &bad_p, qt, &pb.dev_pages, ot, NULL), KVA_ERR_BAD_SHAPE);
+    bad_p = p;
     bad_p.num_qo_heads = 64; /* group 32 */
-    CHECK_STATUS(kva_decode_run(ctx, &plan, &bad_p, qt, &pb.dev_pages, ot, NULL), KVA_ERR_UNSUPPORTED);
+    CHECK_STATUS(kva_decode_run(ctx, &plan, &bad_p, qt, &pb.dev_pages, ot, NULL), KVA_ERR_BAD_SHAPE);
     bad_p = p;
     bad_p.score_mod = dummy_mod;
     CHECK_STATUS(kva_decode_run(ctx, &plan, &bad_p, qt, &pb.dev_pages, ot, NULL), KVA_ERR_UNSUPPORTED);
@@ -77,16 +84,16 @@ KVA_TEST(cuda_errors_are_reported) {
                  KVA_ERR_OUT_OF_RANGE);
     pb.indices[0] = saved;
 
-    /* The global-rowmax algorithm is CPU only; prefill workspaces refuse head dims with no
-     * CUDA prefill kernel at sizing time, before any plan could succeed. */
-    kva_plan_options opt = {0, 0, KVA_DECODE_GLOBAL_ROWMAX};
-    CHECK_STATUS(kva_decode_plan(ctx, &lim, &pb.table, pb.num_pages, &opt, w.ws, &plan2),
-                 KVA_ERR_UNSUPPORTED);
+    /* Prefill workspaces refuse head dims with no CUDA prefill kernel (decode has them) at
+     * sizing time, before any plan could succeed; decode ones refuse dims no kernel serves. */
     kva_plan_limits odd = lim;
     odd.head_dim = 96;
     odd.max_total_qo = 64;
     size_t db = 0, hb = 0;
     CHECK_STATUS(kva_prefill_workspace_size(ctx, &odd, &db, &hb), KVA_ERR_UNSUPPORTED);
+    CHECK_OK(kva_decode_workspace_size(ctx, &odd, &db, &hb));
+    odd.head_dim = 24;
+    CHECK_STATUS(kva_decode_workspace_size(ctx, &odd, &db, &hb), KVA_ERR_UNSUPPORTED);
     CHECK_STATUS(kva_merge_states(ctx, 4, 2, 0, KVA_BF16, q, (const float *)q, o, NULL), KVA_ERR_BAD_SHAPE);
 
     /* None of the failed calls wrote o: it is still all poison. */

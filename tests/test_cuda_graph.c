@@ -2,7 +2,8 @@
  * test_cuda_graph.c -- a decode run captured in a CUDA graph with a KVA_PLAN_GRAPH plan replays
  * correctly after re-planning (host only) into the same workspace for other batches: smaller,
  * with empty requests, longer or shorter, split or not. Each replay's output is poisoned first
- * and compared against the float64 reference.
+ * and compared against the float64 reference. Also with the global-rowmax algorithm (two
+ * launches in the graph) and with a GQA group of 48 at head dim 80 (sub-groups, padded dim).
  */
 #include "harness.h"
 #include "test_cuda_util.h"
@@ -23,12 +24,12 @@
         }                                                                                      \
     } while (0)
 
-KVA_TEST(cuda_graph_replay_after_replanning) {
+static void graph_replay(kva_decode_algo algo, int32_t Hq, int32_t Hk, int32_t D) {
     kva_context *ctx = cuda_test_context();
     if (!ctx) return;
     kva_rng rng;
     kva_rng_seed(&rng, kva_test_seed());
-    const int32_t MAXB = 16, Hq = 32, Hk = 8, D = 128, ps = 16, MAXLEN = 3000;
+    const int32_t MAXB = 16, ps = 16, MAXLEN = 3000;
     const kva_dtype dt = KVA_BF16;
     cudaStream_t stream = NULL;
     cudaGraph_t graph = NULL;
@@ -71,7 +72,7 @@ KVA_TEST(cuda_graph_replay_after_replanning) {
     if (!q_dev || !o_dev || !lse_dev) goto out;
 
     kva_attn_params p = kva_attn_params_default(Hq, Hk, D);
-    kva_plan_options opt = {KVA_PLAN_GRAPH, 0, KVA_DECODE_PARTIAL_ROWMAX};
+    kva_plan_options opt = {KVA_PLAN_GRAPH, 0, algo};
     /* The captured pool view: the largest pool's geometry at pool_dev. */
     kva_kv_pages pages = pools[0].dev_pages;
     pages.num_pages = max_pages;
@@ -151,6 +152,12 @@ out:
     kva_context_destroy(ctx);
 }
 
+KVA_TEST(cuda_graph_replay_after_replanning) { graph_replay(KVA_DECODE_PARTIAL_ROWMAX, 32, 8, 128); }
+KVA_TEST(cuda_graph_replay_global_rowmax) { graph_replay(KVA_DECODE_GLOBAL_ROWMAX, 32, 8, 128); }
+KVA_TEST(cuda_graph_replay_group48_d80) { graph_replay(KVA_DECODE_PARTIAL_ROWMAX, 48, 1, 80); }
+
 #else
 KVA_TEST(cuda_graph_replay_after_replanning) { kva_test_skip("no CUDA device"); }
+KVA_TEST(cuda_graph_replay_global_rowmax) { kva_test_skip("no CUDA device"); }
+KVA_TEST(cuda_graph_replay_group48_d80) { kva_test_skip("no CUDA device"); }
 #endif

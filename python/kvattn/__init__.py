@@ -276,7 +276,7 @@ class BatchDecodeWrapper(_Planned):
         """Plans a decode step. indptr [B+1], indices [indptr[B]], last_page_len [B] (1..page_size,
         ignored for requests with no pages): request b's keys fill pages indices[indptr[b]:
         indptr[b+1]] in order. num_pages: pool size the pages are checked against (default:
-        max(indices) + 1). algorithm: 'partial_rowmax' (default) or 'global_rowmax' (CPU).
+        max(indices) + 1). algorithm: 'partial_rowmax' (default) or 'global_rowmax' (CPU and CUDA decode).
         On CUDA the plan is uploaded on `stream` (default: torch's current stream): run on the
         same stream, or order the streams yourself."""
         indptr, indices, last_page_len = host_ints(indptr), host_ints(indices), host_ints(last_page_len)

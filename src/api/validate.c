@@ -2,6 +2,7 @@
  * public call (kva__api()) and the argument as the caller wrote it. */
 #include "validate.h"
 #include "../plan/workspace_layout.h"
+#include "../cuda/cuda_backend.h"
 
 #include <math.h>
 
@@ -17,10 +18,6 @@ kva_status kva__check_params(const kva_context *ctx, const kva_attn_params *p) {
         if (p->score_mod)
             return kva__fail(KVA_ERR_UNSUPPORTED, "%s: params.score_mod callbacks run on the CPU only",
                              kva__api());
-        if (p->num_qo_heads / p->num_kv_heads > 16)
-            return kva__fail(KVA_ERR_UNSUPPORTED,
-                             "%s: GQA group %d (params.num_qo_heads / num_kv_heads) > 16 unsupported on CUDA",
-                             kva__api(), p->num_qo_heads / p->num_kv_heads);
     }
     if (p->causal != 0 && p->causal != 1)
         return kva__fail(KVA_ERR_INVALID_ARG, "%s: params.causal must be 0 or 1 (got %d)", kva__api(),
@@ -37,8 +34,13 @@ kva_status kva__check_params(const kva_context *ctx, const kva_attn_params *p) {
 
 kva_status kva__check_head_dim(const kva_context *ctx, const char *what, int32_t head_dim) {
     if (ctx->device == KVA_DEVICE_CUDA) {
-        if (head_dim != 64 && head_dim != 128 && head_dim != 256)
-            return kva__fail(KVA_ERR_UNSUPPORTED, "%s: %s = %d unsupported on CUDA (64, 128, 256)",
+        /* The decode kernel chooser answers (it serves every dim and group some CUDA kernel
+         * does); prefill, which has fewer dims and groups, refuses the rest in its own chooser
+         * (kva__prefill_choose: plans at sizing time, kva_attention at the call). */
+        if (!kva__cuda_decode_supported(ctx, KVA_BF16, head_dim, 1))
+            return kva__fail(KVA_ERR_UNSUPPORTED,
+                             "%s: %s = %d unsupported on CUDA (decode: multiples of 16 in 32..256; "
+                             "prefill: 64, 128, 256)",
                              kva__api(), what, head_dim);
     } else if (head_dim < 16 || head_dim > 256 || head_dim % 16 != 0) {
         return kva__fail(KVA_ERR_UNSUPPORTED,

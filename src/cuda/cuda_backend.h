@@ -8,6 +8,7 @@
 #define KVA_CUDA_BACKEND_H
 
 #include "kvattn.h"
+#include <stdbool.h>
 #include "../plan/workspace_layout.h"
 
 #ifdef __cplusplus
@@ -38,6 +39,11 @@ kva_status kva__cuda_plan_begin(kva_context *ctx, const void *host_part);
 /* Uploads bytes of the host part to the device part (one async copy) and records completion. */
 kva_status kva__cuda_plan_upload(kva_context *ctx, void *device_part, const void *host_part,
                                  size_t bytes);
+
+/* Whether a CUDA decode kernel serves (dtype, head_dim, GQA group), for both algorithms: the
+ * answer of the decode kernel chooser (kva__decode_kernel_for), asked by argument validation. */
+bool kva__cuda_decode_supported(const kva_context *ctx, kva_dtype dtype, int32_t head_dim,
+                                int32_t group);
 
 kva_status kva__cuda_decode_run(kva_context *ctx, const kva_plan *plan,
                                 const kva_attn_params *params, kva_tensor q,

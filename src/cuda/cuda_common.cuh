@@ -42,7 +42,8 @@ typedef struct kva__cuda_private {
     cudaEvent_t upload_done[KVA__UPLOAD_SLOTS];
     const void *upload_host[KVA__UPLOAD_SLOTS];
     int upload_next;
-    int decode_blocks_per_sm[9][2]; /* resident blocks per SM of each decode kernel [entry][nt-1] */
+    int decode_blocks_per_sm[9][4]; /* resident blocks per SM of each decode kernel
+                                       [entry][(nt - 1) + 2 * global_rowmax] */
     int prefill_blocks_per_sm[3];   /* resident blocks per SM of the largest bf16 prefill kernel,
                                        head_dim 64 / 128 / 256 */
     int prefill_path;               /* kva__prefill_path of this device */

@@ -19,7 +19,7 @@
 typedef struct {
     kva_dtype dtype;
     int head_dim;
-    const void *(*fn)(int nt);
+    const void *(*fn)(int nt, int gr);
     int (*smem)(int nt);
 } decode_entry;
 
@@ -35,20 +35,46 @@ static const decode_entry decode_table[9] = {
     {KVA_F32, 256, kva__decode_f32_d256, kva__decode_f32_d256_smem},
 };
 
+/* The built head dim that serves head_dim: the next of 64, 128, 256. Dims in between run with
+ * zero-filled loads past the real dim (bench/NOTES.md, "CUDA decode: head dims, groups, global
+ * rowmax"); the scale uses the real dim. */
+static int decode_built_dim(int head_dim) {
+    if (head_dim < 32 || head_dim > 256 || head_dim % 16 != 0) return 0;
+    return head_dim <= 64 ? 64 : head_dim <= 128 ? 128 : 256;
+}
+
 static int decode_entry_index(kva_dtype dtype, int head_dim) {
+    const int built = decode_built_dim(head_dim);
     for (int i = 0; i < 9; ++i)
-        if (decode_table[i].dtype == dtype && decode_table[i].head_dim == head_dim) return i;
+        if (decode_table[i].dtype == dtype && decode_table[i].head_dim == built) return i;
     return -1;
 }
 
-const void *kva__decode_kernel_for(const kva_context *ctx, kva_dtype dtype, int head_dim, int nt,
-                                   int *smem, int *blocks_per_sm) {
+/* A GQA group is served in nsub = ceil(group / 16) sub-groups of near-equal size (<= 16 heads,
+ * the query rows a unit holds), each its own unit re-reading the chunk's K/V (mostly from L2:
+ * a chunk's sub-group units are adjacent in the grid, so they run at the same time). */
+bool kva__decode_kernel_for(const kva_context *ctx, kva_dtype dtype, int head_dim, int group, int gr,
+                            kva__decode_choice *choice) {
     const int i = decode_entry_index(dtype, head_dim);
-    if (i < 0 || nt < 1 || nt > 2) return NULL;
-    const kva__cuda_private *priv = (const kva__cuda_private *)ctx->cuda_private;
-    *smem = decode_table[i].smem(nt);
-    *blocks_per_sm = priv ? priv->decode_blocks_per_sm[i][nt - 1] : 1;
-    return decode_table[i].fn(nt);
+    if (i < 0 || group < 1 || (gr != 0 && gr != 1)) return false;
+    const int nsub = (group + 15) / 16, sub = (group + nsub - 1) / nsub;
+    const int nt = sub <= 8 ? 1 : 2;
+    const kva__cuda_private *priv = ctx ? (const kva__cuda_private *)ctx->cuda_private : NULL;
+    choice->fn = decode_table[i].fn(nt, gr);
+    choice->smem = decode_table[i].smem(nt);
+    choice->blocks_per_sm = priv ? priv->decode_blocks_per_sm[i][(nt - 1) + 2 * gr] : 1;
+    choice->built_dim = decode_table[i].head_dim;
+    choice->nt = nt;
+    choice->sub = sub;
+    choice->nsub = nsub;
+    return true;
+}
+
+extern "C" bool kva__cuda_decode_supported(const kva_context *ctx, kva_dtype dtype, int32_t head_dim,
+                                           int32_t group) {
+    kva__decode_choice c;
+    return kva__decode_kernel_for(ctx, dtype, head_dim, group, 0, &c) &&
+           kva__decode_kernel_for(ctx, dtype, head_dim, group, 1, &c);
 }
 
 extern "C" int kva__cuda_device_count(void) {
@@ -63,8 +89,9 @@ extern "C" int kva__cuda_device_count(void) {
 static kva_status prepare_kernels(kva__cuda_private *priv) {
     for (int i = 0; i < 9; ++i) {
         const decode_entry *e = &decode_table[i];
-        for (int nt = 1; nt <= 2; ++nt) {
-            cudaError_t err = cudaFuncSetAttribute(e->fn(nt), cudaFuncAttributeMaxDynamicSharedMemorySize,
+        for (int v = 0; v < 4; ++v) { /* v = (nt - 1) + 2 * gr */
+            const int nt = 1 + (v & 1), gr = v >> 1;
+            cudaError_t err = cudaFuncSetAttribute(e->fn(nt, gr), cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                    e->smem(nt));
             if (err != cudaSuccess)
                 return kva__fail(KVA_ERR_DEVICE,
@@ -72,9 +99,9 @@ static kva_status prepare_kernels(kva__cuda_private *priv) {
                                  "memory) failed: %s (built for this GPU's architecture?)",
                                  kva_dtype_name(e->dtype), e->head_dim, e->smem(nt), cudaGetErrorString(err));
             int blocks = 0;
-            KVA_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, e->fn(nt), KVA__DECODE_THREADS,
+            KVA_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, e->fn(nt, gr), KVA__DECODE_THREADS,
                                                                        (size_t)e->smem(nt)));
-            priv->decode_blocks_per_sm[i][nt - 1] = blocks > 0 ? blocks : 1;
+            priv->decode_blocks_per_sm[i][v] = blocks > 0 ? blocks : 1;
         }
     }
     /* Every prefill kernel (dtype x head dim x tile) gets its shared-memory limit; the largest
@@ -314,19 +341,30 @@ static kva_status prefill_policy(const kva_context *ctx, const kva_plan_limits *
 
 extern "C" kva_status kva__cuda_split_policy(const kva_context *ctx, const kva_plan_limits *limits,
                                              int kind, kva__split_policy *policy) {
-    const kva__cuda_private *priv = (const kva__cuda_private *)ctx->cuda_private;
-    /* bf16 kernel of the limits' GQA group at the nearest head dim (the limits carry no dtype;
-     * f16 is the same kernel, f32 holds as many or fewer). */
     const int idx = limits->head_dim <= 64 ? 0 : limits->head_dim <= 128 ? 1 : 2;
-    const int nt = limits->num_kv_heads > 0 && limits->num_qo_heads / limits->num_kv_heads <= 8 ? 1 : 2;
     if (kind != KVA__PLAN_DECODE) return prefill_policy(ctx, limits, idx, policy);
-    int per_sm = priv ? priv->decode_blocks_per_sm[idx][nt - 1] : 1;
+    /* The bf16 partial-rowmax kernel the chooser picks for the limits' head dim and GQA group
+     * (the limits carry no dtype or algorithm; f16 is the same kernel, f32 and global rowmax
+     * hold as many or fewer). */
+    const int group = limits->num_kv_heads > 0 ? limits->num_qo_heads / limits->num_kv_heads : 1;
+    kva__decode_choice ch;
+    if (!kva__decode_kernel_for(ctx, KVA_BF16, limits->head_dim, group, 0, &ch))
+        return kva__fail(KVA_ERR_UNSUPPORTED,
+                         "plan limits: decode on CUDA supports head_dim multiples of 16 in 32..256 (got %d)",
+                         limits->head_dim);
+    int per_sm = ch.blocks_per_sm;
     /* Split requests into at most 2 blocks per SM: one SM streams at about its share of the
      * memory bandwidth with 1 to 2 blocks (bench/NOTES.md), and more chunks only add merge work.
      * Residency beyond that still helps unsplit batches, whose next blocks start while others
      * stream. */
     if (per_sm > 2) per_sm = 2;
     policy->max_blocks = (int64_t)(ctx->num_sms > 0 ? ctx->num_sms : 1) * per_sm;
+    /* The planner counts (work item x KV head) blocks; a group of more than 16 heads makes nsub
+     * units of each, so fewer work items fill the device. */
+    if (ch.nsub > 1) {
+        policy->max_blocks /= ch.nsub;
+        if (policy->max_blocks < 1) policy->max_blocks = 1;
+    }
     /* One 16-key tile per warp: shorter chunks leave warps idle and only add merge work. */
     policy->min_chunk = 16 * KVA__DECODE_WARPS;
     policy->qo_tile = kind == KVA__PLAN_DECODE ? 1 : 64;

@@ -33,6 +33,10 @@ kva_status kva__cuda_plan_upload(kva_context *ctx, void *device_part, const void
                                  size_t bytes) {
     (void)ctx; (void)device_part; (void)host_part; (void)bytes; return NOT_BUILT();
 }
+bool kva__cuda_decode_supported(const kva_context *ctx, kva_dtype dtype, int32_t head_dim,
+                                int32_t group) {
+    (void)ctx; (void)dtype; (void)head_dim; (void)group; return false;
+}
 kva_status kva__cuda_decode_run(kva_context *ctx, const kva_plan *plan,
                                 const kva_attn_params *params, kva_tensor q,
                                 const kva_kv_pages *pages, kva_tensor o, float *lse) {

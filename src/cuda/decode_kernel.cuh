@@ -4,11 +4,14 @@
  * decode_f32.cu, which instantiate it per head dim so the builds run in parallel.
  *
  * Work split
- *   unit  = one (work item, KV head): work item w is (request b, key chunk c), one 32-byte plan
+ *   unit  = one (work item, KV head, sub-group): work item w is (request b, key chunk c), one 32-byte plan
  *           record (request, key range, kv_len, first page, merge range) in the workspace, read
  *           from the device part of the workspace (graph-safe: for graph plans nothing that
  *           changes between plans is a kernel argument; other plans pass their work count). All g = num_qo_heads / num_kv_heads query heads of the
- *           KV head are served together, so each K/V byte is read from memory exactly once.
+ *           KV head are served together when g <= 16, so each K/V byte is read from memory
+ *           exactly once. Larger groups are cut into nsub = ceil(g / 16) sub-groups of <= 16
+ *           heads (a.sub, a.nsub), one unit each; a chunk's sub-group units are adjacent in the
+ *           unit order, so they run at the same time and the repeated K/V reads mostly hit L2.
  *   grid  = persistent: min(padded_work * num_kv_heads, blocks resident at once); block i runs
  *           units i, i + grid, i + 2*grid, ... < num_work * num_kv_heads. While a block streams
  *           unit k it already fetches unit k+1's plan entries, page ids and query, and it issues
@@ -30,6 +33,17 @@
  *           O and LSE (f32) to the workspace, and the last block of (request, KV head) to arrive
  *           (atomic counter in the workspace, reset to 0 by that block so graph replays work)
  *           merges all partial states of the request and writes o and lse.
+ *
+ * Head dims: D is the built size (64, 128, 256); a.head_dim <= D is the real one. Copies of q,
+ *   K and V past it are zero-filled (cp.async with src-size 0: no bytes read), so dot products
+ *   and P V see zeros; o, partial states and the merge use the real dim. The cost is compute and
+ *   shared memory for D, not bandwidth.
+ * Global rowmax (GR = true, seed 002 Alg. 2, two launches): pass 1 streams K only and writes each
+ *   split chunk's row max to its partial-LSE slot; the last block of (request, KV head) reduces
+ *   them and writes the request's max back into every chunk's slot (and into lse, if given).
+ *   Pass 2 streams K and V with the running max fixed at that value (no rescaling), writes
+ *   unnormalised O_i and L_i, and the last block merges by O = sum O_i / sum L_i. Unsplit
+ *   requests skip pass 1 (their max is their own chunk's, found online in pass 2).
  *
  * Memory traffic per run: K+V once (kv_len * num_kv_heads * D * elem * 2 summed over requests),
  * q and o once, page ids once per tile (4 bytes per TOK keys), plus for split requests
@@ -76,6 +90,7 @@ struct kva__decode_geom {
 /* What a block knows about one unit (work item w, KV head kh) before streaming it. */
 typedef struct kva__unit {
     int w, kh, b;
+    int hb, gs;               /* the unit's first query head and its head count (sub-group) */
     int start, end;           /* visible keys of the chunk */
     int page_beg;             /* the request's first entry in the page-index array */
     int item_beg, item_end;   /* the request's work items (its partial states) */
@@ -142,7 +157,7 @@ __device__ __forceinline__ void kva__store4(T *dst, float4 v) {
 /* The plan record of unit u's work item (workspace_layout.h: 32 bytes, two independent 16-byte
  * loads, one round trip; normally L2 hits). u must be < a.max_units. */
 __device__ __forceinline__ void kva__load_record(const kva__decode_args &a, int u, int4 &r0, int4 &r1) {
-    const int w = u / a.num_kv_heads;
+    const int w = u / a.units_per_work;
     r0 = __ldg(a.records + 2 * w);
     r1 = __ldg(a.records + 2 * w + 1);
 }
@@ -151,9 +166,12 @@ __device__ __forceinline__ void kva__load_record(const kva__decode_args &a, int 
 template <int TOK>
 __device__ __forceinline__ void kva__unit_from_record(const kva__decode_args &a, int u, const int4 &r0,
                                                       const int4 &r1, int warp, kva__unit &m) {
-    const int H = a.num_kv_heads;
-    m.w = u / H;
-    m.kh = u - m.w * H;
+    m.w = u / a.units_per_work;
+    const int r = u - m.w * a.units_per_work;
+    m.kh = r / a.nsub;
+    const int sg = r - m.kh * a.nsub;
+    m.hb = m.kh * a.group + sg * a.sub;
+    m.gs = a.group - sg * a.sub < a.sub ? a.group - sg * a.sub : a.sub;
     m.b = r0.x; /* KVA__UR_REQUEST */
     /* decode's query sits at kv_len-1, so causality never hides a key; a sliding window hides
      * the oldest ones */
@@ -165,11 +183,13 @@ __device__ __forceinline__ void kva__unit_from_record(const kva__decode_args &a,
     m.page_beg = r1.x;
     m.item_beg = r1.y;
     m.item_end = r1.z;
-    const int tiles = m.end > m.start ? (m.end - m.start + TOK - 1) / TOK : 0;
+    int tiles = m.end > m.start ? (m.end - m.start + TOK - 1) / TOK : 0;
+    /* global rowmax, pass 1: an unsplit request's max is its own chunk's; pass 2 finds it */
+    if (a.pass == 1 && m.item_end - m.item_beg <= 1) tiles = 0;
     m.my_n = tiles > warp ? (tiles - warp + KVA__DECODE_WARPS - 1) / KVA__DECODE_WARPS : 0;
 }
 
-template <typename T, int D, int NT>
+template <typename T, int D, int NT, bool GR>
 __global__ void __launch_bounds__(KVA__DECODE_THREADS)
     kva__decode_kernel(const __grid_constant__ kva__decode_args a) {
     using G = kva__decode_geom<T, D, NT>;
@@ -189,10 +209,12 @@ __global__ void __launch_bounds__(KVA__DECODE_THREADS)
     kva__load_record(a, u, rec0, rec1);
     if (u + (int)gridDim.x < a.max_units) kva__load_record(a, u + (int)gridDim.x, rn0, rn1);
     const int num_work = a.num_work >= 0 ? a.num_work : __ldg(&a.hdr->num_work);
-    const int num_units = num_work * a.num_kv_heads;
+    const int num_units = num_work * a.units_per_work;
     if (u >= num_units) return;
 
-    const int g = a.group, Hq = a.num_qo_heads;
+    const int g = a.group, Hq = a.num_qo_heads, dh = a.head_dim;
+    const int cpr_real = dh / EPC;         /* chunks of a row inside the real head dim */
+    const bool rowmax_pass = GR && a.pass == 1;
     unsigned char *q_smem = smem;
     unsigned char *ring = smem + G::RING_OFF;
     float *combine = reinterpret_cast<float *>(smem + G::COMBINE_OFF);
@@ -226,22 +248,23 @@ __global__ void __launch_bounds__(KVA__DECODE_THREADS)
         for (int it = 0; it < TOK * CPR / 32; ++it) {
             const int qd = lane + 32 * it, r = qd / CPR, c = qd % CPR;
             const int64_t ro = __shfl_sync(0xffffffffu, off, r);
-            const bool ok = ro >= 0;
-            const int64_t e = (ok ? ro : 0) + c * EPC;
+            /* past the real head dim: zero-filled, nothing read */
+            const bool ok = ro >= 0 && c < cpr_real;
+            const int64_t e = (ok ? ro + c * EPC : 0);
             kva__cp_async16(kdst + kva__swz<RB>(r, c), kbase + e, ok, stream_policy);
-            kva__cp_async16(vdst + kva__swz<RB>(r, c), vbase + e, ok, stream_policy);
+            if (!rowmax_pass) kva__cp_async16(vdst + kva__swz<RB>(r, c), vbase + e, ok, stream_policy);
         }
     };
     /* The query rows of a unit's group (rows >= g are zeros), into registers. */
     constexpr int QV = (G::Q_ROWS * CPR + KVA__DECODE_THREADS - 1) / KVA__DECODE_THREADS;
     uint4 qv[QV];
     auto load_q = [&](const kva__unit &m) {
-        const T *qb = (const T *)a.q + (int64_t)m.b * a.q_st + (int64_t)(m.kh * g) * a.q_sh;
+        const T *qb = (const T *)a.q + (int64_t)m.b * a.q_st + (int64_t)m.hb * a.q_sh;
 #pragma unroll
         for (int j = 0; j < QV; ++j) {
             const int i = tid + j * KVA__DECODE_THREADS, r = i / CPR, c = i % CPR;
             qv[j] = make_uint4(0, 0, 0, 0);
-            if (i < G::Q_ROWS * CPR && r < g)
+            if (i < G::Q_ROWS * CPR && r < m.gs && c < cpr_real)
                 qv[j] = __ldg(reinterpret_cast<const uint4 *>(qb + r * a.q_sh + c * EPC));
         }
     };
@@ -301,6 +324,17 @@ __global__ void __launch_bounds__(KVA__DECODE_THREADS)
         float m_st[GM], l_st[GM];
 #pragma unroll
         for (int h = 0; h < GM; ++h) { m_st[h] = -INFINITY; l_st[h] = 0.0f; }
+        /* Global rowmax, pass 2 of a split request: every chunk exponentiates against the
+         * request's row max (pass 1 left it in this chunk's partial-LSE slot), so the state never
+         * rescales and the merge is a plain sum. */
+        const bool fixed_max = GR && a.pass == 2 && cur.item_end - cur.item_beg > 1;
+        if (fixed_max) {
+#pragma unroll
+            for (int h = 0; h < GM; ++h) {
+                const int head = MMA ? (h >> 1) * 8 + 2 * (lane & 3) + (h & 1) : h;
+                if (head < cur.gs) m_st[h] = __ldcg(a.partial_lse + (int64_t)cur.w * Hq + cur.hb + head);
+            }
+        }
         constexpr int OACC = MMA ? (D / 16) * NT * 4 : GM * (D / 32);
         float o_acc[OACC];
 #pragma unroll
@@ -372,6 +406,21 @@ __global__ void __launch_bounds__(KVA__DECODE_THREADS)
                 }
                 /* Online softmax over the 16 keys of this tile, per head column. */
                 const bool v0 = tstart + (lane >> 2) < end, v1 = tstart + (lane >> 2) + 8 < end;
+                if (rowmax_pass) { /* global rowmax, pass 1: the chunk's row max only */
+#pragma unroll
+                    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                        for (int j = 0; j < 2; ++j) {
+                            float mx = fmaxf(v0 ? kva__score(a, s[nt][j]) : -INFINITY,
+                                             v1 ? kva__score(a, s[nt][j + 2]) : -INFINITY);
+                            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+                            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
+                            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+                            m_st[nt * 2 + j] = fmaxf(m_st[nt * 2 + j], mx);
+                        }
+                    __syncwarp();
+                    continue;
+                }
                 uint32_t pb[NT][2];
 #pragma unroll
                 for (int nt = 0; nt < NT; ++nt) {
@@ -385,7 +434,7 @@ __global__ void __launch_bounds__(KVA__DECODE_THREADS)
                         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
                         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
                         const int h = nt * 2 + j; /* state slot of head nt*8 + 2*(lane%4) + j */
-                        const float m_new = fmaxf(m_st[h], mx);
+                        const float m_new = fixed_max ? m_st[h] : fmaxf(m_st[h], mx);
                         const float m_use = m_new == -INFINITY ? 0.0f : m_new;
                         const float alpha = exp2f(m_st[h] - m_use);
                         p[j] = exp2f(x0 - m_use);
@@ -416,10 +465,10 @@ __global__ void __launch_bounds__(KVA__DECODE_THREADS)
                 for (int t = 0; t < nvalid; ++t) {
                     float kv[VPL], vv[VPL];
                     kva__load_lane_f32<D>(ks, t, lane, kv);
-                    kva__load_lane_f32<D>(vs, t, lane, vv);
+                    if (!rowmax_pass) kva__load_lane_f32<D>(vs, t, lane, vv);
 #pragma unroll
                     for (int h = 0; h < GM; ++h) {
-                        if (h < g) {
+                        if (h < cur.gs) {
                             float qq[VPL];
                             kva__load_lane_f32<D>(q_smem, h, lane, qq);
                             float dot = 0.0f;
@@ -428,9 +477,14 @@ __global__ void __launch_bounds__(KVA__DECODE_THREADS)
 #pragma unroll
                             for (int sh = 16; sh >= 1; sh >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, sh);
                             const float x = kva__score(a, dot);
-                            const float m_new = fmaxf(m_st[h], x);
-                            const float alpha = exp2f(m_st[h] - m_new);
-                            const float p = exp2f(x - m_new);
+                            if (rowmax_pass) {
+                                m_st[h] = fmaxf(m_st[h], x);
+                                continue;
+                            }
+                            const float m_new = fixed_max ? m_st[h] : fmaxf(m_st[h], x);
+                            const float m_use = m_new == -INFINITY ? 0.0f : m_new;
+                            const float alpha = exp2f(m_st[h] - m_use);
+                            const float p = exp2f(x - m_use);
                             l_st[h] = l_st[h] * alpha + p;
                             m_st[h] = m_new;
 #pragma unroll
@@ -483,7 +537,7 @@ __global__ void __launch_bounds__(KVA__DECODE_THREADS)
             constexpr int VPL = D / 32;
 #pragma unroll
             for (int h = 0; h < GM; ++h)
-                if (h < g) {
+                if (h < cur.gs) {
 #pragma unroll
                     for (int e = 0; e < VPL; ++e) cw[h * G::OROW + lane * VPL + e] = o_acc[h * VPL + e];
                     if (lane == 0) { cm[h] = m_st[h]; cl[h] = l_st[h]; }
@@ -493,57 +547,125 @@ __global__ void __launch_bounds__(KVA__DECODE_THREADS)
 
         /* ---- combine the 4 warps; write o directly, or this chunk's partial state ---- */
         const int n_items = cur.item_end - cur.item_beg;
-        const int E4 = g * D / 4;
         const int b = cur.b, kh = cur.kh;
-        for (int i = tid; i < E4; i += KVA__DECODE_THREADS) {
-            const int h = (i * 4) / D, d = (i * 4) % D;
-            float M = -INFINITY;
+        if (rowmax_pass) {
+            /* global rowmax, pass 1: the chunk's row max (log2 units) into its partial-LSE slot */
+            if (n_items > 1)
+                for (int h = tid; h < cur.gs; h += KVA__DECODE_THREADS) {
+                    float M = -INFINITY;
 #pragma unroll
-            for (int wi = 0; wi < WARPS; ++wi) M = fmaxf(M, combine[wi * G::WARP_COMBINE + GM * G::OROW + h]);
-            const float m_use = M == -INFINITY ? 0.0f : M;
-            float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-            float L = 0.0f;
+                    for (int wi = 0; wi < WARPS; ++wi) M = fmaxf(M, combine[wi * G::WARP_COMBINE + GM * G::OROW + h]);
+                    a.partial_lse[(int64_t)cur.w * Hq + cur.hb + h] = M;
+                }
+        } else {
+            const int E4 = cur.gs * dh / 4;
+            for (int i = tid; i < E4; i += KVA__DECODE_THREADS) {
+                const int h = (i * 4) / dh, d = (i * 4) % dh;
+                float M = -INFINITY;
 #pragma unroll
-            for (int wi = 0; wi < WARPS; ++wi) {
-                const float *cww = combine + wi * G::WARP_COMBINE;
-                const float f = exp2f(cww[GM * G::OROW + h] - m_use);
-                const float4 x = *reinterpret_cast<const float4 *>(cww + h * G::OROW + d);
-                acc.x += f * x.x; acc.y += f * x.y; acc.z += f * x.z; acc.w += f * x.w;
-                L += f * cww[GM * G::OROW + GM + h];
-            }
-            const float inv = kva__softmax_inv(L);
-            acc.x *= inv; acc.y *= inv; acc.z *= inv; acc.w *= inv;
-            const float lse = kva__softmax_lse(M, L);
-            const int qh = kh * g + h;
-            if (n_items == 1) {
-                kva__store4<T>((T *)a.o + (int64_t)b * a.o_st + (int64_t)qh * a.o_sh + d, acc);
-                if (a.lse && d == 0) a.lse[(int64_t)b * Hq + qh] = lse;
-            } else {
-                *reinterpret_cast<float4 *>(a.partial_o + ((int64_t)cur.w * Hq + qh) * D + d) = acc;
-                if (d == 0) a.partial_lse[(int64_t)cur.w * Hq + qh] = lse;
+                for (int wi = 0; wi < WARPS; ++wi) M = fmaxf(M, combine[wi * G::WARP_COMBINE + GM * G::OROW + h]);
+                const float m_use = M == -INFINITY ? 0.0f : M;
+                float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+                float L = 0.0f;
+#pragma unroll
+                for (int wi = 0; wi < WARPS; ++wi) {
+                    const float *cww = combine + wi * G::WARP_COMBINE;
+                    const float f = exp2f(cww[GM * G::OROW + h] - m_use);
+                    const float4 x = *reinterpret_cast<const float4 *>(cww + h * G::OROW + d);
+                    acc.x += f * x.x; acc.y += f * x.y; acc.z += f * x.z; acc.w += f * x.w;
+                    L += f * cww[GM * G::OROW + GM + h];
+                }
+                const int qh = cur.hb + h;
+                if (fixed_max) {
+                    /* global rowmax, pass 2: O_i and L_i against the request's max, unnormalised */
+                    *reinterpret_cast<float4 *>(a.partial_o + ((int64_t)cur.w * Hq + qh) * dh + d) = acc;
+                    if (d == 0) a.partial_lse[(int64_t)cur.w * Hq + qh] = L;
+                    continue;
+                }
+                const float inv = kva__softmax_inv(L);
+                acc.x *= inv; acc.y *= inv; acc.z *= inv; acc.w *= inv;
+                const float lse = kva__softmax_lse(M, L);
+                if (n_items == 1) {
+                    kva__store4<T>((T *)a.o + (int64_t)b * a.o_st + (int64_t)qh * a.o_sh + d, acc);
+                    if (a.lse && d == 0) a.lse[(int64_t)b * Hq + qh] = lse;
+                } else {
+                    *reinterpret_cast<float4 *>(a.partial_o + ((int64_t)cur.w * Hq + qh) * dh + d) = acc;
+                    if (d == 0) a.partial_lse[(int64_t)cur.w * Hq + qh] = lse;
+                }
             }
         }
 
         if (n_items > 1) {
-            /* ---- split request: the last block of (request, KV head) merges its chunks ---- */
+            /* ---- split request: the last block of (request, KV head) -- of its n_items x nsub
+             * units -- merges the chunks of all the KV head's query heads ---- */
             __syncthreads(); /* the partial-state stores happen before thread 0's release fence */
             if (tid == 0) {
                 __threadfence();
                 const unsigned prev = atomicAdd(a.counters + (int64_t)b * a.num_kv_heads + kh, 1u);
-                s_last = prev == (unsigned)(n_items - 1);
+                s_last = prev == (unsigned)(n_items * a.nsub - 1);
                 if (s_last) {
                     __threadfence();
                     a.counters[(int64_t)b * a.num_kv_heads + kh] = 0u; /* ready for the next run */
                 }
             }
             __syncthreads();
-            if (s_last && !has_next) {
+            if (s_last && rowmax_pass) {
+                /* Global rowmax, pass 1: the request's row max goes back into every chunk's
+                 * slot (pass 2 reads only its own slot, then overwrites it with L_i) and into
+                 * the lse output, where pass 2's merge finds it. */
+                for (int h = tid; h < g; h += KVA__DECODE_THREADS) {
+                    const int qh = kh * g + h;
+                    float M = -INFINITY;
+                    for (int st = cur.item_beg; st < cur.item_end; ++st)
+                        M = fmaxf(M, __ldcg(a.partial_lse + (int64_t)st * Hq + qh));
+                    for (int st = cur.item_beg; st < cur.item_end; ++st) a.partial_lse[(int64_t)st * Hq + qh] = M;
+                    if (a.lse) a.lse[(int64_t)b * Hq + qh] = M;
+                }
+            } else if (s_last && GR) {
+                /* Global rowmax, pass 2: every chunk's state is relative to the same max, so the
+                 * merge is O = sum O_i / sum L_i with no rescaling; MB states per round trip. */
+                const int gE4 = g * dh / 4;
+                for (int i = tid; i < gE4; i += KVA__DECODE_THREADS) {
+                    const int h = (i * 4) / dh, d = (i * 4) % dh, qh = kh * g + h;
+                    float L = 0.0f;
+                    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+                    constexpr int MB = 8;
+                    for (int s0 = cur.item_beg; s0 < cur.item_end; s0 += MB) {
+                        float ls[MB];
+                        float4 x[MB];
+#pragma unroll
+                        for (int j = 0; j < MB; ++j) {
+                            const int st = s0 + j < cur.item_end ? s0 + j : cur.item_end - 1;
+                            ls[j] = __ldcg(a.partial_lse + (int64_t)st * Hq + qh);
+                            x[j] = __ldcg(reinterpret_cast<const float4 *>(a.partial_o + ((int64_t)st * Hq + qh) * dh + d));
+                        }
+#pragma unroll
+                        for (int j = 0; j < MB; ++j)
+                            if (s0 + j < cur.item_end) {
+                                acc.x += x[j].x; acc.y += x[j].y; acc.z += x[j].z; acc.w += x[j].w;
+                                L += ls[j];
+                            }
+                    }
+                    const float inv = kva__softmax_inv(L);
+                    acc.x *= inv; acc.y *= inv; acc.z *= inv; acc.w *= inv;
+                    kva__store4<T>((T *)a.o + (int64_t)b * a.o_st + (int64_t)qh * a.o_sh + d, acc);
+                    if (a.lse && d == 0) {
+                        const float M = a.lse[(int64_t)b * Hq + qh]; /* pass 1 left the row max here */
+                        a.lse[(int64_t)b * Hq + qh] = kva__softmax_lse(M, L);
+                    }
+                }
+            } else if (s_last) {
+              for (int sg2 = 0; sg2 < a.nsub; ++sg2) {
+                /* sub-group sg2 of the KV head's query heads: gs2 heads from hb2 */
+                const int hb2 = kh * g + sg2 * a.sub;
+                const int gs2 = g - sg2 * a.sub < a.sub ? g - sg2 * a.sub : a.sub;
+                if (!has_next) {
                 /* The ring and combine buffers are idle (nothing of a next unit in flight): copy
-                 * the partial states (g rows of O and LSE per chunk, contiguous) into them with
+                 * the partial states (gs2 rows of O and LSE per chunk, contiguous) into them with
                  * cp.async, as many chunks per batch as fit -- one L2 round trip per batch. */
                 constexpr int EPT = (GM * D / 4 + KVA__DECODE_THREADS - 1) / KVA__DECODE_THREADS; /* float4 columns per thread */
-                const int gd = g * D;
-                const int batch_cap = (G::SMEM - G::RING_OFF) / (gd * 4 + g * 4);
+                const int gd = gs2 * dh;
+                const int batch_cap = (G::SMEM - G::RING_OFF) / (gd * 4 + gs2 * 4);
                 float *st_o = reinterpret_cast<float *>(ring);
                 float *st_l = st_o + (size_t)batch_cap * gd;
                 float Mx[EPT], Lx[EPT];
@@ -558,15 +680,15 @@ __global__ void __launch_bounds__(KVA__DECODE_THREADS)
                     const int nb = cur.item_end - s0 < batch_cap ? cur.item_end - s0 : batch_cap;
                     for (int i = tid; i < nb * (gd / 4); i += KVA__DECODE_THREADS) {
                         const int st = i / (gd / 4), e = i - st * (gd / 4);
-                        const float *src = a.partial_o + ((int64_t)(s0 + st) * Hq + kh * g) * D + e * 4;
+                        const float *src = a.partial_o + ((int64_t)(s0 + st) * Hq + hb2) * dh + e * 4;
                         asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(kva__smem_addr(st_o + (size_t)st * gd + e * 4)),
                                      "l"(src)
                                      : "memory");
                     }
                     kva__cp_async_commit();
-                    for (int i = tid; i < nb * g; i += KVA__DECODE_THREADS) {
-                        const int st = i / g, h = i - st * g;
-                        st_l[i] = __fmul_rn(__ldcg(a.partial_lse + (int64_t)(s0 + st) * Hq + kh * g + h), KVA__LOG2E_F);
+                    for (int i = tid; i < nb * gs2; i += KVA__DECODE_THREADS) {
+                        const int st = i / gs2, h = i - st * gs2;
+                        st_l[i] = __fmul_rn(__ldcg(a.partial_lse + (int64_t)(s0 + st) * Hq + hb2 + h), KVA__LOG2E_F);
                     }
                     kva__cp_async_wait<0>();
                     __syncthreads();
@@ -574,9 +696,9 @@ __global__ void __launch_bounds__(KVA__DECODE_THREADS)
                     for (int e = 0; e < EPT; ++e) {
                         const int i = tid + e * KVA__DECODE_THREADS;
                         if (i < gd / 4) {
-                            const int h = (i * 4) / D;
+                            const int h = (i * 4) / dh;
                             for (int st = 0; st < nb; ++st) {
-                                const float ls = st_l[st * g + h];
+                                const float ls = st_l[st * gs2 + h];
                                 const float4 x = *reinterpret_cast<const float4 *>(st_o + (size_t)st * gd + i * 4);
                                 const float m_new = fmaxf(Mx[e], ls);
                                 const float m_use = m_new == -INFINITY ? 0.0f : m_new;
@@ -596,7 +718,7 @@ __global__ void __launch_bounds__(KVA__DECODE_THREADS)
                 for (int e = 0; e < EPT; ++e) {
                     const int i = tid + e * KVA__DECODE_THREADS;
                     if (i < gd / 4) {
-                        const int h = (i * 4) / D, d = (i * 4) % D, qh = kh * g + h;
+                        const int h = (i * 4) / dh, d = (i * 4) % dh, qh = hb2 + h;
                         const float inv = kva__softmax_inv(Lx[e]);
                         float4 o4 = acc[e];
                         o4.x *= inv; o4.y *= inv; o4.z *= inv; o4.w *= inv;
@@ -605,11 +727,12 @@ __global__ void __launch_bounds__(KVA__DECODE_THREADS)
                             a.lse[(int64_t)b * Hq + qh] = kva__softmax_lse(Mx[e], Lx[e]);
                     }
                 }
-            } else if (s_last) {
+                } else {
                 /* A next unit's copies occupy the ring: merge straight from L2, MB states per
                  * round trip. (Split plans give each block one unit, so this is rare.) */
-                for (int i = tid; i < E4; i += KVA__DECODE_THREADS) {
-                    const int h = (i * 4) / D, d = (i * 4) % D, qh = kh * g + h;
+                const int E4s = gs2 * dh / 4;
+                for (int i = tid; i < E4s; i += KVA__DECODE_THREADS) {
+                    const int h = (i * 4) / dh, d = (i * 4) % dh, qh = hb2 + h;
                     float M = -INFINITY, L = 0.0f;
                     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
                     /* States in batches of MB whose loads are all issued before any is used. */
@@ -621,7 +744,7 @@ __global__ void __launch_bounds__(KVA__DECODE_THREADS)
                         for (int j = 0; j < MB; ++j) {
                             const int st = s0 + j < cur.item_end ? s0 + j : cur.item_end - 1;
                             ls[j] = __fmul_rn(__ldcg(a.partial_lse + (int64_t)st * Hq + qh), KVA__LOG2E_F);
-                            x[j] = __ldcg(reinterpret_cast<const float4 *>(a.partial_o + ((int64_t)st * Hq + qh) * D + d));
+                            x[j] = __ldcg(reinterpret_cast<const float4 *>(a.partial_o + ((int64_t)st * Hq + qh) * dh + d));
                             if (s0 + j >= cur.item_end) ls[j] = -INFINITY;
                         }
 #pragma unroll
@@ -643,6 +766,8 @@ __global__ void __launch_bounds__(KVA__DECODE_THREADS)
                     if (a.lse && d == 0)
                         a.lse[(int64_t)b * Hq + qh] = kva__softmax_lse(M, L);
                 }
+                }
+              }
             }
         }
         if (!has_next) break;
@@ -655,9 +780,12 @@ __global__ void __launch_bounds__(KVA__DECODE_THREADS)
 /* Instantiates the kernels of one element type and head dim, and the lookups the launcher
  * calls (declared in decode_kernels.h). */
 #define KVA__DECODE_INSTANTIATE(T, D, NAME)                                                    \
-    const void *NAME(int nt) {                                                                 \
-        return nt == 1 ? (const void *)kva__decode_kernel<T, D, 1>                              \
-                       : (const void *)kva__decode_kernel<T, D, 2>;                             \
+    const void *NAME(int nt, int gr) {                                                         \
+        if (gr)                                                                                \
+            return nt == 1 ? (const void *)kva__decode_kernel<T, D, 1, true>                    \
+                           : (const void *)kva__decode_kernel<T, D, 2, true>;                   \
+        return nt == 1 ? (const void *)kva__decode_kernel<T, D, 1, false>                       \
+                       : (const void *)kva__decode_kernel<T, D, 2, false>;                      \
     }                                                                                          \
     int NAME##_smem(int nt) {                                                                  \
         return nt == 1 ? kva__decode_geom<T, D, 1>::SMEM : kva__decode_geom<T, D, 2>::SMEM;     \

@@ -36,22 +36,29 @@ typedef struct kva__decode_args {
     float *partial_lse;          /* f32 [work][num_qo_heads] */
     unsigned *counters;          /* u32 [batch][num_kv_heads], zero between runs */
     int32_t num_qo_heads, num_kv_heads, group, page_size, window_left;
+    int32_t head_dim;            /* the real head dim (<= the kernel's D; the rest is zero-filled) */
+    int32_t sub, nsub;           /* query heads per unit (<= 8 * NT) and units per (work item, KV
+                                  * head): a GQA group of more than 16 heads is served in nsub
+                                  * sub-groups of sub heads (the last may hold fewer) */
+    int32_t units_per_work;      /* num_kv_heads * nsub */
+    int32_t pass;                /* global-rowmax kernels: 1 = row max of each chunk, 2 = exp
+                                  * against the request's max and plain-sum merge; 0 otherwise */
     float scale_log2;            /* sm_scale * log2(e), used without a soft cap */
     float cap_log2;              /* soft cap * log2(e), or 0 for none */
     float cap_inv_scale;         /* sm_scale / soft cap */
 } kva__decode_args;
 
-/* Kernel for groups of up to 8 (nt = 1) or 16 (nt = 2) query heads per KV head, and the
- * dynamic shared memory it needs. */
-const void *kva__decode_bf16_d64(int nt);
-const void *kva__decode_bf16_d128(int nt);
-const void *kva__decode_bf16_d256(int nt);
-const void *kva__decode_f16_d64(int nt);
-const void *kva__decode_f16_d128(int nt);
-const void *kva__decode_f16_d256(int nt);
-const void *kva__decode_f32_d64(int nt);
-const void *kva__decode_f32_d128(int nt);
-const void *kva__decode_f32_d256(int nt);
+/* Kernel for up to 8 (nt = 1) or 16 (nt = 2) query heads per unit, partial rowmax (gr = 0) or
+ * global rowmax (gr = 1), and the dynamic shared memory it needs. */
+const void *kva__decode_bf16_d64(int nt, int gr);
+const void *kva__decode_bf16_d128(int nt, int gr);
+const void *kva__decode_bf16_d256(int nt, int gr);
+const void *kva__decode_f16_d64(int nt, int gr);
+const void *kva__decode_f16_d128(int nt, int gr);
+const void *kva__decode_f16_d256(int nt, int gr);
+const void *kva__decode_f32_d64(int nt, int gr);
+const void *kva__decode_f32_d128(int nt, int gr);
+const void *kva__decode_f32_d256(int nt, int gr);
 int kva__decode_bf16_d64_smem(int nt);
 int kva__decode_bf16_d128_smem(int nt);
 int kva__decode_bf16_d256_smem(int nt);
@@ -62,9 +69,22 @@ int kva__decode_f32_d64_smem(int nt);
 int kva__decode_f32_d128_smem(int nt);
 int kva__decode_f32_d256_smem(int nt);
 
-/* The decode kernel for (dtype, head_dim, nt) with its dynamic shared memory and the blocks of
- * it one SM of ctx's device holds at once (cuda_context.cu); NULL if there is none. */
-const void *kva__decode_kernel_for(const kva_context *ctx, kva_dtype dtype, int head_dim, int nt,
-                                   int *smem, int *blocks_per_sm);
+/* What the kernel chooser decided for one (dtype, head dim, GQA group, algorithm). */
+typedef struct kva__decode_choice {
+    const void *fn;     /* the kernel */
+    int smem;           /* its dynamic shared memory */
+    int blocks_per_sm;  /* blocks of it one SM of the context's device holds at once */
+    int built_dim;      /* the D it was built for (>= head_dim; the rest is zero-filled) */
+    int nt;             /* 8-head N tiles per unit (1 or 2) */
+    int sub, nsub;      /* query heads per unit, units per (work item, KV head) */
+} kva__decode_choice;
+
+/* THE decode kernel chooser: the launch (decode_launch.cu), the "supported?" answer of limits
+ * and params validation (kva__cuda_decode_supported) and the split policy all ask it, so they
+ * never disagree. Head dims: any multiple of 16 in 32..256 runs on the next built D (64, 128,
+ * 256) with predicated loads and stores; groups: any, in sub-groups of <= 16 heads. Returns
+ * false (choice untouched) when no kernel serves the shape. ctx may be NULL (occupancy 1). */
+bool kva__decode_kernel_for(const kva_context *ctx, kva_dtype dtype, int head_dim, int group, int gr,
+                            kva__decode_choice *choice);
 
 #endif /* KVA_CUDA_DECODE_KERNELS_H */

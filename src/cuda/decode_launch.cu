@@ -1,6 +1,10 @@
 /*
  * decode_launch.cu -- kva__cuda_decode_run: picks the decode kernel for (dtype, head dim, GQA
- * group) and launches it once on the context stream (the split-KV merge is fused into it).
+ * group, algorithm) with kva__decode_kernel_for and launches it on the context stream: once for
+ * partial rowmax (the split-KV merge is fused into it), twice for global rowmax (pass 1: each
+ * chunk's row max, reduced per request by the last block; pass 2: exp against it, plain-sum
+ * merge). Both launches have the same shape and arguments but the pass number, so a graph
+ * captured with either algorithm replays after re-planning.
  *
  * The grid is persistent: min(padded_work x num_kv_heads, blocks resident at once), each block
  * looping over (work item, KV head) units (decode_kernel.cuh). Kernel arguments hold only what is fixed
@@ -19,14 +23,17 @@ extern "C" kva_status kva__cuda_decode_run(kva_context *ctx, const kva_plan *pla
                                            const kva_kv_pages *pages, kva_tensor o, float *lse) {
     const int Hq = params->num_qo_heads, Hk = params->num_kv_heads, D = params->head_dim;
     const int group = Hq / Hk;
-    int smem = 0, per_sm = 1;
-    const void *fn = kva__decode_kernel_for(ctx, pages->dtype, D, group <= 8 ? 1 : 2, &smem, &per_sm);
-    if (!fn)
-        return kva__fail(KVA_ERR_UNSUPPORTED, "kva_decode_run: %s with head_dim %d is not built for CUDA",
-                         kva_dtype_name(pages->dtype), D);
-    /* Persistent grid: every block resident at once, each looping over (work item, KV head)
-     * units; never more blocks than the plan (padded for graphs) has units. */
-    const int64_t units = (int64_t)plan->padded_work * Hk;
+    const int gr = plan->algo == KVA_DECODE_GLOBAL_ROWMAX;
+    kva__decode_choice ch;
+    if (!kva__decode_kernel_for(ctx, pages->dtype, D, group, gr, &ch))
+        return kva__fail(KVA_ERR_UNSUPPORTED,
+                         "kva_decode_run: %s with head_dim %d, GQA group %d has no CUDA decode kernel "
+                         "(head_dim: multiples of 16 in 32..256)",
+                         kva_dtype_name(pages->dtype), D, group);
+    const int smem = ch.smem, per_sm = ch.blocks_per_sm;
+    /* Persistent grid: every block resident at once, each looping over (work item, KV head,
+     * sub-group) units; never more blocks than the plan (padded for graphs) has units. */
+    const int64_t units = (int64_t)plan->padded_work * Hk * ch.nsub;
     if (units == 0) return KVA_OK;
     if (units > 0x7fffffff)
         return kva__fail(KVA_ERR_BAD_SHAPE, "kva_decode_run: %lld (work item, KV head) units exceed 2^31",
@@ -71,6 +78,11 @@ extern "C" kva_status kva__cuda_decode_run(kva_context *ctx, const kva_plan *pla
     a.group = group;
     a.page_size = h->page_size;
     a.window_left = params->window_left < 0 ? -1 : params->window_left;
+    a.head_dim = D;
+    a.sub = ch.sub;
+    a.nsub = ch.nsub;
+    a.units_per_work = Hk * ch.nsub;
+    a.pass = 0;
     const float sm_scale = params->sm_scale > 0 ? params->sm_scale : 1.0f / sqrtf((float)D);
     const float log2e = 1.4426950408889634f;
     a.scale_log2 = sm_scale * log2e;
@@ -84,7 +96,10 @@ extern "C" kva_status kva__cuda_decode_run(kva_context *ctx, const kva_plan *pla
     }
 
     void *args[] = {&a};
-    KVA_CUDA_TRY(cudaLaunchKernel(fn, dim3((unsigned)blocks), dim3(KVA__DECODE_THREADS), args,
-                                  (size_t)smem, kva__stream(ctx)));
+    for (int pass = gr ? 1 : 0; pass <= (gr ? 2 : 0); ++pass) {
+        a.pass = pass; /* copied into the launch: the second launch sees 2 */
+        KVA_CUDA_TRY(cudaLaunchKernel(ch.fn, dim3((unsigned)blocks), dim3(KVA__DECODE_THREADS), args,
+                                      (size_t)smem, kva__stream(ctx)));
+    }
     return KVA_OK;
 }

@@ -143,10 +143,9 @@ static kva_status make_plan(kva_context *ctx, const kva_plan_limits *limits, con
     if (opt.flags & ~(uint32_t)(KVA_PLAN_NO_SPLIT | KVA_PLAN_GRAPH))
         return kva__fail(KVA_ERR_INVALID_ARG, "%s: options.flags 0x%x has unknown bits", kva__api(),
                          opt.flags);
-    if (opt.algo == KVA_DECODE_GLOBAL_ROWMAX &&
-        (in->kind != KVA__PLAN_DECODE || ctx->device != KVA_DEVICE_CPU))
+    if (opt.algo == KVA_DECODE_GLOBAL_ROWMAX && in->kind != KVA__PLAN_DECODE)
         return kva__fail(KVA_ERR_UNSUPPORTED,
-                         "%s: options.algo: the global-rowmax algorithm exists for CPU decode only",
+                         "%s: options.algo: the global-rowmax algorithm exists for decode only",
                          kva__api());
     if (opt.fixed_chunk_size < 0)
         return kva__fail(KVA_ERR_INVALID_ARG, "%s: options.fixed_chunk_size %d < 0", kva__api(),
