@@ -95,30 +95,28 @@ static int64_t count_congruent(int64_t lo, int64_t hi, int64_t r, int64_t m) {
 }
 
 /* Estimated makespan of the plan for `chunk` in the order of kva__sched_decode_order: with
- * units sorted by cost, block loads do not increase with the block index, so the slowest SM is
- * the one of block 0, holding blocks 0, S, 2S, ... (S = G / sm_blocks; the hardware hands the
- * blocks of a persistent grid out breadth-first, one per SM per pass). Its streaming time is
- * its blocks' summed cost / sm_blocks; the largest merge is added on top (it runs on one block,
- * latency bound). */
+ * units sorted by cost, block loads do not increase with the block index, so block 0 is the
+ * slowest. A grid of at most G / sm_blocks units gets an SM per block (the hardware hands out
+ * a grid's blocks breadth-first), and a block alone on its SM streams sm_blocks times faster;
+ * otherwise we cannot know which blocks share an SM and take the block's own share. The largest
+ * merge is added on top (one block, latency bound). */
 static double estimate_makespan(const kva__split_problem *p, int32_t chunk, const int32_t *order) {
     const int64_t H = p->num_kv_heads > 0 ? p->num_kv_heads : 1;
     const int64_t G = p->max_blocks > 0 ? p->max_blocks : 1;
-    int64_t sm_blocks = p->sm_blocks > 1 ? p->sm_blocks : 1;
-    if (sm_blocks > G) sm_blocks = G;
-    const int64_t S = G / sm_blocks;
-    double sm0 = 0.0, merge = 0.0;
+    const int64_t sm_blocks = p->sm_blocks > 1 ? p->sm_blocks : 1;
+    double block0 = 0.0, merge = 0.0;
     int64_t pos = 0;
     for (int32_t j = 0; j < p->batch_size; ++j) {
         const int32_t len = p->kv_len[order[j]];
         const int64_t n = kva__sched_chunks_of(len, chunk);
         const double unit = KVA__SCHED_ITEM_COST_KEYS + item_keys_of(len, chunk, 1);
-        for (int64_t k = 0; k < sm_blocks; ++k)
-            sm0 += unit * (double)count_congruent(pos, pos + n * H, k * S, G);
+        block0 += unit * (double)count_congruent(pos, pos + n * H, 0, G);
         if (n > 1 && n * KVA__SCHED_MERGE_COST_PER_STATE_KEYS > merge)
             merge = (double)(n * KVA__SCHED_MERGE_COST_PER_STATE_KEYS);
         pos += n * H;
     }
-    return sm0 / (double)sm_blocks + merge;
+    const double share = pos <= G / sm_blocks ? (double)sm_blocks : 1.0;
+    return block0 / share + merge;
 }
 
 int32_t kva__sched_decode_chunk(const kva__split_problem *p, int64_t *keys, int32_t *order) {

@@ -12,8 +12,8 @@
  *   a unit of n keys costs KVA__SCHED_ITEM_COST_KEYS + n;
  *   a (request, KV head) split into c chunks costs KVA__SCHED_MERGE_COST_PER_STATE_KEYS * c more,
  *   on the one block that merges it (the last to arrive);
- *   blocks sharing an SM share its bandwidth (sm_blocks in kva__split_problem), so an SM's
- *   streaming time is the sum of its blocks' costs / sm_blocks.
+ *   sm_blocks blocks share an SM's bandwidth (kva__split_problem), so a grid of at most
+ *   G / sm_blocks units, one block per SM, streams sm_blocks times faster.
  *
  * Order: requests longest item first, each request's chunks contiguous (its merge range stays
  * one interval of work items). With units sorted by cost, block i's k-th unit is the largest
