@@ -98,6 +98,9 @@ kva_status kva__compute_layout(const kva_context *ctx, const kva_plan_limits *li
         const int64_t by_keys = limits->max_total_pages * (int64_t)limits->page_size /
                                 KVA__SCHED_MIN_SPLIT_CHUNK;
         L.cap_work = B + (by_rounds < by_keys ? by_rounds : by_keys);
+        /* never below the block budget the binary-search planner sized for: fixed chunk sizes
+         * planned without limits.min_fixed_chunk keep fitting where they did */
+        if (L.cap_work < budget_items) L.cap_work = budget_items;
         L.cap_split_work = L.cap_work; /* partial states are indexed by work item */
     } else {
         int32_t tile = L.policy.qo_tile > 0 ? L.policy.qo_tile : 1;
