@@ -1,7 +1,7 @@
 /*
  * plan.c -- kva_decode_plan / kva_prefill_plan: validate the batch's host arrays, choose the
- * split (decode: decode_scheduler.c; prefill: planner.c), and write header + index arrays into the workspace's host part; on CUDA,
- * upload them to the device part with one async copy.
+ * split (decode: decode_scheduler.c; prefill: planner.c), and write header + index arrays into
+ * the workspace's host part; on CUDA, upload them to the device part with one async copy.
  */
 #include "planner.h"
 #include "decode_scheduler.h"

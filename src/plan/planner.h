@@ -6,7 +6,9 @@
  * writes output 0 and LSE -inf). Every (request, query tile, key chunk) triple is one work item;
  * a backend runs each work item once per KV head. The chunk size is the smallest one whose
  * work-item count, times the KV heads, fits in the device's concurrent block budget: as much
- * parallelism as the device can hold at once, and no more merging than that needs.
+ * parallelism as the device can hold at once, and no more merging than that needs. Prefill plans
+ * use this search; decode plans use the balanced scheduler of decode_scheduler.h, which shares
+ * kva__split_problem.
  */
 #ifndef KVA_PLANNER_H
 #define KVA_PLANNER_H
