@@ -119,7 +119,9 @@ static double estimate_makespan(const kva__split_problem *p, int32_t chunk, cons
     return block0 / share + merge;
 }
 
-int32_t kva__sched_decode_chunk(const kva__split_problem *p, int64_t *keys, int32_t *order) {
+/* The chunk before the order: see kva__sched_decode_chunk. */
+static int32_t choose_chunk(const kva__split_problem *p, int64_t *keys, int32_t *order,
+                            int32_t *ordered_for) {
     int32_t max_len = 1;
     double keys_total = 0.0;
     for (int32_t b = 0; b < p->batch_size; ++b) {
@@ -142,18 +144,23 @@ int32_t kva__sched_decode_chunk(const kva__split_problem *p, int64_t *keys, int3
     const int64_t merge_floor = (max_len + max_chunks - 1) / max_chunks;
     if (merge_floor > floor_chunk) floor_chunk = merge_floor;
 
-    /* candidates from the largest chunk (no split) down; a smaller one must win by 2% */
+    /* candidates from the largest chunk (no split) down; a smaller one must win by 2%, and the
+     * search stops once a plan is within 3% of the mean block cost (no plan beats the mean;
+     * each candidate costs a sort) */
     int32_t best = max_len;
     kva__sched_decode_order(p, best, 1, keys, order);
+    *ordered_for = best;
     double best_cost = estimate_makespan(p, best, order);
     const double mean_block = keys_total * (double)H / (double)G;
-    for (int32_t rounds = 1; rounds <= KVA__SCHED_MAX_ROUNDS; rounds *= 2) {
+    for (int32_t rounds = 1; rounds <= KVA__SCHED_MAX_ROUNDS && best_cost > 1.03 * mean_block;
+         rounds *= 2) {
         double want = ceil(mean_block / rounds);
         int64_t c = want > (double)max_len ? max_len : (int64_t)want;
         if (c < floor_chunk) c = floor_chunk;
         c = (c + KVA__SCHED_CHUNK_GRANULE - 1) / KVA__SCHED_CHUNK_GRANULE * KVA__SCHED_CHUNK_GRANULE;
         if (c >= max_len || c >= best) continue;
         kva__sched_decode_order(p, (int32_t)c, 1, keys, order);
+        *ordered_for = (int32_t)c;
         double cost = estimate_makespan(p, (int32_t)c, order);
         if (cost < 0.98 * best_cost) {
             best = (int32_t)c;
@@ -161,6 +168,14 @@ int32_t kva__sched_decode_chunk(const kva__split_problem *p, int64_t *keys, int3
         }
     }
     return best;
+}
+
+int32_t kva__sched_decode_chunk(const kva__split_problem *p, int64_t *keys, int32_t *order) {
+    int32_t ordered_for = 0;
+    const int32_t chunk = choose_chunk(p, keys, order, &ordered_for);
+    const int equal = p->fixed_chunk <= 0;
+    if (!equal || ordered_for != chunk) kva__sched_decode_order(p, chunk, equal, keys, order);
+    return chunk;
 }
 
 double kva__sched_simulate(int64_t num_work, const int32_t *item_keys, const int32_t *group_indptr,

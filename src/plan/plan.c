@@ -258,8 +258,7 @@ static kva_status make_plan(kva_context *ctx, const kva_plan_limits *limits, con
          * (8 ints per work item >= 3 per request) */
         int64_t *sort_keys = (int64_t *)(void *)(ints + h->off_unit_records);
         int32_t *order = ints + h->off_unit_records + 2 * (int64_t)B;
-        chunk = kva__sched_decode_chunk(&p, sort_keys, order);
-        kva__sched_decode_order(&p, chunk, equal_chunks, sort_keys, order);
+        chunk = kva__sched_decode_chunk(&p, sort_keys, order); /* and the order */
         w = kva__sched_decode_flatten(&p, chunk, order, req, kt, L.cap_work, gi, L.cap_groups + 1);
         for (int64_t i = 0; i < w; ++i) qt[i] = 0;
     } else {
