@@ -16,13 +16,14 @@
  *   G / sm_blocks units, one block per SM, streams sm_blocks times faster.
  *
  * Order: requests longest item first, each request's chunks contiguous (its merge range stays
- * one interval of work items). With units sorted by cost, block i's k-th unit is the largest
- * of round k that block i+1 does not get, so block 0 is the slowest block and
- *   max block cost <= total / G + largest unit cost (+ its merge).
+ * one interval of work items). With units sorted by cost, in every round of G units block i
+ * gets a unit at least as costly as block i + 1's, so block 0 is the slowest block and
+ *   max block cost <= total / G + largest unit cost (+ the merges it runs).
  * Chunks: a request of L keys is cut into n = ceil(L / chunk) equal parts (so no tiny tail item
  * carries a full fixed cost). The chunk is the candidate with the smallest estimated makespan
  * among: no split, and chunk = mean block cost / R for R = 1, 2, 4, 8 (R units per block slot;
- * R = 8 bounds the slowest block at ~1 + 1/8 of the mean). Every candidate is at least
+ * R = 8 bounds the slowest block at ~1 + 1/8 of the mean); a finer one must be 2% better, and
+ * the search stops at a plan within 3% of the mean. Every candidate is at least
  * KVA__SCHED_MIN_SPLIT_CHUNK keys (and the policy's min_chunk), and no request has more chunks
  * than min(KVA__SCHED_MAX_CHUNKS_PER_REQUEST, G / H, sqrt(Lmax / merge cost per state)) for the
  * longest request's Lmax: past the square root, one more chunk of it adds more merge time than
