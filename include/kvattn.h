@@ -359,7 +359,10 @@ typedef struct kva_plan {
     int32_t kind;              /* internal: decode, prefill-ragged or prefill-paged */
     int32_t batch_size;
     int32_t num_qo_heads, num_kv_heads, head_dim, page_size;
-    int32_t kv_chunk_size;     /* keys per work item (the binary-search result) */
+    int32_t kv_chunk_size;     /* the longest key chunk of a work item. Decode: a searched plan
+                                  cuts each request into equal chunks of at most this many keys;
+                                  fixed_chunk_size cuts at its multiples. Prefill: keys per work
+                                  item (the binary-search result) */
     int32_t qo_tile_size;      /* query rows per work item (prefill; 1 for decode) */
     int32_t num_work;          /* flattened (request, q tile, kv chunk) work items */
     int32_t padded_work;       /* launch size; > num_work only with KVA_PLAN_GRAPH */
@@ -369,7 +372,10 @@ typedef struct kva_plan {
     const int32_t *request_indices; /* [num_work] request of each work item */
     const int32_t *qo_tile_indices; /* [num_work] query tile of each work item */
     const int32_t *kv_tile_indices; /* [num_work] key chunk of each work item */
-    const int32_t *merge_indptr;    /* [batch+1] work items of request b: merge_indptr[b..b+1) (decode) */
+    const int32_t *merge_indptr;    /* [batch+1] decode: work items merge_indptr[j] ..
+                                       merge_indptr[j+1]-1 are the chunks of the j-th request in
+                                       work order, request_indices[merge_indptr[j]]; requests are
+                                       listed longest chunk first, so j is not the request index */
     kva_workspace workspace;   /* the workspace this plan lives in */
     uint32_t generation;       /* which plan call into that workspace made it: every later plan
                                   call into the same workspace (failed or not) makes this plan

@@ -1,6 +1,6 @@
 /*
- * test_planner.c -- the split-KV planner (src/plan/planner.c) and the plan functions, pure host
- * arithmetic, no run: the chunk-size search returns the smallest chunk within the budget, the
+ * test_planner.c -- the split-KV planner (src/plan/planner.c, decode_scheduler.c) and the plan
+ * functions, pure host arithmetic, no run (balance: test_decode_scheduler.c): the chunk-size search returns the smallest chunk within the budget, the
  * flattened work items cover every (request, query tile, key position) exactly once, no-split
  * gives one item per request, KVA_PLAN_GRAPH keeps the launch size fixed across re-plans, and
  * workspaces that are too small are refused.
@@ -174,21 +174,45 @@ static int32_t table_len(const table *t, int32_t b, int32_t page_size) {
     return np ? (np - 1) * page_size + t->last[b] : 0;
 }
 
-/* The plan's work items, read back from the plan struct, cover every key once. */
+/* A decode plan, read back from the plan struct and its unit records: merge_indptr is a CSR
+ * over the requests in work order, each request appears in exactly one group, its chunks
+ * (records' key ranges, in chunk order, none longer than kv_chunk_size) cover its keys once,
+ * records name their group's merge range, and groups come longest chunk first. */
 static void check_decode_plan(const kva_plan *plan, const table *t, int32_t page_size) {
-    int32_t B = t->pt.batch_size;
-    int32_t lens[64];
-    for (int32_t b = 0; b < B; ++b) lens[b] = table_len(t, b, page_size);
-    kva__split_problem p;
-    memset(&p, 0, sizeof p);
-    p.batch_size = B;
-    p.kv_len = lens;
-    p.qo_tile = 1;
-    CHECK(plan->merge_indptr[0] == 0 && plan->merge_indptr[B] == plan->num_work);
-    check_coverage(&p, plan->kv_chunk_size, plan->request_indices, plan->qo_tile_indices,
-                   plan->kv_tile_indices, plan->num_work, plan->merge_indptr);
-    int split = 0;
-    for (int32_t b = 0; b < B; ++b) split |= plan->merge_indptr[b + 1] - plan->merge_indptr[b] > 1;
+    int32_t B = t->pt.batch_size, split = 0, seen[64] = {0};
+    const kva__plan_header *h = kva__plan_header_of(plan->workspace.host);
+    const int32_t *rec = kva__plan_ints(plan->workspace.host) + h->off_unit_records;
+    const int32_t *gi = plan->merge_indptr;
+    CHECK(gi[0] == 0 && gi[B] == plan->num_work);
+    int32_t prev_keys = INT32_MAX;
+    for (int32_t j = 0; j < B; ++j) {
+        CHECK_MSG(gi[j + 1] > gi[j], "group %d has no work item", j);
+        if (gi[j + 1] <= gi[j]) continue;
+        int32_t b = plan->request_indices[gi[j]], len = table_len(t, b, page_size), at = 0;
+        CHECK(b >= 0 && b < B);
+        if (b < 0 || b >= B) continue;
+        seen[b]++;
+        split |= gi[j + 1] - gi[j] > 1;
+        for (int32_t w = gi[j]; w < gi[j + 1]; ++w) {
+            const int32_t *r = rec + (size_t)w * KVA__UNIT_RECORD_INTS;
+            CHECK(plan->request_indices[w] == b && r[KVA__UR_REQUEST] == b);
+            CHECK(plan->kv_tile_indices[w] == w - gi[j]);
+            CHECK(r[KVA__UR_ITEM_BEG] == gi[j] && r[KVA__UR_ITEM_END] == gi[j + 1]);
+            CHECK(r[KVA__UR_KV_LEN] == len);
+            CHECK_MSG(r[KVA__UR_KEY_BEG] == at && r[KVA__UR_KEY_END] > at - (len == 0) &&
+                          r[KVA__UR_KEY_END] - at <= plan->kv_chunk_size,
+                      "request %d chunk %d: keys [%d, %d), expected from %d, chunk %d", b,
+                      w - gi[j], r[KVA__UR_KEY_BEG], r[KVA__UR_KEY_END], at, plan->kv_chunk_size);
+            at = r[KVA__UR_KEY_END];
+        }
+        CHECK_MSG(at == len, "request %d: chunks end at key %d of %d", b, at, len);
+        const int32_t *r0 = rec + (size_t)gi[j] * KVA__UNIT_RECORD_INTS;
+        int32_t first = r0[KVA__UR_KEY_END] - r0[KVA__UR_KEY_BEG];
+        /* fixed chunks keep the same order key (chunk or the whole short request) */
+        CHECK_MSG(first <= prev_keys, "group %d (%d keys) after a group of %d keys", j, first, prev_keys);
+        prev_keys = first;
+    }
+    for (int32_t b = 0; b < B; ++b) CHECK_MSG(seen[b] == 1, "request %d in %d groups", b, seen[b]);
     CHECK(plan->split_kv == split);
 }
 
@@ -236,9 +260,10 @@ KVA_TEST(planner_decode_plans) {
     kva_plan plan;
     REQUIRE_OK(kva_decode_plan(ctx, &lim, &t.pt, num_pages, &fixed, ws, &plan));
     CHECK(plan.kv_chunk_size == 37);
-    for (int32_t b = 0; b < 5; ++b) {
+    for (int32_t j = 0; j < 5; ++j) {
+        int32_t b = plan.request_indices[plan.merge_indptr[j]];
         int32_t len = table_len(&t, b, page_size), n = len ? (len + 36) / 37 : 1;
-        CHECK(plan.merge_indptr[b + 1] - plan.merge_indptr[b] == n);
+        CHECK(plan.merge_indptr[j + 1] - plan.merge_indptr[j] == n);
     }
     check_decode_plan(&plan, &t, page_size);
     free(ws.device);

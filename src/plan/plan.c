@@ -1,9 +1,10 @@
 /*
  * plan.c -- kva_decode_plan / kva_prefill_plan: validate the batch's host arrays, choose the
- * split (planner.c), and write header + index arrays into the workspace's host part; on CUDA,
- * upload them to the device part with one async copy.
+ * split (decode: decode_scheduler.c; prefill: planner.c), and write header + index arrays into
+ * the workspace's host part; on CUDA, upload them to the device part with one async copy.
  */
 #include "planner.h"
+#include "decode_scheduler.h"
 #include "workspace_layout.h"
 #include "../common/internal.h"
 #include "../cuda/cuda_backend.h"
@@ -242,10 +243,27 @@ static kva_status make_plan(kva_context *ctx, const kva_plan_limits *limits, con
     p.fixed_chunk = opt.fixed_chunk_size;
     p.no_split = (opt.flags & KVA_PLAN_NO_SPLIT) != 0;
 
-    int32_t chunk = kva__search_chunk_size(&p);
     int32_t *req = ints + h->off_request, *qt = ints + h->off_qo_tile, *kt = ints + h->off_kv_tile;
     int32_t *gi = ints + h->off_group_indptr;
-    int64_t w = kva__flatten_work(&p, chunk, req, qt, kt, L.cap_work, gi, L.cap_groups + 1);
+    int32_t chunk;
+    int64_t w;
+    /* decode: searched plans cut each request into equal parts (decode_scheduler.h) */
+    const int equal_chunks = opt.fixed_chunk_size == 0;
+    if (in->kind == KVA__PLAN_DECODE) {
+        /* blocks of one SM share its bandwidth; the CUDA policy's budget is SMs x blocks */
+        p.sm_blocks = ctx->device == KVA_DEVICE_CUDA && ctx->num_sms > 0
+                          ? (int32_t)(L.policy.max_blocks / ctx->num_sms) : 1;
+        /* scratch for the longest-first order: the unit records, written after flattening
+         * (8 ints per work item >= 3 per request) */
+        int64_t *sort_keys = (int64_t *)(void *)(ints + h->off_unit_records);
+        int32_t *order = ints + h->off_unit_records + 2 * (int64_t)B;
+        chunk = kva__sched_decode_chunk(&p, sort_keys, order); /* and the order */
+        w = kva__sched_decode_flatten(&p, chunk, order, req, kt, L.cap_work, gi, L.cap_groups + 1);
+        for (int64_t i = 0; i < w; ++i) qt[i] = 0;
+    } else {
+        chunk = kva__search_chunk_size(&p);
+        w = kva__flatten_work(&p, chunk, req, qt, kt, L.cap_work, gi, L.cap_groups + 1);
+    }
     if (w < 0 && opt.fixed_chunk_size > 0 && limits->min_fixed_chunk == 0)
         return kva__fail(KVA_ERR_WORKSPACE_TOO_SMALL,
                          "%s: options.fixed_chunk_size %d makes %lld work items, more than the %lld "
@@ -295,19 +313,23 @@ static kva_status make_plan(kva_context *ctx, const kva_plan_limits *limits, con
     h->rows_per_work = L.rows_per_work;
     h->cap_work = L.cap_work;
     if (in->kind == KVA__PLAN_DECODE) {
-        /* one record per work item: what a GPU block needs before streaming, in one load */
+        /* one record per work item: what a GPU block needs before streaming, in one load;
+         * group j (request req[gi[j]]) owns work items gi[j] .. gi[j+1]-1 */
         int32_t *rec = ints + h->off_unit_records;
-        for (int64_t i = 0; i < w; ++i, rec += KVA__UNIT_RECORD_INTS) {
-            const int32_t b = req[i], len = kv_len[b];
-            const int64_t beg = (int64_t)kt[i] * chunk;
-            rec[KVA__UR_REQUEST] = b;
-            rec[KVA__UR_KEY_BEG] = (int32_t)(beg < len ? beg : len);
-            rec[KVA__UR_KEY_END] = (int32_t)(beg + chunk < len ? beg + chunk : len);
-            rec[KVA__UR_KV_LEN] = len;
-            rec[KVA__UR_PAGE_BEG] = kv_indptr[b];
-            rec[KVA__UR_ITEM_BEG] = gi[b];
-            rec[KVA__UR_ITEM_END] = gi[b + 1];
-            rec[KVA__UR_PAD] = 0;
+        for (int64_t j = 0; j < g; ++j) {
+            for (int64_t i = gi[j]; i < gi[j + 1]; ++i, rec += KVA__UNIT_RECORD_INTS) {
+                const int32_t b = req[i], len = kv_len[b];
+                int32_t beg, end;
+                kva__sched_chunk_range(len, chunk, equal_chunks, kt[i], &beg, &end);
+                rec[KVA__UR_REQUEST] = b;
+                rec[KVA__UR_KEY_BEG] = beg;
+                rec[KVA__UR_KEY_END] = end;
+                rec[KVA__UR_KV_LEN] = len;
+                rec[KVA__UR_PAGE_BEG] = kv_indptr[b];
+                rec[KVA__UR_ITEM_BEG] = gi[j];
+                rec[KVA__UR_ITEM_END] = gi[j + 1];
+                rec[KVA__UR_PAD] = 0;
+            }
         }
     } else {
         int32_t *rec = ints + h->off_unit_records;

@@ -6,7 +6,9 @@
  * writes output 0 and LSE -inf). Every (request, query tile, key chunk) triple is one work item;
  * a backend runs each work item once per KV head. The chunk size is the smallest one whose
  * work-item count, times the KV heads, fits in the device's concurrent block budget: as much
- * parallelism as the device can hold at once, and no more merging than that needs.
+ * parallelism as the device can hold at once, and no more merging than that needs. Prefill plans
+ * use this search; decode plans use the balanced scheduler of decode_scheduler.h, which shares
+ * kva__split_problem.
  */
 #ifndef KVA_PLANNER_H
 #define KVA_PLANNER_H
@@ -20,6 +22,7 @@ typedef struct kva__split_problem {
     int32_t qo_tile;        /* query tokens per work item (>= 1) */
     int32_t num_kv_heads;   /* each work item runs once per KV head */
     int64_t max_blocks;     /* concurrent (work item x KV head) blocks the device holds */
+    int32_t sm_blocks;      /* decode: blocks that share one SM's bandwidth (0 or 1: none) */
     int32_t min_chunk;      /* never split into chunks shorter than this */
     int32_t fixed_chunk;    /* > 0: use this chunk size, skip the search */
     int32_t no_split;       /* 1: chunk = longest request */

@@ -1,5 +1,6 @@
 /* workspace_layout.c -- capacities and offsets of a workspace for given limits (see header). */
 #include "workspace_layout.h"
+#include "decode_scheduler.h"
 #include "../common/internal.h"
 #include "../api/validate.h"
 
@@ -88,9 +89,19 @@ kva_status kva__compute_layout(const kva_context *ctx, const kva_plan_limits *li
         L.policy.qo_tile = 1;
         L.rows_per_work = limits->num_qo_heads;
         L.cap_groups = B;
-        /* Either no split (one item per request) or the budget bounds the item count. */
-        L.cap_work = B > budget_items ? B : budget_items;
-        L.cap_split_work = L.cap_work;
+        /* One item per request, plus the chunks the scheduler adds (decode_scheduler.h): split
+         * chunks are >= KVA__SCHED_MIN_SPLIT_CHUNK keys and >= the mean block cost (>= kv_heads x
+         * total keys / max_blocks) / KVA__SCHED_MAX_ROUNDS, so the extra items are at most
+         * total keys / min split chunk and at most MAX_ROUNDS x max_blocks / kv_heads. */
+        const int64_t H = limits->num_kv_heads;
+        const int64_t by_rounds = (KVA__SCHED_MAX_ROUNDS * L.policy.max_blocks + H - 1) / H;
+        const int64_t by_keys = limits->max_total_pages * (int64_t)limits->page_size /
+                                KVA__SCHED_MIN_SPLIT_CHUNK;
+        L.cap_work = B + (by_rounds < by_keys ? by_rounds : by_keys);
+        /* never below the block budget the binary-search planner sized for: fixed chunk sizes
+         * planned without limits.min_fixed_chunk keep fitting where they did */
+        if (L.cap_work < budget_items) L.cap_work = budget_items;
+        L.cap_split_work = L.cap_work; /* partial states are indexed by work item */
     } else {
         int32_t tile = L.policy.qo_tile > 0 ? L.policy.qo_tile : 1;
         int32_t tile_min = L.policy.qo_tile_min > 0 && L.policy.qo_tile_min < tile

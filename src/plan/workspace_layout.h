@@ -43,7 +43,7 @@ typedef struct kva__plan_header {
     int32_t num_work;
     int32_t padded_work;
     int32_t num_groups;     /* (request, query tile) groups; = batch for decode */
-    int32_t kv_chunk_size;
+    int32_t kv_chunk_size;  /* decode: the longest chunk of a work item */
     int32_t qo_tile_size;
     int32_t split_kv;
     int32_t page_size;
@@ -53,7 +53,10 @@ typedef struct kva__plan_header {
     int32_t head_dim;
     int32_t algo;
     uint32_t generation;    /* bumped by every plan call into this workspace (kva_plan.generation) */
-    /* int32 element offsets from the start of the int section */
+    /* int32 element offsets from the start of the int section. group_indptr is a CSR over the
+     * groups in work order: prefill (request, query tile) groups in request order; decode
+     * requests longest chunk first (decode_scheduler.h), whose key ranges are in the unit
+     * records (equal chunks: kv_tile * kv_chunk_size is not the first key) */
     int64_t off_request, off_qo_tile, off_kv_tile, off_group_indptr;
     int64_t off_kv_indptr;     /* paged: page indptr [batch+1]; ragged: key row indptr [batch+1] */
     int64_t off_page_indices;  /* paged only [indptr[batch]] */

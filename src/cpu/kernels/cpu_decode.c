@@ -26,7 +26,7 @@
  *     per block of keys, not per key) and leaves a normalised state (O_i, LSE_i); the merge
  *     weights states by exp(LSE_i - LSE) (softmax_state.h).
  *   GLOBAL_ROWMAX (Alg. 2): pass 1 writes each chunk's scores S (log2 units) to the plan's
- *     score scratch (off_scores, f32 [Hq][sum of kv_len], request-major) and its row max R_i to
+ *     score scratch (off_scores, f32 [Hq][sum of kv_len], requests in work order) and its row max R_i to
  *     the partial-LSE slot; pass 2 reduces the request's R_i to the global row max Rmax, then
  *     forms P = exp2(S - Rmax), O_i = P V (unnormalised) and L_i = rowsum(P), storing L_i in the
  *     first score slot of its chunk (its scores are consumed by then); the merge is
@@ -63,8 +63,11 @@
 typedef struct decode_job {
     kva_dtype dtype;
     int32_t Hq, Hk, G, D;
-    int32_t batch, num_work, chunk;
-    const int32_t *request, *kv_tile, *work_indptr; /* work items of request b: [wi[b], wi[b+1]) */
+    int32_t batch, num_work;
+    const int32_t *request;     /* [num_work] request of each work item */
+    const int32_t *work_indptr; /* [batch+1] the j-th request in work order (request[wi[j]])
+                                   owns work items wi[j] .. wi[j+1]-1 */
+    const int32_t *records;     /* [num_work][KVA__UNIT_RECORD_INTS]: key range, merge range */
     const int32_t *page_indptr, *page_indices, *kv_len;
     int32_t page_size;
     const unsigned char *k_base, *v_base;
@@ -176,9 +179,8 @@ static task_range range_of(const decode_job *J, int32_t w) {
     task_range r;
     r.b = J->request[w];
     int64_t len = J->kv_len[r.b];
-    int64_t c0 = (int64_t)J->kv_tile[w] * J->chunk;
-    if (c0 > len) c0 = len;
-    int64_t c1 = c0 + J->chunk < len ? c0 + J->chunk : len;
+    const int32_t *rec = J->records + (size_t)w * KVA__UNIT_RECORD_INTS;
+    int64_t c0 = rec[KVA__UR_KEY_BEG], c1 = rec[KVA__UR_KEY_END];
     r.chunk_begin = (int32_t)c0;
     r.chunk_end = (int32_t)c1;
     r.q_pos = (int32_t)len - 1;
@@ -188,8 +190,18 @@ static task_range range_of(const decode_job *J, int32_t w) {
     return r;
 }
 
-static int request_is_split(const decode_job *J, int32_t b) {
-    return J->work_indptr[b + 1] - J->work_indptr[b] > 1;
+/* The work items of w's request (its merge range) and whether there are several. */
+static int32_t items_begin(const decode_job *J, int32_t w) {
+    return J->records[(size_t)w * KVA__UNIT_RECORD_INTS + KVA__UR_ITEM_BEG];
+}
+static int32_t items_end(const decode_job *J, int32_t w) {
+    return J->records[(size_t)w * KVA__UNIT_RECORD_INTS + KVA__UR_ITEM_END];
+}
+static int item_is_split(const decode_job *J, int32_t w) {
+    return items_end(J, w) - items_begin(J, w) > 1;
+}
+static int group_is_split(const decode_job *J, int32_t j) {
+    return J->work_indptr[j + 1] - J->work_indptr[j] > 1;
 }
 
 static int32_t padded(int32_t T) {
@@ -486,9 +498,9 @@ static void write_partial(const decode_job *J, int32_t w, int32_t hq, const floa
     unpack_row(J->dtype, J->D, acc, scale, partial_o_row(J, w, hq), KVA_F32);
 }
 
-/* Alg. 1 merge of request b's partial states for head hq (softmax_state.h). */
-static void merge_online(const decode_job *J, int32_t b, int32_t hq, float *acc) {
-    int32_t w0 = J->work_indptr[b], n = J->work_indptr[b + 1] - w0;
+/* Alg. 1 merge of group j's partial states (its request's chunks) for head hq (softmax_state.h). */
+static void merge_online(const decode_job *J, int32_t j, int32_t hq, float *acc) {
+    int32_t w0 = J->work_indptr[j], n = J->work_indptr[j + 1] - w0, b = J->request[w0];
     float total = kva__lse_combine(partial_lse_at(J, w0, hq), J->rows_per_work, n);
     memset(acc, 0, sizeof(float) * (size_t)J->D);
     for (int32_t i = 0; i < n; ++i) {
@@ -502,8 +514,8 @@ static void merge_online(const decode_job *J, int32_t b, int32_t hq, float *acc)
 }
 
 /* Alg. 2 merge: O = sum O_i / sum L_i; Rmax from the R_i kept in the partial-LSE slots. */
-static void merge_global(const decode_job *J, int32_t b, int32_t hq, int64_t key_off, float *acc) {
-    int32_t w0 = J->work_indptr[b], n = J->work_indptr[b + 1] - w0;
+static void merge_global(const decode_job *J, int32_t j, int32_t hq, int64_t key_off, float *acc) {
+    int32_t w0 = J->work_indptr[j], n = J->work_indptr[j + 1] - w0, b = J->request[w0];
     float rmax = -INFINITY, l = 0.0f;
     for (int32_t i = 0; i < n; ++i) {
         float ri = *partial_lse_at(J, w0 + i, hq);
@@ -531,7 +543,7 @@ KVA__INLINE void task_online(kva_dtype dtype, const decode_job *J, int64_t t, ta
     task_heads th = heads_of_task(J, t, &w);
     task_range r = range_of(J, w);
     attend_online(dtype, J, &r, &th, S);
-    int split = request_is_split(J, r.b);
+    int split = item_is_split(J, w);
     for (int32_t i = 0; i < th.nkv * th.ng; ++i) {
         int32_t hq = head_of_row(J, &th, i);
         float inv = S->bad[i] ? NAN : S->d[i] > 0.0f ? 1.0f / S->d[i] : 0.0f;
@@ -554,7 +566,7 @@ KVA__INLINE void task_global_first(kva_dtype dtype, const decode_job *J, int64_t
     task_range r = range_of(J, w);
     const int32_t n = th.nkv * th.ng;
     scores_pass(dtype, J, &r, &th, key_off, S);
-    if (request_is_split(J, r.b)) {
+    if (item_is_split(J, w)) {
         for (int32_t i = 0; i < n; ++i)
             *partial_lse_at(J, w, head_of_row(J, &th, i)) = S->bad[i] ? NAN : S->m[i];
         return;
@@ -575,7 +587,7 @@ KVA__INLINE void task_global_second(kva_dtype dtype, const decode_job *J, int64_
     task_heads th = heads_of_task(J, t, &w);
     task_range r = range_of(J, w);
     const int32_t n = th.nkv * th.ng;
-    int32_t w0 = J->work_indptr[r.b], w1 = J->work_indptr[r.b + 1];
+    int32_t w0 = items_begin(J, w), w1 = items_end(J, w);
     for (int32_t i = 0; i < n; ++i) {
         int32_t hq = head_of_row(J, &th, i);
         float rmax = -INFINITY;
@@ -626,25 +638,34 @@ static void dispatch_task(int kind, const decode_job *J, int64_t t, int64_t key_
         run_task_bf16(kind, J, t, key_off, S);
 }
 
-/* Offset of request b's keys in the request-major score scratch. Each thread takes its tasks
- * in increasing order (the schedule hands out increasing indices), so a per-thread cursor
- * makes this O(batch) per thread instead of per task; it restarts if ever asked to go back. */
+/* Offset of group j's keys in the score scratch, which is laid out in work order (group j =
+ * the j-th request of the plan's work list). Each thread takes its tasks and merge rows in
+ * increasing order (the schedule hands out increasing indices), so a per-thread cursor makes
+ * this O(batch) per thread instead of per task; it restarts if ever asked to go back. */
 typedef struct key_cursor {
-    int32_t b;
+    int32_t j;
     int64_t off;
 } key_cursor;
 
-static int64_t key_offset(key_cursor *c, const int32_t *kv_len, int32_t b) {
-    if (b < c->b) {
-        c->b = 0;
+static int64_t key_offset(key_cursor *c, const decode_job *J, int32_t j) {
+    if (j < c->j) {
+        c->j = 0;
         c->off = 0;
     }
-    for (; c->b < b; ++c->b) c->off += kv_len[c->b];
+    for (; c->j < j; ++c->j) c->off += J->kv_len[J->request[J->work_indptr[c->j]]];
     return c->off;
 }
 
-static int32_t request_of_task(const decode_job *J, int64_t t) {
-    return J->request[t / ((int64_t)J->kv_groups * J->slices)];
+static int32_t work_of_task(const decode_job *J, int64_t t) {
+    return (int32_t)(t / ((int64_t)J->kv_groups * J->slices));
+}
+
+/* The group owning work item w (groups hold consecutive items), by the same cursor. */
+static int32_t group_of_work(key_cursor *c, const decode_job *J, int32_t w) {
+    if (w < J->work_indptr[c->j]) key_offset(c, J, 0);
+    int32_t j = c->j;
+    while (J->work_indptr[j + 1] <= w) ++j;
+    return j;
 }
 
 /* ---- the run ---------------------------------------------------------------------------------- */
@@ -661,8 +682,8 @@ static void run_partial_rowmax(kva_context *ctx, const decode_job *J, int split)
         if (split) {
 #pragma omp for schedule(dynamic, 8)
             for (int64_t i = 0; i < rows; ++i) {
-                int32_t b = (int32_t)(i / J->Hq);
-                if (request_is_split(J, b)) merge_online(J, b, (int32_t)(i % J->Hq), S.o);
+                int32_t j = (int32_t)(i / J->Hq);
+                if (group_is_split(J, j)) merge_online(J, j, (int32_t)(i % J->Hq), S.o);
             }
         }
     }
@@ -678,26 +699,27 @@ static void run_global_rowmax(kva_context *ctx, const decode_job *J, int split) 
         key_cursor cur = {0, 0};
 #pragma omp for schedule(dynamic, 1)
         for (int64_t t = 0; t < tasks; ++t) {
-            int64_t off = key_offset(&cur, J->kv_len, request_of_task(J, t));
-            dispatch_task(TASK_GLOBAL_FIRST, J, t, off, &S);
+            int32_t j = group_of_work(&cur, J, work_of_task(J, t));
+            dispatch_task(TASK_GLOBAL_FIRST, J, t, key_offset(&cur, J, j), &S);
         }
         if (split) {
             /* every R_i is written: pass 2 of the split requests */
-            cur.b = 0;
+            cur.j = 0;
             cur.off = 0;
 #pragma omp for schedule(dynamic, 1)
             for (int64_t t = 0; t < tasks; ++t) {
-                int32_t b = request_of_task(J, t);
-                if (!request_is_split(J, b)) continue;
-                dispatch_task(TASK_GLOBAL_SECOND, J, t, key_offset(&cur, J->kv_len, b), &S);
+                int32_t w = work_of_task(J, t);
+                if (!item_is_split(J, w)) continue;
+                int32_t j = group_of_work(&cur, J, w);
+                dispatch_task(TASK_GLOBAL_SECOND, J, t, key_offset(&cur, J, j), &S);
             }
-            cur.b = 0;
+            cur.j = 0;
             cur.off = 0;
 #pragma omp for schedule(dynamic, 8)
             for (int64_t i = 0; i < rows; ++i) {
-                int32_t b = (int32_t)(i / J->Hq);
-                if (!request_is_split(J, b)) continue;
-                merge_global(J, b, (int32_t)(i % J->Hq), key_offset(&cur, J->kv_len, b), S.o);
+                int32_t j = (int32_t)(i / J->Hq);
+                if (!group_is_split(J, j)) continue;
+                merge_global(J, j, (int32_t)(i % J->Hq), key_offset(&cur, J, j), S.o);
             }
         }
     }
@@ -722,10 +744,9 @@ kva_status KVA__ISA_FN(decode_run)(kva_context *ctx, const kva_plan *plan,
     J.D = params->head_dim;
     J.batch = h->batch_size;
     J.num_work = h->num_work;
-    J.chunk = h->kv_chunk_size;
     J.request = ints + h->off_request;
-    J.kv_tile = ints + h->off_kv_tile;
     J.work_indptr = ints + h->off_group_indptr;
+    J.records = ints + h->off_unit_records;
     J.page_indptr = ints + h->off_kv_indptr;
     J.page_indices = ints + h->off_page_indices;
     J.kv_len = ints + h->off_kv_len;

@@ -1,0 +1,202 @@
+/* decode_scheduler.c -- balanced decode chunking and longest-first order; see decode_scheduler.h. */
+#include "decode_scheduler.h"
+
+#include <math.h>
+
+int32_t kva__sched_chunks_of(int32_t kv_len, int32_t chunk) {
+    if (kv_len <= 0) return 1;
+    return (int32_t)(((int64_t)kv_len + chunk - 1) / chunk);
+}
+
+void kva__sched_chunk_range(int32_t kv_len, int32_t chunk, int equal, int32_t c, int32_t *beg,
+                            int32_t *end) {
+    int64_t len = kv_len > 0 ? kv_len : 0, b, e;
+    if (equal) {
+        int64_t n = kva__sched_chunks_of(kv_len, chunk);
+        /* rounded up: the longer parts come first, so a request's first item is its longest */
+        b = (c * len + n - 1) / n;
+        e = ((c + 1) * len + n - 1) / n;
+    } else {
+        b = (int64_t)c * chunk;
+        e = b + chunk;
+    }
+    *beg = (int32_t)(b < len ? b : len);
+    *end = (int32_t)(e < len ? e : len);
+}
+
+/* Keys of the longest work item of a request (what its units cost, up to the fixed part). */
+static int32_t item_keys_of(int32_t kv_len, int32_t chunk, int equal) {
+    if (kv_len <= 0) return 0;
+    if (!equal) return kv_len < chunk ? kv_len : chunk;
+    int64_t n = kva__sched_chunks_of(kv_len, chunk);
+    return (int32_t)((kv_len + n - 1) / n);
+}
+
+/* Ascending heap sort of n int64 keys (no recursion, no allocation, deterministic). */
+static void sift_down(int64_t *a, int64_t root, int64_t n) {
+    for (;;) {
+        int64_t child = 2 * root + 1;
+        if (child >= n) return;
+        if (child + 1 < n && a[child + 1] > a[child]) ++child;
+        if (a[root] >= a[child]) return;
+        int64_t t = a[root];
+        a[root] = a[child];
+        a[child] = t;
+        root = child;
+    }
+}
+
+static void sort_ascending(int64_t *a, int64_t n) {
+    for (int64_t i = n / 2 - 1; i >= 0; --i) sift_down(a, i, n);
+    for (int64_t end = n - 1; end > 0; --end) {
+        int64_t t = a[0];
+        a[0] = a[end];
+        a[end] = t;
+        sift_down(a, 0, end);
+    }
+}
+
+void kva__sched_decode_order(const kva__split_problem *p, int32_t chunk, int equal, int64_t *keys,
+                             int32_t *order) {
+    /* (INT32_MAX - item keys, request) ascending: longest item first, then lower request */
+    for (int32_t b = 0; b < p->batch_size; ++b)
+        keys[b] = ((int64_t)(INT32_MAX - item_keys_of(p->kv_len[b], chunk, equal)) << 32) | b;
+    sort_ascending(keys, p->batch_size);
+    for (int32_t j = 0; j < p->batch_size; ++j) order[j] = (int32_t)(keys[j] & 0xffffffff);
+}
+
+int64_t kva__sched_decode_flatten(const kva__split_problem *p, int32_t chunk, const int32_t *order,
+                                  int32_t *request_indices, int32_t *kv_tile_indices,
+                                  int64_t capacity, int32_t *group_indptr, int64_t group_capacity) {
+    if (group_capacity < (int64_t)p->batch_size + 1) return -1;
+    int64_t w = 0;
+    group_indptr[0] = 0;
+    for (int32_t j = 0; j < p->batch_size; ++j) {
+        const int32_t b = order[j], n = kva__sched_chunks_of(p->kv_len[b], chunk);
+        for (int32_t c = 0; c < n; ++c) {
+            if (w >= capacity) return -1;
+            request_indices[w] = b;
+            kv_tile_indices[w] = c;
+            ++w;
+        }
+        group_indptr[j + 1] = (int32_t)w;
+    }
+    return w;
+}
+
+/* Integers x in [lo, hi) with x = r (mod m), for 0 <= r < m. */
+static int64_t count_congruent(int64_t lo, int64_t hi, int64_t r, int64_t m) {
+    if (hi <= lo) return 0;
+    /* floor((x - r) / m) for x >= 0 and x = -1 (floor of negatives done by hand) */
+    int64_t a = lo - 1 - r, b = hi - 1 - r;
+    int64_t fa = a >= 0 ? a / m : -((-a + m - 1) / m);
+    int64_t fb = b >= 0 ? b / m : -((-b + m - 1) / m);
+    return fb - fa;
+}
+
+/* Estimated makespan of the plan for `chunk` in the order of kva__sched_decode_order: with
+ * units sorted by cost, block loads do not increase with the block index, so block 0 is the
+ * slowest. A grid of at most G / sm_blocks units gets an SM per block (the hardware hands out
+ * a grid's blocks breadth-first), and a block alone on its SM streams sm_blocks times faster;
+ * otherwise we cannot know which blocks share an SM and take the block's own share. The largest
+ * merge is added on top (one block, latency bound). */
+static double estimate_makespan(const kva__split_problem *p, int32_t chunk, const int32_t *order) {
+    const int64_t H = p->num_kv_heads > 0 ? p->num_kv_heads : 1;
+    const int64_t G = p->max_blocks > 0 ? p->max_blocks : 1;
+    const int64_t sm_blocks = p->sm_blocks > 1 ? p->sm_blocks : 1;
+    double block0 = 0.0, merge = 0.0;
+    int64_t pos = 0;
+    for (int32_t j = 0; j < p->batch_size; ++j) {
+        const int32_t len = p->kv_len[order[j]];
+        const int64_t n = kva__sched_chunks_of(len, chunk);
+        const double unit = KVA__SCHED_ITEM_COST_KEYS + item_keys_of(len, chunk, 1);
+        block0 += unit * (double)count_congruent(pos, pos + n * H, 0, G);
+        if (n > 1 && n * KVA__SCHED_MERGE_COST_PER_STATE_KEYS > merge)
+            merge = (double)(n * KVA__SCHED_MERGE_COST_PER_STATE_KEYS);
+        pos += n * H;
+    }
+    const double share = pos <= G / sm_blocks ? (double)sm_blocks : 1.0;
+    return block0 / share + merge;
+}
+
+/* The chunk before the order: see kva__sched_decode_chunk. */
+static int32_t choose_chunk(const kva__split_problem *p, int64_t *keys, int32_t *order,
+                            int32_t *ordered_for) {
+    int32_t max_len = 1;
+    double keys_total = 0.0;
+    for (int32_t b = 0; b < p->batch_size; ++b) {
+        if (p->kv_len[b] > max_len) max_len = p->kv_len[b];
+        keys_total += (double)(p->kv_len[b] > 0 ? p->kv_len[b] : 0) + KVA__SCHED_ITEM_COST_KEYS;
+    }
+    if (p->fixed_chunk > 0) return p->fixed_chunk;
+    if (p->no_split) return max_len;
+
+    const int64_t H = p->num_kv_heads > 0 ? p->num_kv_heads : 1;
+    const int64_t G = p->max_blocks > 0 ? p->max_blocks : 1;
+    int64_t floor_chunk = p->min_chunk > KVA__SCHED_MIN_SPLIT_CHUNK ? p->min_chunk
+                                                                    : KVA__SCHED_MIN_SPLIT_CHUNK;
+    if (floor_chunk >= max_len) return max_len;
+    /* the merge bound: no request in more chunks than max_chunks */
+    int64_t max_chunks = (int64_t)sqrt((double)max_len / KVA__SCHED_MERGE_COST_PER_STATE_KEYS);
+    if (max_chunks > KVA__SCHED_MAX_CHUNKS_PER_REQUEST) max_chunks = KVA__SCHED_MAX_CHUNKS_PER_REQUEST;
+    if (max_chunks > G / H) max_chunks = G / H;
+    if (max_chunks <= 1) return max_len;
+    const int64_t merge_floor = (max_len + max_chunks - 1) / max_chunks;
+    if (merge_floor > floor_chunk) floor_chunk = merge_floor;
+
+    /* candidates from the largest chunk (no split) down; a smaller one must win by 2%, and the
+     * search stops once a plan is within 3% of the mean block cost (no plan beats the mean;
+     * each candidate costs a sort) */
+    int32_t best = max_len;
+    kva__sched_decode_order(p, best, 1, keys, order);
+    *ordered_for = best;
+    double best_cost = estimate_makespan(p, best, order);
+    const double mean_block = keys_total * (double)H / (double)G;
+    for (int32_t rounds = 1; rounds <= KVA__SCHED_MAX_ROUNDS && best_cost > 1.03 * mean_block;
+         rounds *= 2) {
+        double want = ceil(mean_block / rounds);
+        int64_t c = want > (double)max_len ? max_len : (int64_t)want;
+        if (c < floor_chunk) c = floor_chunk;
+        c = (c + KVA__SCHED_CHUNK_GRANULE - 1) / KVA__SCHED_CHUNK_GRANULE * KVA__SCHED_CHUNK_GRANULE;
+        if (c >= max_len || c >= best) continue;
+        kva__sched_decode_order(p, (int32_t)c, 1, keys, order);
+        *ordered_for = (int32_t)c;
+        double cost = estimate_makespan(p, (int32_t)c, order);
+        if (cost < 0.98 * best_cost) {
+            best = (int32_t)c;
+            best_cost = cost;
+        }
+    }
+    return best;
+}
+
+int32_t kva__sched_decode_chunk(const kva__split_problem *p, int64_t *keys, int32_t *order) {
+    int32_t ordered_for = 0;
+    const int32_t chunk = choose_chunk(p, keys, order, &ordered_for);
+    const int equal = p->fixed_chunk <= 0;
+    if (!equal || ordered_for != chunk) kva__sched_decode_order(p, chunk, equal, keys, order);
+    return chunk;
+}
+
+double kva__sched_simulate(int64_t num_work, const int32_t *item_keys, const int32_t *group_indptr,
+                           int64_t num_groups, int32_t num_kv_heads, int64_t grid,
+                           double *block_cost) {
+    const int64_t H = num_kv_heads > 0 ? num_kv_heads : 1, units = num_work * H;
+    for (int64_t i = 0; i < grid; ++i) block_cost[i] = 0.0;
+    const int64_t launched = units < grid ? units : grid;
+    if (launched <= 0) return 0.0;
+    for (int64_t u = 0; u < units; ++u)
+        block_cost[u % launched] += KVA__SCHED_ITEM_COST_KEYS + item_keys[u / H];
+    for (int64_t g = 0; g < num_groups; ++g) {
+        const int64_t n = group_indptr[g + 1] - group_indptr[g];
+        if (n <= 1) continue;
+        for (int64_t kh = 0; kh < H; ++kh) {
+            const int64_t last_unit = ((int64_t)group_indptr[g + 1] - 1) * H + kh;
+            block_cost[last_unit % launched] += (double)(n * KVA__SCHED_MERGE_COST_PER_STATE_KEYS);
+        }
+    }
+    double worst = 0.0;
+    for (int64_t i = 0; i < launched; ++i)
+        if (block_cost[i] > worst) worst = block_cost[i];
+    return worst;
+}
