@@ -420,6 +420,9 @@ static bool problem_make(kva_context *ctx, kva_rng *rng, const prefill_case *c, 
     return true;
 }
 
+/* The forced-split plans' smallest fixed chunk size. */
+#define FORCED_CHUNK_MIN 5
+
 static kva_plan_limits problem_limits(const problem *pr) {
     kva_plan_limits lim;
     memset(&lim, 0, sizeof lim);
@@ -429,6 +432,9 @@ static kva_plan_limits problem_limits(const problem *pr) {
     lim.num_qo_heads = pr->c->hq;
     lim.num_kv_heads = pr->c->hk;
     lim.head_dim = pr->c->head_dim;
+    /* sized for the forced splits' smallest chunk (check_case), so they split on any device
+     * (0 keys: max_total_kv 0 means "unbounded", which min_fixed_chunk refuses) */
+    if (pr->b->total_kv > 0) lim.min_fixed_chunk = FORCED_CHUNK_MIN;
     if (pr->c->page_size) {
         lim.page_size = pr->c->page_size;
         lim.max_total_pages = pr->pool.indptr[pr->b->n];
@@ -551,7 +557,7 @@ static void check_case(kva_context *ctx, kva_rng *rng, const prefill_case *c, co
         for (int k = 0; k < 3; ++k) {
             if (!(c->plans & (1 << k))) continue;
             kva_plan_options opt = {0, 0, KVA_DECODE_PARTIAL_ROWMAX};
-            if (k == 1) opt.fixed_chunk_size = kva_rng_int(rng, 5, 40);
+            if (k == 1) opt.fixed_chunk_size = kva_rng_int(rng, FORCED_CHUNK_MIN, 40);
             if (k == 2) opt.flags = KVA_PLAN_NO_SPLIT;
             char what[480];
             snprintf(what, sizeof what, "%s [%s plan]", name, kinds[k]);
