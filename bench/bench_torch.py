@@ -17,6 +17,16 @@ contiguous cache. Reported: median time, GB/s of K+V read, fraction of the read 
 (a streaming 16-byte-load reduction over 4 GiB, libkvattn_read_ceiling.so, same run),
 CUDA-graph replay for the small shapes, best-torch-time / our-time (> 1: we are faster).
 
+Model-shape decode tables (issue 8; skipped with --no-models or --shapes): the same method on the
+head configurations of real models (32/8 d128, 28/4 d128, 8/1 d128, 32/32 d128, 16/8 d256,
+32/4 d64, 32/32 d96, 71/1 d64) at batch x context 1x8192, 1x32768, 8x4096, 64x4096, against the
+best of SDPA flash / cuDNN on contiguous K/V; then three ragged batches (32/8 d128; lengths from
+seed 8): (a) 95 log-normal lengths (median 1.5k, sigma 1, clipped to 32k) and one of 32k, (b) one
+of 64k and 63 of 100, (c) 256 uniform in 1..8k. Ragged rows compare with the best of PyTorch on
+the batch padded to its longest request (no mask: the pad keys are computed, which only helps
+torch's time; skipped over 24 GiB) and a loop of one SDPA call per request. Each row's output is
+checked (max abs error vs SDPA math in f32 on a few requests) before it is timed.
+
 Prefill table: 32 query / 8 KV heads, 16384 tokens per batch as batch x seq = 32x512, 8x2048,
 2x8192, 1x16384, causal and full; bf16 and f16 at head dim 128, bf16 at head dims 64 and 256.
   - ours: kvattn.BatchPrefillWrapper.plan (kva_prefill_plan) with qo_indptr = kv_indptr = the
@@ -63,7 +73,7 @@ Prefill table: 32 query / 8 KV heads, 16384 tokens per batch as batch x seq = 32
     other non-OK status is printed in the row and fails the script.
 
 Usage: bench_torch.py [--build DIR] [--json FILE] [--quick] [--decode-only | --prefill-only]
-                      [--shapes 1x1024,8x4096,...] [--variants]            (decode)
+                      [--shapes 1x1024,8x4096,...] [--variants] [--no-models]  (decode)
                       [--seqs 512,2048,8192,16384] [--prefill-sets bf16:128,f16:128,bf16:64,bf16:256]
                       [--no-extra-rows]                                    (prefill)
 --quick: 30 decode / 10 prefill timed calls per measurement instead of 100 / 30.
@@ -267,6 +277,200 @@ def print_decode_table(dev_name, date, res):
             ("%.0f" % r["flash_gbs"]) if r.get("flash_us") else "n/a",
             ("%.0f" % r["cudnn_gbs"]) if r.get("cudnn_us") else "n/a",
             r["ratio_vs_best_torch"], r["chunk"], r["work"]))
+
+
+# ---- decode on model shapes and ragged batches (issue 8) ----------------------------------
+
+# (label, query heads, KV heads, head dim): head configurations of real models
+MODEL_SHAPES = [("Llama-3-8B", 32, 8, 128), ("Qwen2-7B", 28, 4, 128), ("Llama-3-70B/TP8", 8, 1, 128),
+                ("Llama-2-7B", 32, 32, 128), ("Gemma-2-9B", 16, 8, 256), ("32q/4kv d64", 32, 4, 64),
+                ("Phi-3-mini", 32, 32, 96), ("Falcon-7B", 71, 1, 64)]
+MODEL_BATCHES = [(1, 8192), (1, 32768), (8, 4096), (64, 4096)]
+RAGGED_DECODE_SEED = 8
+
+
+def ragged_decode_batches():
+    """The issue's three ragged batches (32 q / 8 kv, d 128): (name, lengths)."""
+    import random
+    rng = random.Random(RAGGED_DECODE_SEED)
+    a = [max(1, min(32768, int(round(rng.lognormvariate(math.log(1500), 1.0))))) for _ in range(95)]
+    a.insert(rng.randrange(96), 32768)
+    b = [100] * 63
+    b.insert(rng.randrange(64), 65536)
+    c = [rng.randint(1, 8192) for _ in range(256)]
+    return [("(a) 96 log-normal (median 1.5k, sigma 1) + one 32k", a),
+            ("(b) one 64k + 63 x 100", b),
+            ("(c) 256 uniform 1..8k", c)]
+
+
+def decode_sets(kv_bytes, l2):
+    return max(1, math.ceil(4 * max(l2, 50 << 20) / kv_bytes))
+
+
+def check_decode_rows(ours, requests, hq, hk):
+    """Max |ours - SDPA math (f32)| over the given requests of input set 0."""
+    ours.run(0)
+    torch.cuda.synchronize()
+    err = 0.0
+    for b in requests:
+        k0, v0 = ours.contiguous_kv(0, request=b)
+        q = ours.q[0][b:b + 1].float().unsqueeze(2)
+        ref = F.scaled_dot_product_attention(q, k0.float(), v0.float(), enable_gqa=hq != hk).squeeze(2)
+        err = max(err, float((ours.o[b:b + 1].float() - ref).abs().max()))
+    return err
+
+
+def time_sdpa(q, ks, vs, nsets, iters, gqa):
+    """{backend: us or None, backend_err: text} for SDPA on contiguous K/V sets."""
+    from torch.nn.attention import sdpa_kernel
+    res = {}
+    for name, backend in sdpa_backends():
+        try:
+            with sdpa_kernel([backend]):
+                fn = lambda s: F.scaled_dot_product_attention(q[s], ks[s], vs[s], enable_gqa=gqa)
+                fn(0)
+                torch.cuda.synchronize()
+                res[name] = time_calls(fn, nsets, iters) * 1e3
+        except Exception as e:  # a backend that refuses the shape
+            res[name] = None
+            res[name + "_err"] = str(e).splitlines()[0][:120]
+    return res
+
+
+def run_decode_models(args, info, ceiling):
+    """Every model shape at every batch x context, then the ragged batches: ours (paged, page
+    16, shuffled) against the best SDPA backend on contiguous K/V."""
+    l2 = info["l2_bytes"]
+    iters = 30 if args.quick else 100
+    rows, ragged = [], []
+    for (label, hq, hk, d) in MODEL_SHAPES:
+        for (B, L) in MODEL_BATCHES:
+            kv_bytes = B * L * hk * d * 2 * 2
+            nsets = decode_sets(kv_bytes, l2)
+            row = {"model": label, "hq": hq, "hk": hk, "d": d, "batch": B, "ctx": L,
+                   "kv_bytes": kv_bytes, "sets": nsets}
+            try:
+                ours = kb.PagedDecode(B, L, nsets, hq=hq, hk=hk, d=d, page=PS)
+            except kvattn.KvattnError as e:
+                row["ours_error"] = status_text(e)
+                rows.append(row)
+                print("  %-16s %2d/%-2d d%-3d %3dx%-6d ours: %s" % (label, hq, hk, d, B, L, row["ours_error"]), flush=True)
+                continue
+            row.update(chunk=ours.plan_info["kv_chunk_size"], work=ours.plan_info["num_work"],
+                       split=ours.plan_info["split_kv"])
+            row["max_abs_err"] = check_decode_rows(ours, sorted({0, B - 1}), hq, hk)
+            ms = time_calls(ours.run, nsets, iters)
+            row["ours_us"] = ms * 1e3
+            row["ours_frac"] = kv_bytes / (ms * 1e-3) / 1e9 / ceiling
+            tq = [ours.q[s].unsqueeze(2) for s in range(nsets)]
+            ours.free()
+            del ours
+            tk = [torch.randn(B, hk, L, d, device="cuda", dtype=torch.bfloat16) for _ in range(nsets)]
+            tv = [torch.randn(B, hk, L, d, device="cuda", dtype=torch.bfloat16) for _ in range(nsets)]
+            t = time_sdpa(tq, tk, tv, nsets, iters, hq != hk)
+            row.update({k + ("" if k.endswith("_err") else "_us"): v for k, v in t.items()})
+            best = min([v for n, _ in sdpa_backends() for v in [t.get(n)] if v] or [float("nan")])
+            row["best_torch_us"] = best
+            row["ratio_vs_best_torch"] = best / row["ours_us"]
+            del tq, tk, tv
+            torch.cuda.empty_cache()
+            rows.append(row)
+            print("  %-16s %2d/%-2d d%-3d %3dx%-6d ours %8.1f us (%.1f%%)  flash %s  cudnn %s  ratio %.2f  err %.1e" % (
+                label, hq, hk, d, B, L, row["ours_us"], 100 * row["ours_frac"],
+                ("%.1f" % t["flash"]) if t.get("flash") else "n/a",
+                ("%.1f" % t["cudnn"]) if t.get("cudnn") else "n/a",
+                row["ratio_vs_best_torch"], row["max_abs_err"]), flush=True)
+    hq, hk, d = HQ, HK, D
+    for (name, lens) in ragged_decode_batches():
+        B, tokens = len(lens), sum(lens)
+        kv_bytes = tokens * hk * d * 2 * 2
+        nsets = decode_sets(kv_bytes, l2)
+        row = {"name": name, "batch": B, "tokens": tokens, "longest": max(lens), "kv_bytes": kv_bytes,
+               "sets": nsets}
+        ours = kb.PagedDecode(0, 0, nsets, hq=hq, hk=hk, d=d, page=PS, lens=lens)
+        row.update(chunk=ours.plan_info["kv_chunk_size"], work=ours.plan_info["num_work"],
+                   split=ours.plan_info["split_kv"])
+        longest = max(range(B), key=lambda b: lens[b])
+        row["max_abs_err"] = check_decode_rows(ours, sorted({0, B - 1, longest, B // 2}), hq, hk)
+        ms = time_calls(ours.run, nsets, iters)
+        row["ours_us"] = ms * 1e3
+        row["ours_frac"] = kv_bytes / (ms * 1e-3) / 1e9 / ceiling
+        q0 = ours.q[0]
+        ours.free()
+        del ours
+        torch.cuda.empty_cache()
+        # PyTorch (a): the batch padded to its longest request (no mask: the pad keys are
+        # computed, which only flatters torch's time), one set (it is far beyond L2)
+        pad_bytes = B * max(lens) * hk * d * 2 * 2
+        if pad_bytes <= (24 << 30):
+            tk = [torch.randn(B, hk, max(lens), d, device="cuda", dtype=torch.bfloat16)]
+            tv = [torch.randn(B, hk, max(lens), d, device="cuda", dtype=torch.bfloat16)]
+            t = time_sdpa([q0.unsqueeze(2)], tk, tv, 1, max(10, iters // 5), True)
+            row.update({"padded_" + k: v for k, v in t.items()})
+            del tk, tv
+            torch.cuda.empty_cache()
+        # PyTorch (b): one SDPA call per request, contiguous K/V per request
+        ks = [torch.randn(1, hk, n, d, device="cuda", dtype=torch.bfloat16) for n in lens]
+        vs = [torch.randn(1, hk, n, d, device="cuda", dtype=torch.bfloat16) for n in lens]
+        qs = [q0[b:b + 1].unsqueeze(2) for b in range(B)]
+        from torch.nn.attention import sdpa_kernel
+        for bname, backend in sdpa_backends():
+            try:
+                with sdpa_kernel([backend]):
+                    def loop(_):
+                        for b in range(B):
+                            F.scaled_dot_product_attention(qs[b], ks[b], vs[b], enable_gqa=True)
+                    loop(0)
+                    torch.cuda.synchronize()
+                    row["loop_" + bname] = time_calls(loop, 1, max(10, iters // 5)) * 1e3
+            except Exception as e:
+                row["loop_" + bname] = None
+                row["loop_" + bname + "_err"] = str(e).splitlines()[0][:120]
+        del ks, vs, qs
+        torch.cuda.empty_cache()
+        cands = {k: v for k, v in row.items() if (k.startswith("padded_") or k.startswith("loop_"))
+                 and not k.endswith("_err") and v}
+        best_k = min(cands, key=cands.get) if cands else None
+        row["best_torch"] = best_k
+        row["best_torch_us"] = cands[best_k] if best_k else float("nan")
+        row["ratio_vs_best_torch"] = row["best_torch_us"] / row["ours_us"]
+        ragged.append(row)
+        print("  %s: %d requests, %d tokens: ours %.1f us (%.1f%%), best torch %s %.1f us, ratio %.2f, err %.1e" % (
+            name, B, tokens, row["ours_us"], 100 * row["ours_frac"], best_k, row["best_torch_us"],
+            row["ratio_vs_best_torch"], row["max_abs_err"]), flush=True)
+    bad = [r for r in rows + ragged if "ours_error" in r or not (r["max_abs_err"] < 2e-2)]
+    return {"rows": rows, "ragged": ragged, "ceiling_gbs": ceiling,
+            "failed": [r.get("model", r.get("name")) for r in bad]}
+
+
+def print_models_table(dev_name, date, res):
+    ceiling = res["ceiling_gbs"]
+    print()
+    print("## kvattn decode on model shapes vs PyTorch SDPA -- %s, %s, read ceiling %.0f GB/s" %
+          (dev_name, date, ceiling))
+    print("bf16, page 16 (shuffled); % ceil = K+V bytes / time / ceiling; ratio = best torch time / ours")
+    print("| model | q/kv heads, d | batch x ctx | K/V MB | ours us | % ceil | flash us | cuDNN us | ratio | chunk/work |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in res["rows"]:
+        if "ours_error" in r:
+            print("| %s | %d/%d, %d | %d x %d | %.0f | %s | | | | | |" % (
+                r["model"], r["hq"], r["hk"], r["d"], r["batch"], r["ctx"], r["kv_bytes"] / 1e6, r["ours_error"]))
+            continue
+        print("| %s | %d/%d, %d | %d x %d | %.0f | %.1f | %.1f%% | %s | %s | %.2f | %d/%d |" % (
+            r["model"], r["hq"], r["hk"], r["d"], r["batch"], r["ctx"], r["kv_bytes"] / 1e6,
+            r["ours_us"], 100 * r["ours_frac"],
+            ("%.1f" % r["flash_us"]) if r.get("flash_us") else "n/a",
+            ("%.1f" % r["cudnn_us"]) if r.get("cudnn_us") else "n/a",
+            r["ratio_vs_best_torch"], r["chunk"], r["work"]))
+    print()
+    print("## kvattn decode on ragged batches vs PyTorch SDPA -- %s, %s (32 q / 8 kv, d 128, bf16)" % (dev_name, date))
+    print("torch: best of the padded batch (no mask) and a loop of one call per request, flash or cuDNN")
+    print("| batch | requests | tokens | K/V MB | ours us | % ceil | best torch | torch us | ratio | chunk/work |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in res["ragged"]:
+        print("| %s | %d | %d | %.0f | %.1f | %.1f%% | %s | %.1f | %.2f | %d/%d |" % (
+            r["name"], r["batch"], r["tokens"], r["kv_bytes"] / 1e6, r["ours_us"], 100 * r["ours_frac"],
+            r["best_torch"], r["best_torch_us"], r["ratio_vs_best_torch"], r["chunk"], r["work"]))
 
 
 # ---- prefill -------------------------------------------------------------------------------
@@ -987,6 +1191,8 @@ def main():
     which.add_argument("--prefill-only", action="store_true", help="only the prefill table")
     ap.add_argument("--shapes", default=None, help="decode shapes, e.g. 1x8192,64x4096")
     ap.add_argument("--variants", action="store_true", help="decode: also time other split choices")
+    ap.add_argument("--no-models", action="store_true",
+                    help="decode: skip the model-shape and ragged-batch tables")
     ap.add_argument("--seqs", default=None,
                     help="prefill sequence lengths (16384 tokens per batch), default 512,2048,8192,16384")
     ap.add_argument("--prefill-sets", default=None,
@@ -1006,11 +1212,15 @@ def main():
            "num_sms": info["num_sms"], "l2_bytes": info["l2_bytes"]}
     out["host_overhead"] = run_host_overhead()
     status = 0
-    dec = pre = None
+    dec = pre = models = None
     if not args.prefill_only:
         dec = run_decode(args, info)
         # the decode results stay at the top level, as before ("rows", "ceiling_gbs", ...)
         out.update({k: v for k, v in dec.items()})
+        if not args.no_models and not args.shapes:
+            print(flush=True)
+            models = run_decode_models(args, info, dec["ceiling_gbs"])
+            out["decode_models"] = models
     if not args.decode_only:
         print(flush=True)
         pre = run_prefill(args, info)
@@ -1018,6 +1228,8 @@ def main():
     # the tables last, so that `sed -n '/^## kvattn/,$p'` shows both and nothing else
     if dec is not None:
         print_decode_table(dev_name, date, dec)
+    if models is not None:
+        print_models_table(dev_name, date, models)
     if pre is not None:
         print_prefill_table(dev_name, date, pre)
     if args.json:
@@ -1025,6 +1237,9 @@ def main():
             json.dump(out, f, indent=1, default=str)
     if dec is not None and dec["failed"]:
         print("ERROR: decode outputs differ from SDPA for", dec["failed"])
+        status = 1
+    if models is not None and models["failed"]:
+        print("ERROR: model-shape / ragged decode rows failing or wrong:", models["failed"])
         status = 1
     if pre is not None:
         bad = prefill_failures(pre)

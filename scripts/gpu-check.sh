@@ -61,7 +61,7 @@ run_tests() { # name, log, command...
     line=$(grep -E "passed, .* failed" "$OUT/$log" | tail -1)
     if [ $rc -ne 0 ]; then
         status=1
-        grep -E "FAIL|: .*off|Invalid|Race|ERROR|error" "$OUT/$log" | head -30
+        grep -E "FAIL|: .*off|Invalid|Race|ERROR|error|\.c:[0-9]+:" "$OUT/$log" | head -30
         note "$name: FAILED rc=$rc ${line} ($(( $(date +%s) - t )) s)"
     else
         note "$name: ok ${line} ($(( $(date +%s) - t )) s)"

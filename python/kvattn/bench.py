@@ -14,6 +14,7 @@ plan and run of one decode shape, CUDA-graph variant included), time_calls (CUDA
 and read_ceiling (the read-bandwidth kernel of bench/read_ceiling.cu).
 """
 import argparse
+import itertools
 import json
 import math
 import os
@@ -168,17 +169,22 @@ class PagedDecode:
     through .plan_info) and methods run(s), contiguous_kv(s)."""
 
     def __init__(self, batch, ctx_len, nsets, hq=32, hk=8, d=128, page=16, graph=False, no_split=False,
-                 fixed_chunk=0, hnd=False, dtype=None, device="cuda"):
+                 fixed_chunk=0, hnd=False, dtype=None, device="cuda", lens=None):
+        """lens: per-request context lengths (a ragged batch; batch and ctx_len are then ignored
+        and ctx_len becomes the longest)."""
         import torch
         dtype = dtype or torch.bfloat16
         self.device = device
+        lens = [int(x) for x in lens] if lens is not None else [ctx_len] * batch
+        batch, ctx_len = len(lens), max(lens)
+        self.lens = lens
         self.B, self.L, self.hk, self.d, self.page, self.hnd = batch, ctx_len, hk, d, page, hnd
-        ppr = (ctx_len + page - 1) // page
-        self.num_pages = batch * ppr
+        ppr = [max(1, (n + page - 1) // page) for n in lens]
+        self.num_pages = sum(ppr)
         gen = torch.Generator(device="cpu").manual_seed(1234 + batch * 7 + ctx_len)
         self.perm = torch.randperm(self.num_pages, generator=gen).to(torch.int32)
-        self.indptr = torch.arange(batch + 1, dtype=torch.int32) * ppr
-        self.last = torch.full((batch,), ctx_len - (ppr - 1) * page, dtype=torch.int32)
+        self.indptr = torch.tensor([0] + list(itertools.accumulate(ppr)), dtype=torch.int32)
+        self.last = torch.tensor([n - (p - 1) * page for n, p in zip(lens, ppr)], dtype=torch.int32)
         shape = (self.num_pages, hk, page, d) if hnd else (self.num_pages, page, hk, d)
         self.k = [torch.randn(*shape, device=device, dtype=dtype) for _ in range(nsets)]
         self.v = [torch.randn(*shape, device=device, dtype=dtype) for _ in range(nsets)]
@@ -195,14 +201,21 @@ class PagedDecode:
     def run(self, s):
         self.wrapper.run(self.q[s], self.pages[s], out=self.o)
 
-    def contiguous_kv(self, s):
-        """Set s's K and V as torch wants them: [B, Hk, L, D], logical order (NHD pools)."""
-        ppr = self.num_pages // self.B
-        idx = self.perm.long().to(self.device)
+    def contiguous_kv(self, s, request=None):
+        """Set s's K and V as torch wants them (NHD pools only): [B, Hk, L, D] in logical order,
+        or, with request=b, that request's [1, Hk, len_b, D]."""
         assert not self.hnd
-        k = self.k[s][idx].reshape(self.B, ppr * self.page, self.hk, self.d)[:, : self.L].permute(0, 2, 1, 3)
-        v = self.v[s][idx].reshape(self.B, ppr * self.page, self.hk, self.d)[:, : self.L].permute(0, 2, 1, 3)
-        return k.contiguous(), v.contiguous()
+        idx = self.perm.long().to(self.device)
+        ks, vs = [], []
+        for b in range(self.B) if request is None else [request]:
+            pages = idx[int(self.indptr[b]):int(self.indptr[b + 1])]
+            n = self.lens[b]
+            ks.append(self.k[s][pages].reshape(-1, self.hk, self.d)[:n].permute(1, 0, 2))
+            vs.append(self.v[s][pages].reshape(-1, self.hk, self.d)[:n].permute(1, 0, 2))
+        if request is not None or len(set(self.lens)) == 1:
+            import torch
+            return torch.stack(ks).contiguous(), torch.stack(vs).contiguous()
+        raise ValueError("contiguous_kv: a ragged batch has no [B, Hk, L, D] form; pass request=b")
 
     def free(self):
         self.wrapper = None
