@@ -97,7 +97,8 @@ static int64_t count_congruent(int64_t lo, int64_t hi, int64_t r, int64_t m) {
 /* Estimated makespan of the plan for `chunk` in the order of kva__sched_decode_order: with
  * units sorted by cost, block loads do not increase with the block index, so block 0 is the
  * slowest. A grid of at most G / sm_blocks units gets an SM per block (the hardware hands out
- * a grid's blocks breadth-first), and a block alone on its SM streams sm_blocks times faster;
+ * a grid's blocks breadth-first), and a block alone on its SM streams almost sm_blocks times
+ * faster (KVA__SCHED_LONE_BLOCK_PERCENT);
  * otherwise we cannot know which blocks share an SM and take the block's own share. The largest
  * merge is added on top (one block, latency bound). */
 static double estimate_makespan(const kva__split_problem *p, int32_t chunk, const int32_t *order) {
@@ -115,7 +116,8 @@ static double estimate_makespan(const kva__split_problem *p, int32_t chunk, cons
             merge = (double)(n * KVA__SCHED_MERGE_COST_PER_STATE_KEYS);
         pos += n * H;
     }
-    const double share = pos <= G / sm_blocks ? (double)sm_blocks : 1.0;
+    const double share = pos <= G / sm_blocks && sm_blocks > 1
+                             ? (double)sm_blocks * KVA__SCHED_LONE_BLOCK_PERCENT / 100.0 : 1.0;
     return block0 / share + merge;
 }
 
@@ -152,9 +154,15 @@ static int32_t choose_chunk(const kva__split_problem *p, int64_t *keys, int32_t 
     *ordered_for = best;
     double best_cost = estimate_makespan(p, best, order);
     const double mean_block = keys_total * (double)H / (double)G;
-    for (int32_t rounds = 1; rounds <= KVA__SCHED_MAX_ROUNDS && best_cost > 1.03 * mean_block;
-         rounds *= 2) {
-        double want = ceil(mean_block / rounds);
+    /* candidates: mean block cost x sm_blocks (one block per SM, each streaming almost
+     * sm_blocks times faster: 1 x 8192 at 8 KV heads gets 16 chunks of 512), then mean / R */
+    const int32_t sm_blocks = p->sm_blocks > 1 ? p->sm_blocks : 1;
+    double per_block[16];
+    int ncand = 0;
+    if (sm_blocks > 1) per_block[ncand++] = (double)sm_blocks;
+    for (int32_t rounds = 1; rounds <= KVA__SCHED_MAX_ROUNDS; rounds *= 2) per_block[ncand++] = 1.0 / rounds;
+    for (int i = 0; i < ncand && best_cost > 1.03 * mean_block; ++i) {
+        double want = ceil(mean_block * per_block[i]);
         int64_t c = want > (double)max_len ? max_len : (int64_t)want;
         if (c < floor_chunk) c = floor_chunk;
         c = (c + KVA__SCHED_CHUNK_GRANULE - 1) / KVA__SCHED_CHUNK_GRANULE * KVA__SCHED_CHUNK_GRANULE;

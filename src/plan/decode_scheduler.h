@@ -13,7 +13,8 @@
  *   a (request, KV head) split into c chunks costs KVA__SCHED_MERGE_COST_PER_STATE_KEYS * c more,
  *   on the one block that merges it (the last to arrive);
  *   sm_blocks blocks share an SM's bandwidth (kva__split_problem), so a grid of at most
- *   G / sm_blocks units, one block per SM, streams sm_blocks times faster.
+ *   G / sm_blocks units, one block per SM, streams KVA__SCHED_LONE_BLOCK_PERCENT% of
+ *   sm_blocks times faster.
  *
  * Order: requests longest item first, each request's chunks contiguous (its merge range stays
  * one interval of work items). With units sorted by cost, in every round of G units block i
@@ -21,7 +22,8 @@
  *   max block cost <= total / G + largest unit cost (+ the merges it runs).
  * Chunks: a request of L keys is cut into n = ceil(L / chunk) equal parts (so no tiny tail item
  * carries a full fixed cost). The chunk is the candidate with the smallest estimated makespan
- * among: no split, and chunk = mean block cost / R for R = 1, 2, 4, 8 (R units per block slot;
+ * among: no split, chunk = mean block cost x sm_blocks (one block per SM), and chunk = mean
+ * block cost / R for R = 1, 2, 4, 8 (R units per block slot;
  * R = 8 bounds the slowest block at ~1 + 1/8 of the mean); a finer one must be 2% better, and
  * the search stops at a plan within 3% of the mean. Every candidate is at least
  * KVA__SCHED_MIN_SPLIT_CHUNK keys (and the policy's min_chunk), and no request has more chunks
@@ -44,9 +46,15 @@
  * Recalibrate both from the GPU bench; they only steer the choice among a few candidates. */
 #define KVA__SCHED_ITEM_COST_KEYS 64
 #define KVA__SCHED_MERGE_COST_PER_STATE_KEYS 6
-/* Split chunks are never shorter than this (a request shorter than it is not split): at 512
- * keys the item cost is <= 1/8 of the item. */
-#define KVA__SCHED_MIN_SPLIT_CHUNK 512
+/* Split chunks are never shorter than this (a request shorter than it is not split). 512 cost
+ * 1 x 1024 (8 KV heads) half its speed on an H200 (15.8 vs 10.6 us with 64-key chunks): a batch
+ * too small to fill the GPU wants short chunks, and the cost model already charges each item. */
+#define KVA__SCHED_MIN_SPLIT_CHUNK 128
+/* A block alone on its SM streams this percentage of sm_blocks times a paired block's rate:
+ * H200, 32/8 d128, 16 x 8192 unsplit (128 lone blocks) took 138.5 us, split in two (256 paired
+ * blocks, 2 per SM) 128.0 us, i.e. 1.85x per block with 4 SMs idle; 2x made the planner keep
+ * that batch unsplit. */
+#define KVA__SCHED_LONE_BLOCK_PERCENT 90
 /* Chunks are multiples of this (4 warps x one 16-key tile), so no warp idles in a chunk. */
 #define KVA__SCHED_CHUNK_GRANULE 64
 /* No request is ever merged from more partial states than this (one block merges them). */
