@@ -15,7 +15,8 @@ Decode table: paged decode, bf16, 32 query / 8 KV heads, head dim 128, page 16, 
 shuffled, one query token per request; PyTorch SDPA (flash and cuDNN, enable_gqa=True) on a
 contiguous cache. Reported: median time, GB/s of K+V read, fraction of the read ceiling
 (a streaming 16-byte-load reduction over 4 GiB, libkvattn_read_ceiling.so, same run),
-CUDA-graph replay for the small shapes, best-torch-time / our-time (> 1: we are faster).
+CUDA-graph replay for the small shapes, the time of seed 002's global-rowmax algorithm
+(KVA_DECODE_GLOBAL_ROWMAX) on the same sets, best-torch-time / our-time (> 1: we are faster).
 
 Model-shape decode tables (issue 8; skipped with --no-models or --shapes): the same method on the
 head configurations of real models (32/8 d128, 28/4 d128, 8/1 d128, 32/32 d128, 16/8 d256,
@@ -192,6 +193,13 @@ def run_decode(args, info):
         row["ours_us"] = ms * 1e3
         row["ours_gbs"] = kv_bytes / (ms * 1e-3) / 1e9
         row["ours_frac"] = row["ours_gbs"] / ceiling
+        # seed 002's other algorithm (global rowmax) on the same shape and sets
+        gr = kb.PagedDecode(B, L, nsets, hq=HQ, hk=HK, d=D, page=PS, algorithm="global_rowmax")
+        gr.run(0)
+        torch.cuda.synchronize()
+        row["global_us"] = time_calls(gr.run, nsets, iters) * 1e3
+        gr.free()
+        del gr
         if (B, L) in GRAPH_SHAPES:
             g_ours = our_decode(B, L, nsets, graph=True)
             graphs = []
@@ -268,12 +276,13 @@ def print_decode_table(dev_name, date, res):
     print("## kvattn paged decode vs PyTorch SDPA -- %s, %s, read ceiling %.0f GB/s, empty launch %.1f us" %
           (dev_name, date, ceiling, launch_floor_us))
     print("bf16, %d q / %d kv heads, d=%d, page %d (shuffled); GB/s of K+V read; ratio = best torch time / ours" % (HQ, HK, D, PS))
-    print("| batch x ctx | ours us | ours GB/s | % ceil | graph us | flash GB/s | cuDNN GB/s | ratio | chunk/work |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| batch x ctx | ours us | ours GB/s | % ceil | graph us | global rowmax us | flash GB/s | cuDNN GB/s | ratio | chunk/work |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print("| %d x %d | %.1f | %.0f | %.1f%% | %s | %s | %s | %.2f | %d/%d |" % (
+        print("| %d x %d | %.1f | %.0f | %.1f%% | %s | %s | %s | %s | %.2f | %d/%d |" % (
             r["batch"], r["ctx"], r["ours_us"], r["ours_gbs"], 100 * r["ours_frac"],
             ("%.1f" % r["graph_us"]) if "graph_us" in r else "-",
+            ("%.1f" % r["global_us"]) if "global_us" in r else "-",
             ("%.0f" % r["flash_gbs"]) if r.get("flash_us") else "n/a",
             ("%.0f" % r["cudnn_gbs"]) if r.get("cudnn_us") else "n/a",
             r["ratio_vs_best_torch"], r["chunk"], r["work"]))

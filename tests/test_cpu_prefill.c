@@ -216,6 +216,10 @@ static run_result plan_and_run(kva_context *ctx, const kva_attn_params *p, const
         lim.page_size = pl->pages.page_size;
         lim.max_total_pages = pl->indptr[b->n];
     }
+    /* a forced split: the workspace holds its chunks, so it splits (the doubling in make_plan
+     * once made some seeds' forced plans unsplit; no keys: max_total_kv 0 means "unbounded",
+     * which min_fixed_chunk refuses) */
+    if (opt->fixed_chunk_size > 0 && b->total_kv > 0) lim.min_fixed_chunk = opt->fixed_chunk_size;
     size_t dev = 0, host = 0;
     CHECK_OK(kva_prefill_workspace_size(ctx, &lim, &dev, &host));
     kva_workspace ws = {NULL, dev, NULL, host};

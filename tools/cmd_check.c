@@ -410,7 +410,7 @@ int kvattn_cmd_check(int argc, char **argv) {
         {"dtype", CLI_DTYPE, &s.dtype, "element type", NULL, 0},
         {"page-size", CLI_INT, &s.page_size, "tokens per page", NULL, 1},
         {"layout", CLI_CHOICE, &layout, "layout inside a page", layouts, 0},
-        {"algo", CLI_CHOICE, &algo, "decode algorithms to check (both: global where supported)",
+        {"algo", CLI_CHOICE, &algo, "decode algorithms to check",
          algos, 0},
         {"non-causal", CLI_FLAG, &non_causal, "prefill without the causal mask", NULL, 0},
         {"seed", CLI_U64, &s.seed, "seed of lengths, page order and values", NULL, 0},
@@ -435,7 +435,6 @@ int kvattn_cmd_check(int argc, char **argv) {
     int code;
     kva_context *ctx = cli_open_context(device, threads, &code);
     if (!ctx) return code;
-    if (algo == 2 && kva_context_device(ctx) != KVA_DEVICE_CPU) algo = 0; /* global: CPU only */
     kva_device_info info;
     kva_context_info(ctx, &info);
     printf("kvattn check on %s (%s): batch %d, kv %d..%d, qo %d..%d, %d/%d heads, d %d, %s, "

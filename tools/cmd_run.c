@@ -225,7 +225,7 @@ int kvattn_cmd_run(int argc, char **argv) {
                                                      "float64 reference (0 = never)", NULL, 0},
         {"verify-requests", CLI_INT, &cfg.verify_requests, "requests checked per verified step, "
                                                            "decode and prefill each", NULL, 1},
-        {"algo", CLI_CHOICE, &algo, "split-KV decode algorithm (global: CPU only)", algo_names, 0},
+        {"algo", CLI_CHOICE, &algo, "split-KV decode algorithm", algo_names, 0},
         {"layout", CLI_CHOICE, &layout, "layout inside a cache page", layout_names, 0},
         {"threads", CLI_INT, &threads, "CPU worker threads (0 = all cores)", NULL, 0},
         {"device", CLI_DEVICE, &device, "where attention runs; auto = cuda when a GPU is "

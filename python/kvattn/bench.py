@@ -169,7 +169,7 @@ class PagedDecode:
     through .plan_info) and methods run(s), contiguous_kv(s)."""
 
     def __init__(self, batch, ctx_len, nsets, hq=32, hk=8, d=128, page=16, graph=False, no_split=False,
-                 fixed_chunk=0, hnd=False, dtype=None, device="cuda", lens=None):
+                 fixed_chunk=0, hnd=False, dtype=None, device="cuda", lens=None, algorithm="partial_rowmax"):
         """lens: per-request context lengths (a ragged batch; batch and ctx_len are then ignored
         and ctx_len becomes the longest)."""
         import torch
@@ -195,7 +195,7 @@ class PagedDecode:
         self.wrapper = kvattn.BatchDecodeWrapper(device, use_cuda_graph=graph,
                                                  kv_layout="HND" if hnd else "NHD", **limits)
         self.wrapper.plan(self.indptr, self.perm, self.last, hq, hk, d, page, num_pages=self.num_pages,
-                          no_split=no_split, fixed_chunk_size=fixed_chunk)
+                          no_split=no_split, fixed_chunk_size=fixed_chunk, algorithm=algorithm)
         self.plan_info = self.wrapper.plan_info
 
     def run(self, s):
