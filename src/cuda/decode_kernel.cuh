@@ -30,7 +30,8 @@
  *           are reduced across the warp.
  *   Epilogue: the 4 warp states are combined in shared memory; a request covered by one work
  *           item writes o (and lse) directly. Otherwise the block writes its normalised partial
- *           O and LSE (f32) to the workspace, and the last block of (request, KV head) to arrive
+ *           O and LSE (f32) to the workspace, and the last block of (request, KV head, sub-group)
+ *           to arrive
  *           (atomic counter in the workspace, reset to 0 by that block so graph replays work)
  *           merges all partial states of the request and writes o and lse.
  *
@@ -90,7 +91,7 @@ struct kva__decode_geom {
 /* What a block knows about one unit (work item w, KV head kh) before streaming it. */
 typedef struct kva__unit {
     int w, kh, b;
-    int hb, gs;               /* the unit's first query head and its head count (sub-group) */
+    int sg, hb, gs;           /* the unit's sub-group, its first query head and head count */
     int start, end;           /* visible keys of the chunk */
     int page_beg;             /* the request's first entry in the page-index array */
     int item_beg, item_end;   /* the request's work items (its partial states) */
@@ -170,6 +171,7 @@ __device__ __forceinline__ void kva__unit_from_record(const kva__decode_args &a,
     const int r = u - m.w * a.units_per_work;
     m.kh = r / a.nsub;
     const int sg = r - m.kh * a.nsub;
+    m.sg = sg;
     m.hb = m.kh * a.group + sg * a.sub;
     m.gs = a.group - sg * a.sub < a.sub ? a.group - sg * a.sub : a.sub;
     m.b = r0.x; /* KVA__UR_REQUEST */
@@ -596,16 +598,18 @@ __global__ void __launch_bounds__(KVA__DECODE_THREADS)
         }
 
         if (n_items > 1) {
-            /* ---- split request: the last block of (request, KV head) -- of its n_items x nsub
-             * units -- merges the chunks of all the KV head's query heads ---- */
+            /* ---- split request: the last block of (request, KV head, sub-group) -- of its
+             * n_items units -- merges the chunks of the sub-group's query heads; the sub-groups
+             * of a large group merge in parallel, each on its own block ---- */
             __syncthreads(); /* the partial-state stores happen before thread 0's release fence */
             if (tid == 0) {
                 __threadfence();
-                const unsigned prev = atomicAdd(a.counters + (int64_t)b * a.num_kv_heads + kh, 1u);
-                s_last = prev == (unsigned)(n_items * a.nsub - 1);
+                unsigned *counter = a.counters + ((int64_t)b * a.num_kv_heads + kh) * a.nsub + cur.sg;
+                const unsigned prev = atomicAdd(counter, 1u);
+                s_last = prev == (unsigned)(n_items - 1);
                 if (s_last) {
                     __threadfence();
-                    a.counters[(int64_t)b * a.num_kv_heads + kh] = 0u; /* ready for the next run */
+                    *counter = 0u; /* ready for the next run */
                 }
             }
             __syncthreads();
@@ -613,8 +617,8 @@ __global__ void __launch_bounds__(KVA__DECODE_THREADS)
                 /* Global rowmax, pass 1: the request's row max goes back into every chunk's
                  * slot (pass 2 reads only its own slot, then overwrites it with L_i) and into
                  * the lse output, where pass 2's merge finds it. */
-                for (int h = tid; h < g; h += KVA__DECODE_THREADS) {
-                    const int qh = kh * g + h;
+                for (int h = tid; h < cur.gs; h += KVA__DECODE_THREADS) {
+                    const int qh = cur.hb + h;
                     float M = -INFINITY;
                     for (int st = cur.item_beg; st < cur.item_end; ++st)
                         M = fmaxf(M, __ldcg(a.partial_lse + (int64_t)st * Hq + qh));
@@ -624,9 +628,9 @@ __global__ void __launch_bounds__(KVA__DECODE_THREADS)
             } else if (s_last && GR) {
                 /* Global rowmax, pass 2: every chunk's state is relative to the same max, so the
                  * merge is O = sum O_i / sum L_i with no rescaling; MB states per round trip. */
-                const int gE4 = g * dh / 4;
+                const int gE4 = cur.gs * dh / 4;
                 for (int i = tid; i < gE4; i += KVA__DECODE_THREADS) {
-                    const int h = (i * 4) / dh, d = (i * 4) % dh, qh = kh * g + h;
+                    const int h = (i * 4) / dh, d = (i * 4) % dh, qh = cur.hb + h;
                     float L = 0.0f;
                     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
                     constexpr int MB = 8;
@@ -655,10 +659,10 @@ __global__ void __launch_bounds__(KVA__DECODE_THREADS)
                     }
                 }
             } else if (s_last) {
-              for (int sg2 = 0; sg2 < a.nsub; ++sg2) {
-                /* sub-group sg2 of the KV head's query heads: gs2 heads from hb2 */
-                const int hb2 = kh * g + sg2 * a.sub;
-                const int gs2 = g - sg2 * a.sub < a.sub ? g - sg2 * a.sub : a.sub;
+              {
+                /* the unit's sub-group of the KV head's query heads: gs2 heads from hb2 */
+                const int hb2 = cur.hb;
+                const int gs2 = cur.gs;
                 if (!has_next) {
                 /* The ring and combine buffers are idle (nothing of a next unit in flight): copy
                  * the partial states (gs2 rows of O and LSE per chunk, contiguous) into them with

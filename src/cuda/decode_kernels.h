@@ -34,7 +34,7 @@ typedef struct kva__decode_args {
     int32_t max_units;           /* padded_work * num_kv_heads: records that exist (>= grid) */
     float *partial_o;            /* f32 [work][num_qo_heads][D] */
     float *partial_lse;          /* f32 [work][num_qo_heads] */
-    unsigned *counters;          /* u32 [batch][num_kv_heads], zero between runs */
+    unsigned *counters;          /* u32 [batch][num_kv_heads][nsub], zero between runs */
     int32_t num_qo_heads, num_kv_heads, group, page_size, window_left;
     int32_t head_dim;            /* the real head dim (<= the kernel's D; the rest is zero-filled) */
     int32_t sub, nsub;           /* query heads per unit (<= 8 * NT) and units per (work item, KV

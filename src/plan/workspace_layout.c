@@ -141,7 +141,9 @@ kva_status kva__compute_layout(const kva_context *ctx, const kva_plan_limits *li
     L.off_partial_lse = off;
     fits = fits && add_f32_region(&off, (uint64_t)L.cap_split_work, (uint64_t)L.rows_per_work, 1);
     L.off_counters = off;
-    fits = fits && add_f32_region(&off, (uint64_t)L.cap_groups, (uint64_t)limits->num_kv_heads, 1);
+    /* one counter per (group, KV head, sub-group of <= 16 query heads): num_qo_heads bounds
+     * num_kv_heads x sub-groups */
+    fits = fits && add_f32_region(&off, (uint64_t)L.cap_groups, (uint64_t)limits->num_qo_heads, 1);
     L.off_scores = off;
     if (kind == KVA__PLAN_DECODE && ctx->device == KVA_DEVICE_CPU) {
         int64_t total_kv = limits->max_total_kv > 0

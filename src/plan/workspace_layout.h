@@ -67,7 +67,7 @@ typedef struct kva__plan_header {
     /* byte offsets from the start of the DEVICE part (see kva__workspace_layout) */
     int64_t off_partial_o;     /* f32 [work][rows_per_work][head_dim] split-KV partial outputs */
     int64_t off_partial_lse;   /* f32 [work][rows_per_work] partial LSE (natural log) */
-    int64_t off_counters;      /* u32 [num_groups][num_kv_heads]; zero between runs */
+    int64_t off_counters;      /* u32 [num_groups][num_qo_heads]; zero between runs */
     int64_t off_scores;        /* f32 global-rowmax scratch (CPU decode) */
     int64_t rows_per_work;     /* qo_tile * num_qo_heads (decode: num_qo_heads) */
     int64_t cap_work;          /* capacity of the work arrays (= padded_work with GRAPH) */
@@ -109,7 +109,7 @@ typedef struct kva__workspace_layout {
     size_t host_bytes;            /* header + int section */
     size_t off_partial_o;         /* bytes from device part start; f32 [cap_split_work][rows][D] */
     size_t off_partial_lse;       /* f32 [cap_split_work][rows] */
-    size_t off_counters;          /* u32 [cap_groups][num_kv_heads], zero between runs */
+    size_t off_counters;          /* u32 [cap_groups][num_qo_heads], zero between runs */
     size_t off_scores;            /* f32 global-rowmax scratch [num_qo_heads][max_total_kv] */
     size_t device_bytes;
     int64_t rows_per_work;        /* qo_tile * num_qo_heads (decode: num_qo_heads) */
