@@ -5,7 +5,8 @@
  * variants (sliding window, soft cap, custom scale), split and unsplit plans, LSE, and poisoned
  * outputs that must be fully written. Then head dims between the built ones (32..256, multiples
  * of 16, run on the next built kernel), GQA groups above 16 (sub-groups: 17, 48, 64, 71, 128),
- * and the global-rowmax algorithm (two launches, plain-sum merge). KVA_TEST_QUICK=1 (sanitizer
+ * the global-rowmax algorithm (two launches, plain-sum merge), and the two-level merge of
+ * requests split into more than 16 chunks. KVA_TEST_QUICK=1 (sanitizer
  * runs) shrinks every sweep.
  */
 #include "harness.h"
@@ -20,9 +21,11 @@ typedef struct decode_case {
     kva_dtype dtype;
     int32_t head_dim, page_size, batch, num_qo_heads, num_kv_heads, layout, max_len;
     int variant;   /* 0 plain, 1 sliding window, 2 soft cap, 3 causal + custom scale */
-    int plan_mode; /* 0 split by the planner, 1 KVA_PLAN_NO_SPLIT, 2 fixed chunk of 37 keys */
+    int plan_mode; /* 0 split by the planner, 1 KVA_PLAN_NO_SPLIT, 2 fixed chunk of 37 keys,
+                    * 3 fixed_chunk keys, the workspace sized for it */
     bool with_lse;
     kva_decode_algo algo; /* 0 (partial rowmax) unless set */
+    int32_t fixed_chunk;  /* plan_mode 3 */
 } decode_case;
 
 static const char *variant_name(int v) {
@@ -65,6 +68,7 @@ static void run_case(kva_context *ctx, kva_rng *rng, const decode_case *c, const
     lim.num_kv_heads = Hk;
     lim.head_dim = D;
     lim.page_size = c->page_size;
+    if (c->plan_mode == 3) lim.min_fixed_chunk = c->fixed_chunk;
     if (!cuda_test_workspace_make(ctx, &lim, &w)) goto done;
 
     const size_t es = kva_dtype_size(c->dtype);
@@ -84,6 +88,7 @@ static void run_case(kva_context *ctx, kva_rng *rng, const decode_case *c, const
     kva_plan_options opt = {0, 0, c->algo};
     if (c->plan_mode == 1) opt.flags = KVA_PLAN_NO_SPLIT;
     if (c->plan_mode == 2) opt.fixed_chunk_size = 37;
+    if (c->plan_mode == 3) opt.fixed_chunk_size = c->fixed_chunk;
     kva_plan plan;
     kva_status st = kva_decode_plan(ctx, &lim, &pb.table, pb.num_pages, &opt, w.ws, &plan);
     if (st == KVA_ERR_WORKSPACE_TOO_SMALL && c->plan_mode == 2) {
@@ -176,7 +181,7 @@ KVA_TEST(cuda_decode_long_context_split_matches_reference) {
     const int32_t lens[] = {quick() ? 3001 : 30001, 4097, 0};
     const kva_dtype dtypes[] = {KVA_BF16, KVA_F32};
     for (int i = 0; i < 2; ++i) {
-        decode_case c = {dtypes[i], 128, 16, 3, 32, 8, i ? CUDA_TEST_HND : CUDA_TEST_NHD, 0, 0, 0, true, KVA_DECODE_PARTIAL_ROWMAX};
+        decode_case c = {dtypes[i], 128, 16, 3, 32, 8, i ? CUDA_TEST_HND : CUDA_TEST_NHD, 0, 0, 0, true, KVA_DECODE_PARTIAL_ROWMAX, 0};
         run_case(ctx, &rng, &c, lens);
     }
     kva_context_destroy(ctx);
@@ -189,9 +194,9 @@ KVA_TEST(cuda_decode_empty_requests_give_zero_and_neg_inf) {
     kva_rng rng;
     kva_rng_seed(&rng, kva_test_seed());
     const int32_t lens[] = {0, 0, 0, 0, 0};
-    decode_case c = {KVA_F16, 64, 16, 5, 8, 2, CUDA_TEST_NHD, 0, 0, 0, true, KVA_DECODE_PARTIAL_ROWMAX};
+    decode_case c = {KVA_F16, 64, 16, 5, 8, 2, CUDA_TEST_NHD, 0, 0, 0, true, KVA_DECODE_PARTIAL_ROWMAX, 0};
     run_case(ctx, &rng, &c, lens);
-    decode_case e = {KVA_BF16, 128, 16, 0, 8, 2, CUDA_TEST_NHD, 0, 0, 0, true, KVA_DECODE_PARTIAL_ROWMAX};
+    decode_case e = {KVA_BF16, 128, 16, 0, 8, 2, CUDA_TEST_NHD, 0, 0, 0, true, KVA_DECODE_PARTIAL_ROWMAX, 0};
     run_case(ctx, &rng, &e, lens);
     kva_context_destroy(ctx);
 }
@@ -320,9 +325,9 @@ KVA_TEST(cuda_decode_large_groups_match_reference) {
     {
         /* MQA with 71 heads over a long split context, and 64 heads on one KV head. */
         const int32_t lens[] = {quick() ? 2500 : 12001, 0, 33};
-        decode_case c = {KVA_BF16, 64, 16, 3, 71, 1, CUDA_TEST_NHD, 0, 0, 0, true, KVA_DECODE_PARTIAL_ROWMAX};
+        decode_case c = {KVA_BF16, 64, 16, 3, 71, 1, CUDA_TEST_NHD, 0, 0, 0, true, KVA_DECODE_PARTIAL_ROWMAX, 0};
         run_case(ctx, &rng, &c, lens);
-        decode_case d = {KVA_F32, 128, 16, 3, 64, 1, CUDA_TEST_HND, 0, 0, 0, true, KVA_DECODE_PARTIAL_ROWMAX};
+        decode_case d = {KVA_F32, 128, 16, 3, 64, 1, CUDA_TEST_HND, 0, 0, 0, true, KVA_DECODE_PARTIAL_ROWMAX, 0};
         run_case(ctx, &rng, &d, lens);
     }
 out:
@@ -370,13 +375,46 @@ KVA_TEST(cuda_decode_global_rowmax_matches_reference) {
         const kva_dtype dts[] = {KVA_BF16, KVA_F32};
         for (int i = 0; i < 2; ++i) {
             decode_case c = {dts[i], 128, 16, 3, 32, 8, i ? CUDA_TEST_HND : CUDA_TEST_NHD, 0, 0, 0, true,
-                             KVA_DECODE_GLOBAL_ROWMAX};
+                             KVA_DECODE_GLOBAL_ROWMAX, 0};
             run_case(ctx, &rng, &c, lens);
         }
         const int32_t empty[] = {0, 0, 0};
-        decode_case e = {KVA_F16, 96, 16, 3, 8, 2, CUDA_TEST_NHD, 0, 0, 0, true, KVA_DECODE_GLOBAL_ROWMAX};
+        decode_case e = {KVA_F16, 96, 16, 3, 8, 2, CUDA_TEST_NHD, 0, 0, 0, true, KVA_DECODE_GLOBAL_ROWMAX, 0};
         run_case(ctx, &rng, &e, empty);
     }
+out:
+    kva_context_destroy(ctx);
+}
+
+/* The two-level merge of a request split into more than KVA__MERGE_RUN (16) chunks: runs of 16
+ * merged into their first slot, then the runs merged (decode_kernel.cuh). Chunk counts 16 (one
+ * level), 17 (a last run of one state), 33 and 125, beside short and empty requests; one KV head
+ * (one merging block per run), 8 KV heads, a 71-head group (sub-groups merge their own runs),
+ * f32; soft cap on some. */
+KVA_TEST(cuda_decode_merge_tree_matches_reference) {
+    kva_context *ctx = cuda_test_context();
+    if (!ctx) return;
+    kva_rng rng;
+    kva_rng_seed(&rng, kva_test_seed());
+    const int32_t chunk = 40;
+    const int32_t lens[4][4] = {{16 * chunk, 5, 0, 1},
+                                {16 * chunk + 1, 33 * chunk - 7, 2, 0},
+                                {125 * chunk, 17 * chunk, 16 * chunk + 39, 100},
+                                {33 * chunk, 0, 0, 1}};
+    const struct {
+        kva_dtype dt;
+        int32_t d, hq, hk, layout, variant;
+    } heads[4] = {{KVA_BF16, 128, 8, 1, CUDA_TEST_NHD, 0},
+                  {KVA_F16, 128, 32, 8, CUDA_TEST_HND, 2},
+                  {KVA_BF16, 64, 71, 1, CUDA_TEST_NHD, 0},
+                  {KVA_F32, 128, 4, 2, CUDA_TEST_NHD, 2}};
+    for (int h = 0; h < 4; ++h)
+        for (int l = 0; l < 4; ++l) {
+            decode_case c = {heads[h].dt, heads[h].d, 16, 4, heads[h].hq, heads[h].hk, heads[h].layout,
+                             0, heads[h].variant, 3, true, KVA_DECODE_PARTIAL_ROWMAX, chunk};
+            run_case(ctx, &rng, &c, lens[l]);
+            if (kva_test_failures > 20) goto out;
+        }
 out:
     kva_context_destroy(ctx);
 }

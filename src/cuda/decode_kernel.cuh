@@ -191,6 +191,136 @@ __device__ __forceinline__ void kva__unit_from_record(const kva__decode_args &a,
     m.my_n = tiles > warp ? (tiles - warp + KVA__DECODE_WARPS - 1) / KVA__DECODE_WARPS : 0;
 }
 
+/* Merges `count` partial states of query heads hb2 .. hb2 + gs2 - 1, at work-item slots first,
+ * first + stride, ...: into o and lse (dst_slot < 0), or into partial slot dst_slot as one
+ * normalised state (a merge-tree run, read again by the level above). The block's threads split
+ * the gs2 x head_dim columns. With the ring idle (no next unit in flight) the states are staged
+ * through it by cp.async, as many per batch as fit (one L2 round trip per batch); otherwise they
+ * are read straight from L2, MB per round trip. Empty rows give 0 / -inf, NaN propagates. */
+template <typename T, int D, int NT>
+__device__ void kva__merge_states(const kva__decode_args &a, unsigned char *ring, int tid, bool has_next,
+                                  int hb2, int gs2, int b, int first, int count, int stride,
+                                  int dst_slot) {
+    using G = kva__decode_geom<T, D, NT>;
+    constexpr int GM = G::GM;
+    const int Hq = a.num_qo_heads, dh = a.head_dim;
+    const bool to_slot = dst_slot >= 0;
+    if (!has_next) {
+        constexpr int EPT = (GM * D / 4 + KVA__DECODE_THREADS - 1) / KVA__DECODE_THREADS; /* float4 columns per thread */
+        const int gd = gs2 * dh;
+        const int batch_cap = (G::SMEM - G::RING_OFF) / (gd * 4 + gs2 * 4);
+        float *st_o = reinterpret_cast<float *>(ring);
+        float *st_l = st_o + (size_t)batch_cap * gd;
+        float Mx[EPT], Lx[EPT];
+        float4 acc[EPT];
+#pragma unroll
+        for (int e = 0; e < EPT; ++e) {
+            Mx[e] = -INFINITY;
+            Lx[e] = 0.0f;
+            acc[e] = make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+        for (int s0 = 0; s0 < count; s0 += batch_cap) {
+            const int nb = count - s0 < batch_cap ? count - s0 : batch_cap;
+            for (int i = tid; i < nb * (gd / 4); i += KVA__DECODE_THREADS) {
+                const int st = i / (gd / 4), e = i - st * (gd / 4);
+                const int64_t slot = first + (int64_t)(s0 + st) * stride;
+                const float *src = a.partial_o + (slot * Hq + hb2) * dh + e * 4;
+                asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(kva__smem_addr(st_o + (size_t)st * gd + e * 4)),
+                             "l"(src)
+                             : "memory");
+            }
+            kva__cp_async_commit();
+            for (int i = tid; i < nb * gs2; i += KVA__DECODE_THREADS) {
+                const int st = i / gs2, h = i - st * gs2;
+                const int64_t slot = first + (int64_t)(s0 + st) * stride;
+                st_l[i] = __fmul_rn(__ldcg(a.partial_lse + slot * Hq + hb2 + h), KVA__LOG2E_F);
+            }
+            kva__cp_async_wait<0>();
+            __syncthreads();
+#pragma unroll
+            for (int e = 0; e < EPT; ++e) {
+                const int i = tid + e * KVA__DECODE_THREADS;
+                if (i < gd / 4) {
+                    const int h = (i * 4) / dh;
+                    for (int st = 0; st < nb; ++st) {
+                        const float ls = st_l[st * gs2 + h];
+                        const float4 x = *reinterpret_cast<const float4 *>(st_o + (size_t)st * gd + i * 4);
+                        const float m_new = fmaxf(Mx[e], ls);
+                        const float m_use = m_new == -INFINITY ? 0.0f : m_new;
+                        const float scale = exp2f(Mx[e] - m_use), f = exp2f(ls - m_use);
+                        acc[e].x = acc[e].x * scale + f * x.x;
+                        acc[e].y = acc[e].y * scale + f * x.y;
+                        acc[e].z = acc[e].z * scale + f * x.z;
+                        acc[e].w = acc[e].w * scale + f * x.w;
+                        Lx[e] = Lx[e] * scale + f;
+                        Mx[e] = m_new;
+                    }
+                }
+            }
+            __syncthreads(); /* the batch buffer is refilled next */
+        }
+#pragma unroll
+        for (int e = 0; e < EPT; ++e) {
+            const int i = tid + e * KVA__DECODE_THREADS;
+            if (i < gd / 4) {
+                const int h = (i * 4) / dh, d = (i * 4) % dh, qh = hb2 + h;
+                const float inv = kva__softmax_inv(Lx[e]);
+                float4 o4 = acc[e];
+                o4.x *= inv; o4.y *= inv; o4.z *= inv; o4.w *= inv;
+                if (to_slot) {
+                    *reinterpret_cast<float4 *>(a.partial_o + ((int64_t)dst_slot * Hq + qh) * dh + d) = o4;
+                    if (d == 0) a.partial_lse[(int64_t)dst_slot * Hq + qh] = kva__softmax_lse(Mx[e], Lx[e]);
+                } else {
+                    kva__store4<T>((T *)a.o + (int64_t)b * a.o_st + (int64_t)qh * a.o_sh + d, o4);
+                    if (a.lse && d == 0) a.lse[(int64_t)b * Hq + qh] = kva__softmax_lse(Mx[e], Lx[e]);
+                }
+            }
+        }
+    } else {
+        const int E4s = gs2 * dh / 4;
+        for (int i = tid; i < E4s; i += KVA__DECODE_THREADS) {
+            const int h = (i * 4) / dh, d = (i * 4) % dh, qh = hb2 + h;
+            float M = -INFINITY, L = 0.0f;
+            float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+            /* States in batches of MB whose loads are all issued before any is used. */
+            constexpr int MB = 8;
+            for (int s0 = 0; s0 < count; s0 += MB) {
+                float ls[MB];
+                float4 x[MB];
+#pragma unroll
+                for (int j = 0; j < MB; ++j) {
+                    const int k = s0 + j < count ? s0 + j : count - 1;
+                    const int64_t slot = first + (int64_t)k * stride;
+                    ls[j] = __fmul_rn(__ldcg(a.partial_lse + slot * Hq + qh), KVA__LOG2E_F);
+                    x[j] = __ldcg(reinterpret_cast<const float4 *>(a.partial_o + (slot * Hq + qh) * dh + d));
+                    if (s0 + j >= count) ls[j] = -INFINITY;
+                }
+#pragma unroll
+                for (int j = 0; j < MB; ++j) {
+                    const float m_new = fmaxf(M, ls[j]);
+                    const float m_use = m_new == -INFINITY ? 0.0f : m_new;
+                    const float scale = exp2f(M - m_use), f = exp2f(ls[j] - m_use);
+                    acc.x = acc.x * scale + f * x[j].x;
+                    acc.y = acc.y * scale + f * x[j].y;
+                    acc.z = acc.z * scale + f * x[j].z;
+                    acc.w = acc.w * scale + f * x[j].w;
+                    L = L * scale + f;
+                    M = m_new;
+                }
+            }
+            const float inv = kva__softmax_inv(L);
+            acc.x *= inv; acc.y *= inv; acc.z *= inv; acc.w *= inv;
+            if (to_slot) {
+                *reinterpret_cast<float4 *>(a.partial_o + ((int64_t)dst_slot * Hq + qh) * dh + d) = acc;
+                if (d == 0) a.partial_lse[(int64_t)dst_slot * Hq + qh] = kva__softmax_lse(M, L);
+            } else {
+                kva__store4<T>((T *)a.o + (int64_t)b * a.o_st + (int64_t)qh * a.o_sh + d, acc);
+                if (a.lse && d == 0) a.lse[(int64_t)b * Hq + qh] = kva__softmax_lse(M, L);
+            }
+        }
+    }
+}
+
 template <typename T, int D, int NT, bool GR>
 __global__ void __launch_bounds__(KVA__DECODE_THREADS)
     kva__decode_kernel(const __grid_constant__ kva__decode_args a) {
@@ -214,7 +344,7 @@ __global__ void __launch_bounds__(KVA__DECODE_THREADS)
     const int num_units = num_work * a.units_per_work;
     if (u >= num_units) return;
 
-    const int g = a.group, Hq = a.num_qo_heads, dh = a.head_dim;
+    const int Hq = a.num_qo_heads, dh = a.head_dim;
     const int cpr_real = dh / EPC;         /* chunks of a row inside the real head dim */
     const bool rowmax_pass = GR && a.pass == 1;
     unsigned char *q_smem = smem;
@@ -601,12 +731,20 @@ __global__ void __launch_bounds__(KVA__DECODE_THREADS)
             /* ---- split request: the last block of (request, KV head, sub-group) -- of its
              * n_items units -- merges the chunks of the sub-group's query heads; the sub-groups
              * of a large group merge in parallel, each on its own block ---- */
+            /* partial rowmax with more chunks than one merge run: a two-level tree (below);
+             * this unit's run is [run_first, run_first + run_count) */
+            const bool tree = !GR && n_items > KVA__MERGE_RUN;
+            const int run_first = cur.item_beg + (cur.w - cur.item_beg) / KVA__MERGE_RUN * KVA__MERGE_RUN;
+            const int run_count = cur.item_end - run_first < KVA__MERGE_RUN ? cur.item_end - run_first
+                                                                            : KVA__MERGE_RUN;
             __syncthreads(); /* the partial-state stores happen before thread 0's release fence */
             if (tid == 0) {
                 __threadfence();
-                unsigned *counter = a.counters + ((int64_t)b * a.num_kv_heads + kh) * a.nsub + cur.sg;
+                unsigned *counter =
+                    tree ? a.run_counters + ((int64_t)run_first * a.num_kv_heads + kh) * a.nsub + cur.sg
+                         : a.counters + ((int64_t)b * a.num_kv_heads + kh) * a.nsub + cur.sg;
                 const unsigned prev = atomicAdd(counter, 1u);
-                s_last = prev == (unsigned)(n_items - 1);
+                s_last = prev == (unsigned)((tree ? run_count : n_items) - 1);
                 if (s_last) {
                     __threadfence();
                     *counter = 0u; /* ready for the next run */
@@ -659,119 +797,35 @@ __global__ void __launch_bounds__(KVA__DECODE_THREADS)
                     }
                 }
             } else if (s_last) {
-              {
-                /* the unit's sub-group of the KV head's query heads: gs2 heads from hb2 */
-                const int hb2 = cur.hb;
-                const int gs2 = cur.gs;
-                if (!has_next) {
-                /* The ring and combine buffers are idle (nothing of a next unit in flight): copy
-                 * the partial states (gs2 rows of O and LSE per chunk, contiguous) into them with
-                 * cp.async, as many chunks per batch as fit -- one L2 round trip per batch. */
-                constexpr int EPT = (GM * D / 4 + KVA__DECODE_THREADS - 1) / KVA__DECODE_THREADS; /* float4 columns per thread */
-                const int gd = gs2 * dh;
-                const int batch_cap = (G::SMEM - G::RING_OFF) / (gd * 4 + gs2 * 4);
-                float *st_o = reinterpret_cast<float *>(ring);
-                float *st_l = st_o + (size_t)batch_cap * gd;
-                float Mx[EPT], Lx[EPT];
-                float4 acc[EPT];
-#pragma unroll
-                for (int e = 0; e < EPT; ++e) {
-                    Mx[e] = -INFINITY;
-                    Lx[e] = 0.0f;
-                    acc[e] = make_float4(0.f, 0.f, 0.f, 0.f);
-                }
-                for (int s0 = cur.item_beg; s0 < cur.item_end; s0 += batch_cap) {
-                    const int nb = cur.item_end - s0 < batch_cap ? cur.item_end - s0 : batch_cap;
-                    for (int i = tid; i < nb * (gd / 4); i += KVA__DECODE_THREADS) {
-                        const int st = i / (gd / 4), e = i - st * (gd / 4);
-                        const float *src = a.partial_o + ((int64_t)(s0 + st) * Hq + hb2) * dh + e * 4;
-                        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(kva__smem_addr(st_o + (size_t)st * gd + e * 4)),
-                                     "l"(src)
-                                     : "memory");
-                    }
-                    kva__cp_async_commit();
-                    for (int i = tid; i < nb * gs2; i += KVA__DECODE_THREADS) {
-                        const int st = i / gs2, h = i - st * gs2;
-                        st_l[i] = __fmul_rn(__ldcg(a.partial_lse + (int64_t)(s0 + st) * Hq + hb2 + h), KVA__LOG2E_F);
-                    }
-                    kva__cp_async_wait<0>();
-                    __syncthreads();
-#pragma unroll
-                    for (int e = 0; e < EPT; ++e) {
-                        const int i = tid + e * KVA__DECODE_THREADS;
-                        if (i < gd / 4) {
-                            const int h = (i * 4) / dh;
-                            for (int st = 0; st < nb; ++st) {
-                                const float ls = st_l[st * gs2 + h];
-                                const float4 x = *reinterpret_cast<const float4 *>(st_o + (size_t)st * gd + i * 4);
-                                const float m_new = fmaxf(Mx[e], ls);
-                                const float m_use = m_new == -INFINITY ? 0.0f : m_new;
-                                const float scale = exp2f(Mx[e] - m_use), f = exp2f(ls - m_use);
-                                acc[e].x = acc[e].x * scale + f * x.x;
-                                acc[e].y = acc[e].y * scale + f * x.y;
-                                acc[e].z = acc[e].z * scale + f * x.z;
-                                acc[e].w = acc[e].w * scale + f * x.w;
-                                Lx[e] = Lx[e] * scale + f;
-                                Mx[e] = m_new;
-                            }
-                        }
-                    }
-                    __syncthreads(); /* the batch buffer is refilled next */
-                }
-#pragma unroll
-                for (int e = 0; e < EPT; ++e) {
-                    const int i = tid + e * KVA__DECODE_THREADS;
-                    if (i < gd / 4) {
-                        const int h = (i * 4) / dh, d = (i * 4) % dh, qh = hb2 + h;
-                        const float inv = kva__softmax_inv(Lx[e]);
-                        float4 o4 = acc[e];
-                        o4.x *= inv; o4.y *= inv; o4.z *= inv; o4.w *= inv;
-                        kva__store4<T>((T *)a.o + (int64_t)b * a.o_st + (int64_t)qh * a.o_sh + d, o4);
-                        if (a.lse && d == 0)
-                            a.lse[(int64_t)b * Hq + qh] = kva__softmax_lse(Mx[e], Lx[e]);
-                    }
-                }
+                /* Partial rowmax: states of one run of <= KVA__MERGE_RUN chunks merge into the
+                 * run's first slot (level 1) when the request has more chunks than one run; the
+                 * last run to finish merges the run states (level 2) into o and lse. So no block
+                 * merges more than KVA__MERGE_RUN + ceil(n_items / KVA__MERGE_RUN) states, and
+                 * the runs of a long request merge on different blocks at the same time. */
+                if (!tree) {
+                    kva__merge_states<T, D, NT>(a, ring, tid, has_next, cur.hb, cur.gs, b, cur.item_beg,
+                                                n_items, 1, -1);
                 } else {
-                /* A next unit's copies occupy the ring: merge straight from L2, MB states per
-                 * round trip. (Split plans give each block one unit, so this is rare.) */
-                const int E4s = gs2 * dh / 4;
-                for (int i = tid; i < E4s; i += KVA__DECODE_THREADS) {
-                    const int h = (i * 4) / dh, d = (i * 4) % dh, qh = hb2 + h;
-                    float M = -INFINITY, L = 0.0f;
-                    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-                    /* States in batches of MB whose loads are all issued before any is used. */
-                    constexpr int MB = 8;
-                    for (int s0 = cur.item_beg; s0 < cur.item_end; s0 += MB) {
-                        float ls[MB];
-                        float4 x[MB];
-#pragma unroll
-                        for (int j = 0; j < MB; ++j) {
-                            const int st = s0 + j < cur.item_end ? s0 + j : cur.item_end - 1;
-                            ls[j] = __fmul_rn(__ldcg(a.partial_lse + (int64_t)st * Hq + qh), KVA__LOG2E_F);
-                            x[j] = __ldcg(reinterpret_cast<const float4 *>(a.partial_o + ((int64_t)st * Hq + qh) * dh + d));
-                            if (s0 + j >= cur.item_end) ls[j] = -INFINITY;
-                        }
-#pragma unroll
-                        for (int j = 0; j < MB; ++j) {
-                            const float m_new = fmaxf(M, ls[j]);
-                            const float m_use = m_new == -INFINITY ? 0.0f : m_new;
-                            const float scale = exp2f(M - m_use), f = exp2f(ls[j] - m_use);
-                            acc.x = acc.x * scale + f * x[j].x;
-                            acc.y = acc.y * scale + f * x[j].y;
-                            acc.z = acc.z * scale + f * x[j].z;
-                            acc.w = acc.w * scale + f * x[j].w;
-                            L = L * scale + f;
-                            M = m_new;
+                    kva__merge_states<T, D, NT>(a, ring, tid, has_next, cur.hb, cur.gs, b, run_first,
+                                                run_count, 1, run_first);
+                    __syncthreads(); /* the run state's stores happen before the release fence */
+                    if (tid == 0) {
+                        __threadfence();
+                        unsigned *counter = a.counters + ((int64_t)b * a.num_kv_heads + kh) * a.nsub + cur.sg;
+                        const int runs = (n_items + KVA__MERGE_RUN - 1) / KVA__MERGE_RUN;
+                        const unsigned prev = atomicAdd(counter, 1u);
+                        s_last = prev == (unsigned)(runs - 1);
+                        if (s_last) {
+                            __threadfence();
+                            *counter = 0u; /* ready for the next run */
                         }
                     }
-                    const float inv = kva__softmax_inv(L);
-                    acc.x *= inv; acc.y *= inv; acc.z *= inv; acc.w *= inv;
-                    kva__store4<T>((T *)a.o + (int64_t)b * a.o_st + (int64_t)qh * a.o_sh + d, acc);
-                    if (a.lse && d == 0)
-                        a.lse[(int64_t)b * Hq + qh] = kva__softmax_lse(M, L);
+                    __syncthreads();
+                    if (s_last)
+                        kva__merge_states<T, D, NT>(a, ring, tid, has_next, cur.hb, cur.gs, b, cur.item_beg,
+                                                    (n_items + KVA__MERGE_RUN - 1) / KVA__MERGE_RUN,
+                                                    KVA__MERGE_RUN, -1);
                 }
-                }
-              }
             }
         }
         if (!has_next) break;

@@ -94,6 +94,14 @@ static int64_t count_congruent(int64_t lo, int64_t hi, int64_t r, int64_t m) {
     return fb - fa;
 }
 
+/* States the busiest merging block reads for a request of n chunks: all n, or with a merge
+ * tree of runs of r, one run and then the run states. */
+static int64_t merged_states(int64_t n, int32_t r) {
+    if (n <= 1) return 0;
+    if (r <= 0 || n <= r) return n;
+    return r + (n + r - 1) / r;
+}
+
 /* Estimated makespan of the plan for `chunk` in the order of kva__sched_decode_order: with
  * units sorted by cost, block loads do not increase with the block index, so block 0 is the
  * slowest. A grid of at most G / sm_blocks units gets an SM per block (the hardware hands out
@@ -112,8 +120,9 @@ static double estimate_makespan(const kva__split_problem *p, int32_t chunk, cons
         const int64_t n = kva__sched_chunks_of(len, chunk);
         const double unit = KVA__SCHED_ITEM_COST_KEYS + item_keys_of(len, chunk, 1);
         block0 += unit * (double)count_congruent(pos, pos + n * H, 0, G);
-        if (n > 1 && n * KVA__SCHED_MERGE_COST_PER_STATE_KEYS > merge)
-            merge = (double)(n * KVA__SCHED_MERGE_COST_PER_STATE_KEYS);
+        const int64_t states = merged_states(n, p->merge_run);
+        if (states * KVA__SCHED_MERGE_COST_PER_STATE_KEYS > merge)
+            merge = (double)(states * KVA__SCHED_MERGE_COST_PER_STATE_KEYS);
         pos += n * H;
     }
     const double share = pos <= G / sm_blocks && sm_blocks > 1
@@ -138,8 +147,12 @@ static int32_t choose_chunk(const kva__split_problem *p, int64_t *keys, int32_t 
     int64_t floor_chunk = p->min_chunk > KVA__SCHED_MIN_SPLIT_CHUNK ? p->min_chunk
                                                                     : KVA__SCHED_MIN_SPLIT_CHUNK;
     if (floor_chunk >= max_len) return max_len;
-    /* the merge bound: no request in more chunks than max_chunks */
-    int64_t max_chunks = (int64_t)sqrt((double)max_len / KVA__SCHED_MERGE_COST_PER_STATE_KEYS);
+    /* the merge bound: no request in more chunks than max_chunks (with one block merging all
+     * of them, past sqrt(len / merge cost) a chunk adds more merge than it saves streaming; a
+     * merge tree reads ~2 sqrt(n) states, and the cost model weighs it) */
+    int64_t max_chunks = p->merge_run > 0
+                             ? KVA__SCHED_MAX_CHUNKS_PER_REQUEST
+                             : (int64_t)sqrt((double)max_len / KVA__SCHED_MERGE_COST_PER_STATE_KEYS);
     if (max_chunks > KVA__SCHED_MAX_CHUNKS_PER_REQUEST) max_chunks = KVA__SCHED_MAX_CHUNKS_PER_REQUEST;
     if (max_chunks > G / H) max_chunks = G / H;
     if (max_chunks <= 1) return max_len;

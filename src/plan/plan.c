@@ -253,6 +253,9 @@ static kva_status make_plan(kva_context *ctx, const kva_plan_limits *limits, con
         /* blocks of one SM share its bandwidth; the CUDA policy's budget is SMs x blocks */
         p.sm_blocks = ctx->device == KVA_DEVICE_CUDA && ctx->num_sms > 0
                           ? (int32_t)(L.policy.max_blocks / ctx->num_sms) : 1;
+        /* CUDA partial-rowmax decode merges long requests as a tree (workspace_layout.h) */
+        p.merge_run = ctx->device == KVA_DEVICE_CUDA && opt.algo == KVA_DECODE_PARTIAL_ROWMAX
+                          ? KVA__MERGE_RUN : 0;
         /* scratch for the longest-first order: the unit records, written after flattening
          * (8 ints per work item >= 3 per request) */
         int64_t *sort_keys = (int64_t *)(void *)(ints + h->off_unit_records);
@@ -309,6 +312,7 @@ static kva_status make_plan(kva_context *ctx, const kva_plan_limits *limits, con
     h->off_partial_o = (int64_t)L.off_partial_o;
     h->off_partial_lse = (int64_t)L.off_partial_lse;
     h->off_counters = (int64_t)L.off_counters;
+    h->off_run_counters = (int64_t)L.off_run_counters;
     h->off_scores = (int64_t)L.off_scores;
     h->rows_per_work = L.rows_per_work;
     h->cap_work = L.cap_work;

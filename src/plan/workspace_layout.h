@@ -68,6 +68,8 @@ typedef struct kva__plan_header {
     int64_t off_partial_o;     /* f32 [work][rows_per_work][head_dim] split-KV partial outputs */
     int64_t off_partial_lse;   /* f32 [work][rows_per_work] partial LSE (natural log) */
     int64_t off_counters;      /* u32 [num_groups][num_qo_heads]; zero between runs */
+    int64_t off_run_counters;  /* u32 [cap_work][num_qo_heads]: decode merge-tree runs, indexed
+                                * by a run's first work item; zero between runs */
     int64_t off_scores;        /* f32 global-rowmax scratch (CPU decode) */
     int64_t rows_per_work;     /* qo_tile * num_qo_heads (decode: num_qo_heads) */
     int64_t cap_work;          /* capacity of the work arrays (= padded_work with GRAPH) */
@@ -75,6 +77,12 @@ typedef struct kva__plan_header {
      * KVA__UNIT_RECORD_INTS int32 (see below), [cap_work]; filled for decode plans only */
     int64_t off_unit_records;
 } kva__plan_header;
+
+/* CUDA decode merges a request of more than KVA__MERGE_RUN chunks as a two-level tree: each run
+ * of KVA__MERGE_RUN consecutive work items is merged by its last block into the run's first
+ * slot, and the last run merges the runs (src/cuda/decode_kernel.cuh). The scheduler's cost
+ * model counts merges the same way (decode_scheduler.c). */
+#define KVA__MERGE_RUN 16
 
 /* One decode work item's facts in one 32-byte record, so a GPU block learns everything it
  * needs before streaming from one round trip instead of a chain of dependent loads
@@ -110,6 +118,7 @@ typedef struct kva__workspace_layout {
     size_t off_partial_o;         /* bytes from device part start; f32 [cap_split_work][rows][D] */
     size_t off_partial_lse;       /* f32 [cap_split_work][rows] */
     size_t off_counters;          /* u32 [cap_groups][num_qo_heads], zero between runs */
+    size_t off_run_counters;      /* decode: u32 [cap_split_work][num_qo_heads], zero between runs */
     size_t off_scores;            /* f32 global-rowmax scratch [num_qo_heads][max_total_kv] */
     size_t device_bytes;
     int64_t rows_per_work;        /* qo_tile * num_qo_heads (decode: num_qo_heads) */
