@@ -81,6 +81,7 @@ if [ "${GPU_CHECK_SANITIZE:-1}" != 0 ]; then
     run_tests "racecheck" racecheck.log env KVA_TEST_QUICK=1 compute-sanitizer --tool racecheck \
         --error-exitcode 9 "./$BUILD/kvattn_tests" cuda_decode_sweep cuda_decode_long \
         cuda_decode_head_dims cuda_decode_large_groups cuda_decode_global_rowmax_matches \
+        cuda_decode_merge_tree \
         cuda_prefill_quick
     grep -E "RACECHECK SUMMARY|ERROR SUMMARY" "$OUT/racecheck.log" | tail -1
     run_tests "racecheck (prefill, mma.sync path)" racecheck-mma.log env KVA_TEST_QUICK=1 KVA_PREFILL_PATH=mma \
