@@ -57,7 +57,9 @@
 #define KVA__SCHED_LONE_BLOCK_PERCENT 90
 /* Chunks are multiples of this (4 warps x one 16-key tile), so no warp idles in a chunk. */
 #define KVA__SCHED_CHUNK_GRANULE 64
-/* No request is ever merged from more partial states than this (one block merges them). */
+/* No request is ever split into more chunks than this (on CUDA partial rowmax they merge as a
+ * tree of runs of KVA__MERGE_RUN, so one block reads at most 16 + 8 states; elsewhere one block
+ * merges them all, and the sqrt bound above applies first). */
 #define KVA__SCHED_MAX_CHUNKS_PER_REQUEST 128
 /* The finest candidate aims at this many units per block (see above). */
 #define KVA__SCHED_MAX_ROUNDS 8
