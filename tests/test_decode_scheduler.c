@@ -198,6 +198,35 @@ KVA_TEST(decode_scheduler_single_head_long_request) {
     CHECK(now.max_chunks <= KVA__SCHED_MAX_CHUNKS_PER_REQUEST);
 }
 
+/* With CUDA's merge tree (merge_run 16: the busiest merging block reads 16 + n/16 states) the
+ * one-KV-head 1 x 32k request may be cut finer than the flat merge's sqrt bound, up to the
+ * per-request cap; 8 KV heads keep the block budget's bound (G / 8 = 33 chunks). Measured on an
+ * H200: 8/1 d128 1 x 32k 27.1 us with 64 chunks (flat) -> 19.4 us with 128 (tree). */
+KVA_TEST(decode_scheduler_merge_tree_allows_finer_splits) {
+    int32_t lens[1] = {32768};
+    kva__split_problem p;
+    memset(&p, 0, sizeof p);
+    p.batch_size = 1;
+    p.kv_len = lens;
+    p.qo_tile = 1;
+    p.num_kv_heads = 1;
+    p.max_blocks = GRID;
+    p.sm_blocks = 2;
+    p.min_chunk = 64;
+    int64_t keys[2];
+    int32_t order[2];
+    const int32_t flat = kva__sched_chunks_of(lens[0], kva__sched_decode_chunk(&p, keys, order));
+    p.merge_run = KVA__MERGE_RUN;
+    const int32_t tree = kva__sched_chunks_of(lens[0], kva__sched_decode_chunk(&p, keys, order));
+    const int32_t bound = (int32_t)sqrt(32768.0 / KVA__SCHED_MERGE_COST_PER_STATE_KEYS);
+    printf("    1 x 32k, 1 KV head: %d chunks with a flat merge, %d with the tree\n", flat, tree);
+    CHECK_MSG(flat <= bound, "flat merge: %d chunks (bound %d)", flat, bound);
+    CHECK_MSG(tree > bound && tree <= KVA__SCHED_MAX_CHUNKS_PER_REQUEST, "tree: %d chunks", tree);
+    p.num_kv_heads = 8;
+    const int32_t eight = kva__sched_chunks_of(lens[0], kva__sched_decode_chunk(&p, keys, order));
+    CHECK_MSG(eight <= GRID / 8, "8 KV heads: %d chunks", eight);
+}
+
 /* Degenerate batches: one key, empty requests, a mix. */
 KVA_TEST(decode_scheduler_tiny_and_empty_requests) {
     int32_t lens[64];
