@@ -390,7 +390,7 @@ out:
  * merged into their first slot, then the runs merged (decode_kernel.cuh). Chunk counts 16 (one
  * level), 17 (a last run of one state), 33 and 125, beside short and empty requests; one KV head
  * (one merging block per run), 8 KV heads, a 71-head group (sub-groups merge their own runs),
- * f32; soft cap on some. */
+ * f32, head dims 96 and 256 at 8 KV heads; soft cap on some. */
 KVA_TEST(cuda_decode_merge_tree_matches_reference) {
     kva_context *ctx = cuda_test_context();
     if (!ctx) return;
@@ -401,14 +401,19 @@ KVA_TEST(cuda_decode_merge_tree_matches_reference) {
                                 {16 * chunk + 1, 33 * chunk - 7, 2, 0},
                                 {125 * chunk, 17 * chunk, 16 * chunk + 39, 100},
                                 {33 * chunk, 0, 0, 1}};
+    /* 8 KV heads make more units than the grid has blocks, so merging blocks often have a next
+     * unit in flight and merge straight from L2 (the path whose run-slot LSE store must wait for
+     * every thread's reads); head dims 96 and 256 spread one head's columns over two warps */
     const struct {
         kva_dtype dt;
         int32_t d, hq, hk, layout, variant;
-    } heads[4] = {{KVA_BF16, 128, 8, 1, CUDA_TEST_NHD, 0},
+    } heads[6] = {{KVA_BF16, 128, 8, 1, CUDA_TEST_NHD, 0},
                   {KVA_F16, 128, 32, 8, CUDA_TEST_HND, 2},
                   {KVA_BF16, 64, 71, 1, CUDA_TEST_NHD, 0},
-                  {KVA_F32, 128, 4, 2, CUDA_TEST_NHD, 2}};
-    for (int h = 0; h < 4; ++h)
+                  {KVA_F32, 128, 4, 2, CUDA_TEST_NHD, 2},
+                  {KVA_BF16, 96, 32, 8, CUDA_TEST_NHD, 0},
+                  {KVA_BF16, 256, 16, 8, CUDA_TEST_HND, 2}};
+    for (int h = 0; h < 6; ++h)
         for (int l = 0; l < 4; ++l) {
             decode_case c = {heads[h].dt, heads[h].d, 16, 4, heads[h].hq, heads[h].hk, heads[h].layout,
                              0, heads[h].variant, 3, true, KVA_DECODE_PARTIAL_ROWMAX, chunk};

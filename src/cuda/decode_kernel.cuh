@@ -40,7 +40,8 @@
  *   and P V see zeros; o, partial states and the merge use the real dim. The cost is compute and
  *   shared memory for D, not bandwidth.
  * Global rowmax (GR = true, seed 002 Alg. 2, two launches): pass 1 streams K only and writes each
- *   split chunk's row max to its partial-LSE slot; the last block of (request, KV head) reduces
+ *   split chunk's row max to its partial-LSE slot; the last block of (request, KV head,
+ *   sub-group) reduces
  *   them and writes the request's max back into every chunk's slot (and into lse, if given).
  *   Pass 2 streams K and V with the running max fixed at that value (no rescaling), writes
  *   unnormalised O_i and L_i, and the last block merges by O = sum O_i / sum L_i. Unsplit
@@ -198,7 +199,7 @@ __device__ __forceinline__ void kva__unit_from_record(const kva__decode_args &a,
  * through it by cp.async, as many per batch as fit (one L2 round trip per batch); otherwise they
  * are read straight from L2, MB per round trip. Empty rows give 0 / -inf, NaN propagates. */
 template <typename T, int D, int NT>
-__device__ void kva__merge_states(const kva__decode_args &a, unsigned char *ring, int tid, bool has_next,
+__device__ __noinline__ void kva__merge_states(const kva__decode_args &a, unsigned char *ring, int tid, bool has_next,
                                   int hb2, int gs2, int b, int first, int count, int stride,
                                   int dst_slot) {
     using G = kva__decode_geom<T, D, NT>;
@@ -277,8 +278,17 @@ __device__ void kva__merge_states(const kva__decode_args &a, unsigned char *ring
             }
         }
     } else {
+        /* Into a slot that is also an input (a tree run's first slot): other threads may still
+         * read its LSE, so every LSE store waits for a block barrier after all reads; O columns
+         * are each read and written by one thread. */
+        constexpr int EPT = (GM * D / 4 + KVA__DECODE_THREADS - 1) / KVA__DECODE_THREADS;
+        float slot_lse[EPT];
         const int E4s = gs2 * dh / 4;
-        for (int i = tid; i < E4s; i += KVA__DECODE_THREADS) {
+#pragma unroll
+        for (int e = 0; e < EPT; ++e) {
+            const int i = tid + e * KVA__DECODE_THREADS;
+            slot_lse[e] = 0.0f;
+            if (i >= E4s) continue;
             const int h = (i * 4) / dh, d = (i * 4) % dh, qh = hb2 + h;
             float M = -INFINITY, L = 0.0f;
             float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -312,10 +322,19 @@ __device__ void kva__merge_states(const kva__decode_args &a, unsigned char *ring
             acc.x *= inv; acc.y *= inv; acc.z *= inv; acc.w *= inv;
             if (to_slot) {
                 *reinterpret_cast<float4 *>(a.partial_o + ((int64_t)dst_slot * Hq + qh) * dh + d) = acc;
-                if (d == 0) a.partial_lse[(int64_t)dst_slot * Hq + qh] = kva__softmax_lse(M, L);
+                slot_lse[e] = kva__softmax_lse(M, L);
             } else {
                 kva__store4<T>((T *)a.o + (int64_t)b * a.o_st + (int64_t)qh * a.o_sh + d, acc);
                 if (a.lse && d == 0) a.lse[(int64_t)b * Hq + qh] = kva__softmax_lse(M, L);
+            }
+        }
+        if (to_slot) {
+            __syncthreads(); /* every thread has read the slot's old LSE */
+#pragma unroll
+            for (int e = 0; e < EPT; ++e) {
+                const int i = tid + e * KVA__DECODE_THREADS;
+                if (i < E4s && (i * 4) % dh == 0)
+                    a.partial_lse[(int64_t)dst_slot * Hq + hb2 + (i * 4) / dh] = slot_lse[e];
             }
         }
     }
@@ -806,8 +825,9 @@ __global__ void __launch_bounds__(KVA__DECODE_THREADS)
                     kva__merge_states<T, D, NT>(a, ring, tid, has_next, cur.hb, cur.gs, b, cur.item_beg,
                                                 n_items, 1, -1);
                 } else {
-                    kva__merge_states<T, D, NT>(a, ring, tid, has_next, cur.hb, cur.gs, b, run_first,
-                                                run_count, 1, run_first);
+                    if (run_count > 1) /* a run of one state is already its own merge */
+                        kva__merge_states<T, D, NT>(a, ring, tid, has_next, cur.hb, cur.gs, b, run_first,
+                                                    run_count, 1, run_first);
                     __syncthreads(); /* the run state's stores happen before the release fence */
                     if (tid == 0) {
                         __threadfence();
