@@ -193,15 +193,17 @@ __device__ __forceinline__ void kva__unit_from_record(const kva__decode_args &a,
 }
 
 /* Merges `count` partial states of query heads hb2 .. hb2 + gs2 - 1, at work-item slots first,
- * first + stride, ...: into o and lse (dst_slot < 0), or into partial slot dst_slot as one
- * normalised state (a merge-tree run, read again by the level above). The block's threads split
+ * first + stride, ... (O in partial_o, LSE in lse_src): into o and lse (dst_slot < 0), or into
+ * slot dst_slot as one normalised state (a merge-tree run, read again by the level above): O in
+ * place into partial_o (each O column is read and written by one thread), LSE into run_lse
+ * (never an input of the same merge, so no thread can read a value another already replaced). The block's threads split
  * the gs2 x head_dim columns. With the ring idle (no next unit in flight) the states are staged
  * through it by cp.async, as many per batch as fit (one L2 round trip per batch); otherwise they
  * are read straight from L2, MB per round trip. Empty rows give 0 / -inf, NaN propagates. */
 template <typename T, int D, int NT>
-__device__ __noinline__ void kva__merge_states(const kva__decode_args &a, unsigned char *ring, int tid, bool has_next,
-                                  int hb2, int gs2, int b, int first, int count, int stride,
-                                  int dst_slot) {
+__device__ __forceinline__ void kva__merge_states(const kva__decode_args &a, unsigned char *ring, int tid,
+                                                  bool has_next, int hb2, int gs2, int b, int first, int count,
+                                                  int stride, const float *lse_src, int dst_slot) {
     using G = kva__decode_geom<T, D, NT>;
     constexpr int GM = G::GM;
     const int Hq = a.num_qo_heads, dh = a.head_dim;
@@ -234,7 +236,7 @@ __device__ __noinline__ void kva__merge_states(const kva__decode_args &a, unsign
             for (int i = tid; i < nb * gs2; i += KVA__DECODE_THREADS) {
                 const int st = i / gs2, h = i - st * gs2;
                 const int64_t slot = first + (int64_t)(s0 + st) * stride;
-                st_l[i] = __fmul_rn(__ldcg(a.partial_lse + slot * Hq + hb2 + h), KVA__LOG2E_F);
+                st_l[i] = __fmul_rn(__ldcg(lse_src + slot * Hq + hb2 + h), KVA__LOG2E_F);
             }
             kva__cp_async_wait<0>();
             __syncthreads();
@@ -270,7 +272,7 @@ __device__ __noinline__ void kva__merge_states(const kva__decode_args &a, unsign
                 o4.x *= inv; o4.y *= inv; o4.z *= inv; o4.w *= inv;
                 if (to_slot) {
                     *reinterpret_cast<float4 *>(a.partial_o + ((int64_t)dst_slot * Hq + qh) * dh + d) = o4;
-                    if (d == 0) a.partial_lse[(int64_t)dst_slot * Hq + qh] = kva__softmax_lse(Mx[e], Lx[e]);
+                    if (d == 0) a.run_lse[(int64_t)dst_slot * Hq + qh] = kva__softmax_lse(Mx[e], Lx[e]);
                 } else {
                     kva__store4<T>((T *)a.o + (int64_t)b * a.o_st + (int64_t)qh * a.o_sh + d, o4);
                     if (a.lse && d == 0) a.lse[(int64_t)b * Hq + qh] = kva__softmax_lse(Mx[e], Lx[e]);
@@ -278,17 +280,8 @@ __device__ __noinline__ void kva__merge_states(const kva__decode_args &a, unsign
             }
         }
     } else {
-        /* Into a slot that is also an input (a tree run's first slot): other threads may still
-         * read its LSE, so every LSE store waits for a block barrier after all reads; O columns
-         * are each read and written by one thread. */
-        constexpr int EPT = (GM * D / 4 + KVA__DECODE_THREADS - 1) / KVA__DECODE_THREADS;
-        float slot_lse[EPT];
         const int E4s = gs2 * dh / 4;
-#pragma unroll
-        for (int e = 0; e < EPT; ++e) {
-            const int i = tid + e * KVA__DECODE_THREADS;
-            slot_lse[e] = 0.0f;
-            if (i >= E4s) continue;
+        for (int i = tid; i < E4s; i += KVA__DECODE_THREADS) {
             const int h = (i * 4) / dh, d = (i * 4) % dh, qh = hb2 + h;
             float M = -INFINITY, L = 0.0f;
             float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -301,7 +294,7 @@ __device__ __noinline__ void kva__merge_states(const kva__decode_args &a, unsign
                 for (int j = 0; j < MB; ++j) {
                     const int k = s0 + j < count ? s0 + j : count - 1;
                     const int64_t slot = first + (int64_t)k * stride;
-                    ls[j] = __fmul_rn(__ldcg(a.partial_lse + slot * Hq + qh), KVA__LOG2E_F);
+                    ls[j] = __fmul_rn(__ldcg(lse_src + slot * Hq + qh), KVA__LOG2E_F);
                     x[j] = __ldcg(reinterpret_cast<const float4 *>(a.partial_o + (slot * Hq + qh) * dh + d));
                     if (s0 + j >= count) ls[j] = -INFINITY;
                 }
@@ -322,19 +315,10 @@ __device__ __noinline__ void kva__merge_states(const kva__decode_args &a, unsign
             acc.x *= inv; acc.y *= inv; acc.z *= inv; acc.w *= inv;
             if (to_slot) {
                 *reinterpret_cast<float4 *>(a.partial_o + ((int64_t)dst_slot * Hq + qh) * dh + d) = acc;
-                slot_lse[e] = kva__softmax_lse(M, L);
+                if (d == 0) a.run_lse[(int64_t)dst_slot * Hq + qh] = kva__softmax_lse(M, L);
             } else {
                 kva__store4<T>((T *)a.o + (int64_t)b * a.o_st + (int64_t)qh * a.o_sh + d, acc);
                 if (a.lse && d == 0) a.lse[(int64_t)b * Hq + qh] = kva__softmax_lse(M, L);
-            }
-        }
-        if (to_slot) {
-            __syncthreads(); /* every thread has read the slot's old LSE */
-#pragma unroll
-            for (int e = 0; e < EPT; ++e) {
-                const int i = tid + e * KVA__DECODE_THREADS;
-                if (i < E4s && (i * 4) % dh == 0)
-                    a.partial_lse[(int64_t)dst_slot * Hq + hb2 + (i * 4) / dh] = slot_lse[e];
             }
         }
     }
@@ -823,11 +807,10 @@ __global__ void __launch_bounds__(KVA__DECODE_THREADS)
                  * the runs of a long request merge on different blocks at the same time. */
                 if (!tree) {
                     kva__merge_states<T, D, NT>(a, ring, tid, has_next, cur.hb, cur.gs, b, cur.item_beg,
-                                                n_items, 1, -1);
+                                                n_items, 1, a.partial_lse, -1);
                 } else {
-                    if (run_count > 1) /* a run of one state is already its own merge */
-                        kva__merge_states<T, D, NT>(a, ring, tid, has_next, cur.hb, cur.gs, b, run_first,
-                                                    run_count, 1, run_first);
+                    kva__merge_states<T, D, NT>(a, ring, tid, has_next, cur.hb, cur.gs, b, run_first,
+                                                run_count, 1, a.partial_lse, run_first);
                     __syncthreads(); /* the run state's stores happen before the release fence */
                     if (tid == 0) {
                         __threadfence();
@@ -844,7 +827,7 @@ __global__ void __launch_bounds__(KVA__DECODE_THREADS)
                     if (s_last)
                         kva__merge_states<T, D, NT>(a, ring, tid, has_next, cur.hb, cur.gs, b, cur.item_beg,
                                                     (n_items + KVA__MERGE_RUN - 1) / KVA__MERGE_RUN,
-                                                    KVA__MERGE_RUN, -1);
+                                                    KVA__MERGE_RUN, a.run_lse, -1);
                 }
             }
         }

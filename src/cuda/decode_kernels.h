@@ -36,6 +36,7 @@ typedef struct kva__decode_args {
     float *partial_lse;          /* f32 [work][num_qo_heads] */
     unsigned *counters;          /* u32 [batch][num_kv_heads][nsub], zero between runs */
     unsigned *run_counters;      /* u32 [work][num_kv_heads][nsub]: merge-tree runs (by first item) */
+    float *run_lse;              /* f32 [work][num_qo_heads]: a merged run's LSE (by first item) */
     int32_t num_qo_heads, num_kv_heads, group, page_size, window_left;
     int32_t head_dim;            /* the real head dim (<= the kernel's D; the rest is zero-filled) */
     int32_t sub, nsub;           /* query heads per unit (<= 8 * NT) and units per (work item, KV

@@ -74,6 +74,7 @@ extern "C" kva_status kva__cuda_decode_run(kva_context *ctx, const kva_plan *pla
     a.partial_lse = (float *)(dev + h->off_partial_lse);
     a.counters = (unsigned *)(dev + h->off_counters);
     a.run_counters = (unsigned *)(dev + h->off_run_counters);
+    a.run_lse = (float *)(dev + h->off_run_lse);
     a.num_qo_heads = Hq;
     a.num_kv_heads = Hk;
     a.group = group;

@@ -145,8 +145,10 @@ kva_status kva__compute_layout(const kva_context *ctx, const kva_plan_limits *li
      * num_kv_heads x sub-groups */
     fits = fits && add_f32_region(&off, (uint64_t)L.cap_groups, (uint64_t)limits->num_qo_heads, 1);
     L.off_run_counters = off;
-    if (kind == KVA__PLAN_DECODE && ctx->device == KVA_DEVICE_CUDA) /* the CUDA merge tree's */
-        fits = fits && add_f32_region(&off, (uint64_t)L.cap_split_work, (uint64_t)limits->num_qo_heads, 1);
+    const bool tree = kind == KVA__PLAN_DECODE && ctx->device == KVA_DEVICE_CUDA; /* merge tree */
+    if (tree) fits = fits && add_f32_region(&off, (uint64_t)L.cap_split_work, (uint64_t)limits->num_qo_heads, 1);
+    L.off_run_lse = off;
+    if (tree) fits = fits && add_f32_region(&off, (uint64_t)L.cap_split_work, (uint64_t)limits->num_qo_heads, 1);
     L.off_scores = off;
     if (kind == KVA__PLAN_DECODE && ctx->device == KVA_DEVICE_CPU) {
         int64_t total_kv = limits->max_total_kv > 0

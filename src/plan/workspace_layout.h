@@ -70,6 +70,8 @@ typedef struct kva__plan_header {
     int64_t off_counters;      /* u32 [num_groups][num_qo_heads]; zero between runs */
     int64_t off_run_counters;  /* u32 [cap_work][num_qo_heads]: decode merge-tree runs, indexed
                                 * by a run's first work item; zero between runs */
+    int64_t off_run_lse;       /* f32 [cap_work][num_qo_heads]: a merged run's LSE (its O goes
+                                * into the run's first partial slot) */
     int64_t off_scores;        /* f32 global-rowmax scratch (CPU decode) */
     int64_t rows_per_work;     /* qo_tile * num_qo_heads (decode: num_qo_heads) */
     int64_t cap_work;          /* capacity of the work arrays (= padded_work with GRAPH) */
@@ -118,7 +120,8 @@ typedef struct kva__workspace_layout {
     size_t off_partial_o;         /* bytes from device part start; f32 [cap_split_work][rows][D] */
     size_t off_partial_lse;       /* f32 [cap_split_work][rows] */
     size_t off_counters;          /* u32 [cap_groups][num_qo_heads], zero between runs */
-    size_t off_run_counters;      /* decode: u32 [cap_split_work][num_qo_heads], zero between runs */
+    size_t off_run_counters;      /* CUDA decode: u32 [cap_split_work][num_qo_heads], zero between runs */
+    size_t off_run_lse;           /* CUDA decode: f32 [cap_split_work][num_qo_heads] */
     size_t off_scores;            /* f32 global-rowmax scratch [num_qo_heads][max_total_kv] */
     size_t device_bytes;
     int64_t rows_per_work;        /* qo_tile * num_qo_heads (decode: num_qo_heads) */
