@@ -48,7 +48,9 @@
 #define KVA__SCHED_MERGE_COST_PER_STATE_KEYS 6
 /* Split chunks are never shorter than this (a request shorter than it is not split). 512 cost
  * 1 x 1024 (8 KV heads) half its speed on an H200 (15.8 vs 10.6 us with 64-key chunks): a batch
- * too small to fill the GPU wants short chunks, and the cost model already charges each item. */
+ * too small to fill the GPU wants short chunks, and the cost model already charges each item.
+ * The backend's policy min_chunk applies on top: the CPU's is 256 keys (cpu_policy.c), as it was
+ * under the binary-search planner. */
 #define KVA__SCHED_MIN_SPLIT_CHUNK 128
 /* A block alone on its SM streams this percentage of sm_blocks times a paired block's rate:
  * H200, 32/8 d128, 16 x 8192 unsplit (128 lone blocks) took 138.5 us, split in two (256 paired
