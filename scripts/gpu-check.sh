@@ -68,25 +68,31 @@ run_tests() { # name, log, command...
     fi
 }
 
-run_tests "tests" tests.log "./$BUILD/kvattn_tests" $TESTS
-# The prefill sweep again on the mma.sync kernels (on a Hopper GPU the default is wgmma).
-run_tests "tests (prefill, mma.sync path)" tests-mma.log env KVA_PREFILL_PATH=mma \
+# Every test command runs under a time limit: a kernel stuck on a barrier must fail the step,
+# not the machine's whole allowance.
+TLIM=${GPU_CHECK_TEST_TIMEOUT:-900}
+# KVA_PREFILL_TMA_STRICT=1: the Hopper prefill path may not fall back to the wgmma kernel.
+run_tests "tests" tests.log env KVA_PREFILL_TMA_STRICT=1 timeout "$TLIM" "./$BUILD/kvattn_tests" $TESTS
+# The prefill sweep again on the wgmma kernel (the Hopper fallback) and on the mma.sync kernels.
+run_tests "tests (prefill, wgmma path)" tests-wgmma.log env KVA_PREFILL_PATH=wgmma timeout "$TLIM" \
+    "./$BUILD/kvattn_tests" cuda_prefill cuda_score_range
+run_tests "tests (prefill, mma.sync path)" tests-mma.log env KVA_PREFILL_PATH=mma timeout "$TLIM" \
     "./$BUILD/kvattn_tests" cuda_prefill cuda_score_range
 
 if [ "${GPU_CHECK_SANITIZE:-1}" != 0 ]; then
-    run_tests "memcheck" memcheck.log env KVA_TEST_QUICK=1 compute-sanitizer --tool memcheck \
+    run_tests "memcheck" memcheck.log env KVA_TEST_QUICK=1 KVA_PREFILL_TMA_STRICT=1 timeout "$TLIM" compute-sanitizer --tool memcheck \
         --leak-check no --error-exitcode 9 "./$BUILD/kvattn_tests" cuda_decode cuda_merge cuda_cache cuda_graph \
         cuda_prefill cuda_score_range threads_cuda
     grep -E "ERROR SUMMARY" "$OUT/memcheck.log" | tail -1
-    run_tests "racecheck" racecheck.log env KVA_TEST_QUICK=1 compute-sanitizer --tool racecheck \
+    run_tests "racecheck" racecheck.log env KVA_TEST_QUICK=1 KVA_PREFILL_TMA_STRICT=1 timeout "$TLIM" compute-sanitizer --tool racecheck \
         --error-exitcode 9 "./$BUILD/kvattn_tests" cuda_decode_sweep cuda_decode_long \
         cuda_decode_head_dims cuda_decode_large_groups cuda_decode_global_rowmax_matches \
         cuda_decode_merge_tree \
         cuda_prefill_quick
     grep -E "RACECHECK SUMMARY|ERROR SUMMARY" "$OUT/racecheck.log" | tail -1
     run_tests "racecheck (prefill, mma.sync path)" racecheck-mma.log env KVA_TEST_QUICK=1 KVA_PREFILL_PATH=mma \
-        compute-sanitizer --tool racecheck --error-exitcode 9 "./$BUILD/kvattn_tests" cuda_prefill_quick
-    run_tests "synccheck (prefill)" synccheck.log env KVA_TEST_QUICK=1 compute-sanitizer --tool synccheck \
+        timeout "$TLIM" compute-sanitizer --tool racecheck --error-exitcode 9 "./$BUILD/kvattn_tests" cuda_prefill_quick
+    run_tests "synccheck (prefill)" synccheck.log env KVA_TEST_QUICK=1 KVA_PREFILL_TMA_STRICT=1 timeout "$TLIM" compute-sanitizer --tool synccheck \
         --error-exitcode 9 "./$BUILD/kvattn_tests" cuda_prefill_quick
 fi
 
@@ -140,8 +146,12 @@ if [ "${GPU_CHECK_BENCH:-1}" != 0 ]; then
         note "bench: FAILED (see bench.log) $(grep -E '^prefill rows:' "$OUT/bench.log" | tail -1)"
     fi
     sed -n '/^## kvattn/,$p' "$OUT/bench.log"
-    # The mma.sync prefill path beside it (d = 128 rows), for the path comparison.
+    # The other prefill paths beside it (d = 128 rows), for the path comparison.
     if [ "${GPU_CHECK_BENCH_MMA:-1}" != 0 ]; then
+        KVA_PREFILL_PATH=wgmma PYTHONUNBUFFERED=1 python3 bench/bench_torch.py --build "$BUILD" --prefill-only \
+            --prefill-sets bf16:128 --no-extra-rows --json "$OUT/bench-wgmma.json" >"$OUT/bench-wgmma.log" 2>&1 ||
+            note "bench (wgmma path): FAILED"
+        sed -n '/^## kvattn/,$p' "$OUT/bench-wgmma.log" | grep -E "^\| bf16 \| 128" | sed 's/^/wgmma: /'
         KVA_PREFILL_PATH=mma PYTHONUNBUFFERED=1 python3 bench/bench_torch.py --build "$BUILD" --prefill-only \
             --prefill-sets bf16:128 --no-extra-rows --json "$OUT/bench-mma.json" >"$OUT/bench-mma.log" 2>&1 ||
             note "bench (mma.sync path): FAILED"

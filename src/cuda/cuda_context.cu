@@ -158,12 +158,17 @@ extern "C" kva_status kva__cuda_context_init(kva_context *ctx) {
         if (e != cudaSuccess)
             st = kva__fail(KVA_ERR_DEVICE, "kva_context_create: cudaEventCreate: %s", cudaGetErrorString(e));
     }
-    /* Hopper's wgmma path where the device has it (this build's sm_90a code), unless
-     * KVA_PREFILL_PATH=mma asks for the mma.sync kernels (tests and comparisons). */
+    /* Hopper's warp-specialised path where the device has it (this build's sm_90a code),
+     * unless KVA_PREFILL_PATH=mma or =wgmma asks for the mma.sync kernels or their wgmma
+     * version (tests and comparisons). */
     const char *path = getenv("KVA_PREFILL_PATH");
     priv->prefill_path = KVA__PREFILL_MMA;
 #ifdef KVA_HAVE_SM90A /* the build holds sm_90a code (KVA_CUDA_ARCHS has 90a) */
-    if (prop.major == 9 && !(path && strcmp(path, "mma") == 0)) priv->prefill_path = KVA__PREFILL_HOPPER;
+    if (prop.major == 9) {
+        priv->prefill_path = KVA__PREFILL_HOPPER;
+        if (path && strcmp(path, "mma") == 0) priv->prefill_path = KVA__PREFILL_MMA;
+        if (path && strcmp(path, "wgmma") == 0) priv->prefill_path = KVA__PREFILL_WGMMA;
+    }
 #else
     (void)path;
 #endif

@@ -7,6 +7,7 @@
 #define KVA_CUDA_PREFILL_KERNELS_H
 
 #include <stdint.h>
+#include <cuda.h> /* CUtensorMap (a type only: the encoder is reached through the runtime) */
 #include "kvattn.h"
 #include "../plan/workspace_layout.h"
 
@@ -48,18 +49,36 @@ typedef struct kva__prefill_args {
     float cap_inv_scale;          /* sm_scale / soft cap */
 } kva__prefill_args;
 
+/* The warp-specialised Hopper kernel's argument block (prefill_hopper.cuh): the tensor maps of
+ * K and V (built by the launcher per call: pointers and strides; ragged: dims 64 elements x
+ * token x head x column block; paged: 64 x slot x head x column block x page) and the plain
+ * arguments. */
+typedef struct kva__hopper_prefill_args {
+    CUtensorMap k_map, v_map;
+    kva__prefill_args a;
+    int32_t box_rows;  /* paged: keys per copy box (divides the page size and the key tile) */
+} kva__hopper_prefill_args;
+
 /* A prefill kernel and how to launch it. */
 typedef struct kva__prefill_kernel {
     const void *fn;
     int rows;          /* packed query rows per block */
     int smem;          /* dynamic shared memory, bytes */
     int threads;
+    int tma;           /* 1: the warp-specialised Hopper kernel (kva__hopper_prefill_args) */
+    int block_n;       /* tma: keys per tile */
 } kva__prefill_choice;
 
-/* Which tensor-core path a context's prefill uses: mma.sync (sm_80 and later) or wgmma
- * (sm_90a). Chosen per device at context creation; KVA_PREFILL_PATH=mma|hopper forces one
- * (hopper only where the device has it). */
-typedef enum kva__prefill_path { KVA__PREFILL_MMA = 0, KVA__PREFILL_HOPPER = 1 } kva__prefill_path;
+/* Which tensor-core path a context's prefill uses: mma.sync (sm_80 and later), the wgmma
+ * version of the same kernel (sm_90a), or the warp-specialised TMA kernel (sm_90a; K/V whose
+ * strides a tensor map cannot describe take the wgmma kernel). Chosen per device at context
+ * creation; KVA_PREFILL_PATH=mma|wgmma|hopper forces one (the last two only where the device
+ * has them). */
+typedef enum kva__prefill_path {
+    KVA__PREFILL_MMA = 0,
+    KVA__PREFILL_WGMMA = 1,
+    KVA__PREFILL_HOPPER = 2
+} kva__prefill_path;
 
 /* The one chooser: the kernel for (dtype, head_dim) on `path` whose block holds `rows_wanted`
  * packed rows or fewer (KVA__PREFILL_ROWS_LARGE asks for the largest there is). Returns false
@@ -88,6 +107,10 @@ static inline int32_t kva__prefill_tile_tokens_for(int rows, int group) {
 const void *kva__prefill_bf16(int head_dim, int rows, int *smem, int *threads);
 const void *kva__prefill_f16(int head_dim, int rows, int *smem, int *threads);
 const void *kva__prefill_f32(int head_dim, int rows, int *smem, int *threads);
+/* The warp-specialised kernels (prefill_hopper_bf16.cu, prefill_hopper_f16.cu): 128 rows, 384
+ * threads, *block_n keys per tile; NULL for a head dim without one. */
+const void *kva__prefill_hopper_bf16(int head_dim, int *smem, int *threads, int *block_n);
+const void *kva__prefill_hopper_f16(int head_dim, int *smem, int *threads, int *block_n);
 
 /* The merge of split prefill work items (prefill_merge.cu). */
 typedef struct kva__prefill_merge_args {

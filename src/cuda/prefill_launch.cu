@@ -31,15 +31,35 @@ static bool lookup(kva_dtype dtype, int head_dim, int rows, kva__prefill_choice 
     return true;
 }
 
+/* The warp-specialised Hopper kernel, or false. */
+static bool lookup_hopper(kva_dtype dtype, int head_dim, kva__prefill_choice *k) {
+    int smem = 0, threads = 0, block_n = 0;
+    const void *fn = NULL;
+    if (dtype == KVA_BF16) fn = kva__prefill_hopper_bf16(head_dim, &smem, &threads, &block_n);
+    else if (dtype == KVA_F16) fn = kva__prefill_hopper_f16(head_dim, &smem, &threads, &block_n);
+    if (!fn) return false;
+    k->fn = fn;
+    k->rows = KVA__PREFILL_ROWS_LARGE;
+    k->smem = smem;
+    k->threads = threads;
+    k->tma = 1;
+    k->block_n = block_n;
+    return true;
+}
+
 bool kva__prefill_choose(kva_dtype dtype, int head_dim, int rows_wanted,
                          const kva__prefill_target *target, kva__prefill_choice *k) {
+    memset(k, 0, sizeof *k);
+    if (rows_wanted > KVA__PREFILL_ROWS_SMALL && target->path == KVA__PREFILL_HOPPER &&
+        lookup_hopper(dtype, head_dim, k) && k->smem <= target->smem_limit)
+        return true;
     memset(k, 0, sizeof *k);
     /* 128 rows share each K/V tile between twice the rows of the 64-row kernel; on Hopper the
      * 128-row tile runs on wgmma. A kernel whose shared memory the device cannot give falls
      * back to the 64-row mma.sync kernel (e.g. head_dim 256 on an A100), or is unsupported. */
     int order[2] = {KVA__PREFILL_ROWS_SMALL, 0}, n = 1;
     if (rows_wanted > KVA__PREFILL_ROWS_SMALL) {
-        order[0] = dtype != KVA_F32 && target->path == KVA__PREFILL_HOPPER ? KVA__PREFILL_ROWS_HOPPER
+        order[0] = dtype != KVA_F32 && target->path >= KVA__PREFILL_WGMMA ? KVA__PREFILL_ROWS_HOPPER
                                                                           : KVA__PREFILL_ROWS_LARGE;
         order[1] = KVA__PREFILL_ROWS_SMALL;
         n = 2;
@@ -71,8 +91,79 @@ static void fill_variant(kva__prefill_args *a, const kva_attn_params *p) {
     }
 }
 
-static kva_status launch(kva_context *ctx, const kva__prefill_choice *k, int64_t grid_x, int heads,
-                         kva__prefill_args *a) {
+/* ---- tensor maps for the warp-specialised Hopper kernel ----
+ * The driver's encoder is reached through the runtime (no link against libcuda). A map is
+ * built per call from pointers and strides only, so a captured graph replays with the maps of
+ * its capture: ragged K/V get an unbounded token extent (the kernel never copies past a
+ * block's last key), paged K/V the pool's page count. */
+typedef CUresult (*kva__encode_tiled_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
+                                         const cuuint64_t *, const cuuint32_t *, const cuuint32_t *,
+                                         CUtensorMapInterleave, CUtensorMapSwizzle, CUtensorMapL2promotion,
+                                         CUtensorMapFloatOOBfill);
+
+static kva__encode_tiled_fn encoder(void) {
+    static const kva__encode_tiled_fn fn = []() -> kva__encode_tiled_fn {
+        void *p = NULL;
+        cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) !=
+                cudaSuccess ||
+            q != cudaDriverEntryPointSuccess) {
+            (void)cudaGetLastError();
+            return NULL;
+        }
+        return (kva__encode_tiled_fn)p;
+    }();
+    return fn;
+}
+
+/* One map of `rank` dims (innermost first: 64 elements of a 128-byte swizzled row, then the
+ * others), strides in elements for dims 1.. (a 16-bit element), or false if the encoder refuses
+ * (unaligned pointer or stride). */
+static bool encode(CUtensorMap *m, kva_dtype dt, int rank, const void *base, const uint64_t *dims,
+                   const int64_t *strides, const uint32_t *box) {
+    kva__encode_tiled_fn fn = encoder();
+    if (!fn || ((uintptr_t)base & 15)) return false;
+    cuuint64_t d[5], st[4];
+    cuuint32_t b[5], es[5];
+    for (int i = 0; i < rank; ++i) {
+        d[i] = dims[i];
+        b[i] = box[i];
+        es[i] = 1;
+        if (i > 0) {
+            /* a dim of extent 1 is never stepped: any legal stride will do */
+            const int64_t bytes = dims[i] == 1 ? 16 : strides[i - 1] * 2;
+            if (bytes <= 0 || (bytes & 15)) return false;
+            st[i - 1] = (cuuint64_t)bytes;
+        }
+    }
+    const CUtensorMapDataType t = dt == KVA_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+    return fn(m, t, (cuuint32_t)rank, const_cast<void *>(base), d, st, b, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
+              CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+/* Ragged (or dense) K or V: [token][head][D] with any token/head strides: dims 64 x token x
+ * head x column block, one box = a whole BN-key tile. */
+static bool ragged_map(CUtensorMap *m, kva_dtype dt, const void *base, int64_t st, int64_t sh, int heads, int D,
+                       int bn) {
+    const uint64_t dims[4] = {64, 0x7fffffffu, (uint64_t)heads, (uint64_t)(D / 64)};
+    const int64_t strides[3] = {st, sh, 64};
+    const uint32_t box[4] = {64, (uint32_t)bn, 1, (uint32_t)(D / 64)};
+    return encode(m, dt, 4, base, dims, strides, box);
+}
+
+/* A paged pool: dims 64 x slot x head x column block x page, one box = `box_rows` slots of one
+ * column block. */
+static bool paged_map(CUtensorMap *m, kva_dtype dt, const void *base, const kva_kv_pages *p, int box_rows) {
+    const int D = p->head_dim;
+    const uint64_t dims[5] = {64, (uint64_t)p->page_size, (uint64_t)p->num_kv_heads, (uint64_t)(D / 64),
+                              (uint64_t)p->num_pages};
+    const int64_t strides[4] = {p->stride_token, p->stride_head, 64, p->stride_page};
+    const uint32_t box[5] = {64, (uint32_t)box_rows, 1, 1, 1};
+    return encode(m, dt, 5, base, dims, strides, box);
+}
+
+static kva_status launch(kva_context *ctx, const kva__prefill_choice *k, int64_t grid_x, int heads, void *a) {
     if (grid_x == 0) return KVA_OK;
     if (grid_x > 0x7fffffff || heads > 65535)
         return kva__fail(KVA_ERR_BAD_SHAPE, "prefill on CUDA: %lld work items x %d KV heads exceed the grid",
@@ -81,6 +172,40 @@ static kva_status launch(kva_context *ctx, const kva__prefill_choice *k, int64_t
     KVA_CUDA_TRY(cudaLaunchKernel(k->fn, dim3((unsigned)grid_x, (unsigned)heads), dim3(k->threads), args,
                                   (size_t)k->smem, kva__stream(ctx)));
     return KVA_OK;
+}
+
+/* Launches the chosen kernel. The Hopper kernel gets tensor maps of K and V; where a map
+ * cannot describe them (a pointer or stride not a multiple of 16 bytes) the call runs the wgmma
+ * kernel of the same tile instead -- or fails, under KVA_PREFILL_TMA_STRICT=1 (the device tests
+ * use it so that a silent fallback cannot pass for the Hopper path). */
+static kva_status launch_prefill(kva_context *ctx, const char *call, kva_dtype dt, int head_dim,
+                                 const kva__prefill_choice *k, int64_t grid_x, int heads, kva__prefill_args *a,
+                                 const kva_kv_pages *pages) {
+    if (!k->tma) return launch(ctx, k, grid_x, heads, a);
+    kva__hopper_prefill_args h; /* cudaLaunchKernel copies it: a stack object will do */
+    memset(&h, 0, sizeof h);
+    h.a = *a;
+    bool ok;
+    if (pages) {
+        int box = 1;
+        while (box < k->block_n && pages->page_size % (box * 2) == 0) box *= 2;
+        h.box_rows = box;
+        ok = paged_map(&h.k_map, dt, pages->k_data, pages, box) && paged_map(&h.v_map, dt, pages->v_data, pages, box);
+    } else {
+        h.box_rows = k->block_n;
+        ok = ragged_map(&h.k_map, dt, a->k, a->k_st, a->k_sh, a->num_kv_heads, head_dim, k->block_n) &&
+             ragged_map(&h.v_map, dt, a->v, a->v_st, a->v_sh, a->num_kv_heads, head_dim, k->block_n);
+    }
+    if (ok) return launch(ctx, k, grid_x, heads, &h);
+    const char *strict = getenv("KVA_PREFILL_TMA_STRICT");
+    if (strict && strcmp(strict, "1") == 0)
+        return kva__fail(KVA_ERR_UNSUPPORTED, "%s on CUDA: K/V pointers or strides a tensor map cannot describe "
+                         "(KVA_PREFILL_TMA_STRICT=1)", call);
+    kva__prefill_choice w;
+    const kva__prefill_target wt = {KVA__PREFILL_WGMMA, 1 << 30};
+    if (!kva__prefill_choose(dt, head_dim, KVA__PREFILL_ROWS_LARGE, &wt, &w) || w.rows != k->rows)
+        return kva__fail(KVA_ERR_UNSUPPORTED, "%s on CUDA: no kernel for these K/V strides", call);
+    return launch(ctx, &w, grid_x, heads, a);
 }
 
 extern "C" kva_status kva__cuda_prefill_run(kva_context *ctx, const kva_plan *plan,
@@ -147,7 +272,8 @@ extern "C" kva_status kva__cuda_prefill_run(kva_context *ctx, const kva_plan *pl
     a.rows_per_work = h->rows_per_work;
     fill_variant(&a, params);
 
-    KVA_TRY(launch(ctx, &kern, plan->padded_work, params->num_kv_heads, &a));
+    KVA_TRY(launch_prefill(ctx, "prefill run", dt, params->head_dim, &kern, plan->padded_work,
+                           params->num_kv_heads, &a, pages));
 
     if (plan->split_kv || graph) {
         kva__prefill_merge_args m;
@@ -209,5 +335,6 @@ extern "C" kva_status kva__cuda_attention(kva_context *ctx, const kva_attn_param
     const int64_t tiles = ((int64_t)qo_len + a.qo_tile - 1) / a.qo_tile;
     a.num_work = (int32_t)tiles;
     fill_variant(&a, params);
-    return launch(ctx, &kern, tiles, params->num_kv_heads, &a);
+    return launch_prefill(ctx, "kva_attention", q.dtype, params->head_dim, &kern, tiles, params->num_kv_heads, &a,
+                          NULL);
 }
