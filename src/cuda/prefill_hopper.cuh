@@ -5,11 +5,13 @@
  * strides a tensor map cannot describe); what changes is who moves data and when.
  *
  * Work split
- *   grid  = (work items, KV heads), one 384-thread block per SM (the shared memory of two K/V
- *           stages), blocks of a KV head launched together.
+ *   grid  = persistent: one 384-thread block per SM (the shared memory of the K/V stages)
+ *           walks (KV head, work item) pairs, head-major, so the blocks on one head share its
+ *           K/V through L2; the producer streams the next item's tiles while the consumers
+ *           finish the current one.
  *   block = 128 packed query rows (token, GQA head) as in prefill_kernel.cuh, and three
  *           warpgroups:
- *     producer  (warpgroup 0, 40 registers): warp 0 streams K and V tiles of BN keys into a
+ *     producer  (warpgroup 0, 72 registers; 56 at d256): warp 0 streams K and V tiles of BN keys into a
  *               2-stage ring with tensor copies (TMA) that complete on "full" mbarriers, and
  *               waits on "empty" mbarriers before reusing a stage. Ragged K/V: one 4-d copy per
  *               tile (dims: 64 elements, token, head, 64-element column block). Paged K/V: one
@@ -17,12 +19,12 @@
  *               size and BN, so a box never crosses a page); the warp's lanes load page ids
  *               and issue boxes in parallel. Out-of-range V rows of the last tile are zeroed
  *               (0 * inf would poison P V).
- *     consumers (warpgroups 1 and 2, 232 registers): 64 rows each. Per key tile j:
+ *     consumers (warpgroups 1 and 2, 216 registers; 224 at d256): 64 rows each. Per key tile j:
  *               S_j = Q K_j^T (wgmma from shared memory) is issued together with
  *               O += P_{j-1} V_{j-1} (P from registers); the softmax of S_j runs while the
  *               tensor cores finish P V; then O is rescaled and P_j packed. The two consumers
- *               take turns to issue (named barriers, "ping-pong"), so one's softmax overlaps
- *               the other's matrix products.
+ *               issue independently (a strict turn order, "ping-pong", is a build option
+ *               measured slower), so one's softmax overlaps the other's matrix products.
  *   out   = as prefill_kernel.cuh: O / l and LSE, or f32 partials for a split work item.
  *
  * Per key tile and block: bytes = 2 * BN * D * 2 from L2/DRAM (64 KB at D = 128, BN = 128);
@@ -35,15 +37,26 @@
 #include "prefill_kernel.cuh"
 #include "hopper_sync.cuh"
 
+/* K/V stages in flight: as many as fit beside Q in 227 KB (a tile from L2 takes about as long
+ * to land as a tile takes to compute). */
+#ifndef KVA__HP_STAGES_D128
+#define KVA__HP_STAGES_D128 2
+#endif
+#define KVA__HP_STAGES(D) ((D) <= 64 ? 4 : (D) <= 128 ? KVA__HP_STAGES_D128 : 2)
+
 template <typename T, int D>
 struct kva__hopper_geom {
     static constexpr int ROWS = 128;
     static constexpr int BN = D <= 128 ? 128 : 64; /* d256: O is 128 registers already */
-    static constexpr int STAGES = 2;
+    static constexpr int STAGES = KVA__HP_STAGES(D);
     static constexpr int CPR = D / 8;               /* 16-byte chunks per row */
     static constexpr int Q_BYTES = ROWS * D * 2;
     static constexpr int TILE_BYTES = BN * D * 2;
-    static constexpr int BAR_BYTES = 128;           /* 4 * STAGES mbarriers + the tail one */
+    /* registers per thread after reallocation (128 * producer + 256 * consumer <= 64K): the
+     * producer's loop fits in 72 without spilling; d256's O (128 floats) needs 224 */
+    static constexpr int PRODUCER_REGS = D >= 256 ? 56 : 72;
+    static constexpr int CONSUMER_REGS = D >= 256 ? 224 : 216;
+    static constexpr int BAR_BYTES = 8 * (4 * STAGES + 1); /* full/empty K/V per stage + the tail */
     static constexpr int SMEM = 1024 + Q_BYTES + STAGES * 2 * TILE_BYTES + BAR_BYTES;
 };
 
@@ -65,6 +78,45 @@ __device__ __forceinline__ kva__hp_tile kva__hp_tile_of(int j, int lo, int lo_al
     return t;
 }
 
+/* One (work item, KV head) of a block's sequence and the keys its tiles cover. The grid is
+ * persistent: block b takes L = b, b + gridDim.x, ... over (KV head, work item in launch order),
+ * KV-head-major so that the blocks working on one head at a time share its K/V through L2. */
+struct kva__hp_work {
+    kva__pf_item it;
+    int kh, lo, hi, lo_al, n_tiles;
+};
+
+template <int BN>
+__device__ __forceinline__ bool kva__hp_work_at(const kva__prefill_args &a, int L, int box, kva__hp_work &wk) {
+    const int num_work = a.num_work >= 0 ? a.num_work : __ldg(a.num_work_dev);
+    if (num_work <= 0 || (int64_t)L >= (int64_t)num_work * a.num_kv_heads) return false;
+    wk.kh = L / num_work;
+    if (!kva__pf_load_item(a, L - wk.kh * num_work, wk.it)) return false;
+    const kva__pf_item &it = wk.it;
+    int lo = it.key_beg, hi = it.key_end;
+    const int q_last = it.q_pos0 + it.q_tokens - 1;
+    if (a.causal && hi > q_last + 1) hi = q_last + 1;
+    /* (64-bit: positions are negative when a request has more queries than keys) */
+    if (a.window_left >= 0 && (int64_t)lo < (int64_t)it.q_pos0 - a.window_left) lo = it.q_pos0 - a.window_left;
+    wk.lo = lo;
+    wk.hi = hi;
+    wk.lo_al = a.page_indices ? lo - lo % box : lo;
+    wk.n_tiles = hi > lo ? (hi - wk.lo_al + BN - 1) / BN : 0;
+    return true;
+}
+
+/* max (MAX) or sum of t[0..N) as a tree of depth log2 N (N a power of two) */
+template <int N, bool MAX>
+__device__ __forceinline__ float kva__hp_tree(float *t) {
+    if constexpr (N == 1) {
+        return t[0];
+    } else {
+#pragma unroll
+        for (int i = 0; i < N / 2; ++i) t[i] = MAX ? fmaxf(t[i], t[i + N / 2]) : t[i] + t[i + N / 2];
+        return kva__hp_tree<N / 2, MAX>(t);
+    }
+}
+
 template <typename T, int D>
 __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __grid_constant__ kva__hopper_prefill_args ha) {
 #if KVA__HAVE_WGMMA
@@ -74,22 +126,12 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
     const kva__prefill_args &a = ha.a;
     extern __shared__ __align__(1024) unsigned char smem[];
 
-    kva__pf_item it;
-    if (!kva__pf_load_item(a, blockIdx.x, it)) return;
-    const int kh = blockIdx.y;
     const int tid = threadIdx.x;
     const int g = a.group;
-    const int rows = it.q_tokens * g;
-    const bool split = it.key_beg > 0 || it.key_end < it.kv_len;
     const bool paged = a.page_indices != NULL;
-
-    int lo = it.key_beg, hi = it.key_end;
-    const int q_last = it.q_pos0 + it.q_tokens - 1;
-    if (a.causal && hi > q_last + 1) hi = q_last + 1;
-    if (a.window_left >= 0 && (int64_t)lo < (int64_t)it.q_pos0 - a.window_left) lo = it.q_pos0 - a.window_left;
     const int box = paged ? ha.box_rows : BN;
-    const int lo_al = paged ? lo - lo % box : lo;
-    const int n_tiles = hi > lo ? (hi - lo_al + BN - 1) / BN : 0;
+    kva__hp_work wk;
+    if (!kva__hp_work_at<BN>(a, blockIdx.x, box, wk)) return;
 
     const uint32_t smem_raw = kva__smem_addr(smem);
     const uint32_t q_s = (smem_raw + 1023u) & ~1023u;
@@ -117,304 +159,353 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
 
     if (tid < 128) {
         /* ================= producer ================= */
-        kva__setmaxnreg_dec<40>();
-        if (tid >= 32 || n_tiles == 0) return;
+        kva__setmaxnreg_dec<G::PRODUCER_REGS>();
+        if (tid >= 32) return;
         const int lane = tid;
         const void *kmap = &ha.k_map, *vmap = &ha.v_map;
         if (lane == 0) {
             kva__tma_prefetch_map(kmap);
             kva__tma_prefetch_map(vmap);
         }
-        const int nbox = BN / box;
-        /* issues the copies of tile j of K (which 0) or V (1) onto barrier `bar`; returns the
-         * bytes announced (by lane 0, before any copy is issued) */
-        auto load_tile = [&](int which, int j, uint32_t dst, uint32_t bar) {
-            const kva__hp_tile t = kva__hp_tile_of<BN>(j, lo, lo_al, hi, paged);
-            const void *map = which ? vmap : kmap;
-            if (!paged) {
-                if (lane == 0) {
-                    kva__mbar_arrive_expect(bar, (uint32_t)G::TILE_BYTES);
-                    kva__tma_load_4d(dst, map, bar, 0, it.kv_beg + t.kb, kh, 0);
+        /* tiles produced so far (stage and phase run on across work items), tail uses */
+        uint32_t gt = 0, tails = 0;
+        for (int L = blockIdx.x; kva__hp_work_at<BN>(a, L, box, wk); L += gridDim.x) {
+            const kva__pf_item &it = wk.it;
+            const int kh = wk.kh, lo = wk.lo, hi = wk.hi, lo_al = wk.lo_al, n_tiles = wk.n_tiles;
+            const int nbox = BN / box;
+            /* issues the copies of tile j of K (which 0) or V (1) onto barrier `bar`; returns the
+             * bytes announced (by lane 0, before any copy is issued) */
+            auto load_tile = [&](int which, int j, uint32_t dst, uint32_t bar) {
+                const kva__hp_tile t = kva__hp_tile_of<BN>(j, lo, lo_al, hi, paged);
+                const void *map = which ? vmap : kmap;
+                if (!paged) {
+                    if (lane == 0) {
+                        kva__mbar_arrive_expect(bar, (uint32_t)G::TILE_BYTES);
+                        kva__tma_load_4d(dst, map, bar, 0, it.kv_beg + t.kb, kh, 0);
+                    }
+                    return;
                 }
-                return;
-            }
-            /* boxes that start before the block's end; a box's rows past it are masked (K) or
-             * zeroed (V) */
-            const int nvalid = min(nbox, (hi - t.kb + box - 1) / box);
-            if (lane == 0) kva__mbar_arrive_expect(bar, (uint32_t)(nvalid * box * D * 2));
-            __syncwarp();
-            for (int i = lane; i < nvalid; i += 32) {
-                const int key = t.kb + i * box;
-                const int pg = (int)(((uint64_t)(uint32_t)key * a.page_div_m) >> a.page_div_s);
-                const int slot = key - pg * a.page_size;
-                const int pid = __ldg(a.page_indices + it.kv_beg + pg);
-#pragma unroll
-                for (int c = 0; c < CB; ++c)
-                    kva__tma_load_5d(dst + (uint32_t)(c * BN * 128 + i * box * 128), map, bar, 0, slot, kh, c, pid);
-            }
-        };
-        for (int j = 0; j < n_tiles; ++j) {
-            const int s = j % G::STAGES;
-            const uint32_t ph = (uint32_t)((j / G::STAGES) & 1);
-            kva__mbar_wait(empty_k(s), ph ^ 1u);
-            load_tile(0, j, k_stage(s), full_k(s));
-            kva__mbar_wait(empty_v(s), ph ^ 1u);
-            const kva__hp_tile t = kva__hp_tile_of<BN>(j, lo, lo_al, hi, paged);
-            /* V rows outside [kmin, hi) that may hold another request's values or stale data */
-            const int z_lo = paged ? 0 : t.kmin - t.kb;     /* rows [0, z_lo) */
-            const int z_hi = paged ? hi - t.kb : BN;        /* rows [z_hi, BN) */
-            if (z_lo <= 0 && z_hi >= BN) {
-                load_tile(1, j, v_stage(s), full_v(s));
-            } else {
-                /* the last tile: land it on the tail barrier, zero the rows, then publish */
-                load_tile(1, j, v_stage(s), tail_bar);
-                kva__mbar_wait(tail_bar, 0);
-                const uint32_t vs = v_stage(s);
-                const int nz = (z_lo > 0 ? z_lo : 0) + (z_hi < BN ? BN - z_hi : 0);
-                for (int i = lane; i < nz * CB * 8; i += 32) {
-                    const int chunk = i & 7, c = (i >> 3) % CB, zr = (i >> 3) / CB;
-                    const int r = zr < z_lo ? zr : z_hi + (zr - (z_lo > 0 ? z_lo : 0));
-                    const uint32_t addr = vs + (uint32_t)(c * BN * 128 + r * 128 + chunk * 16);
-                    asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(addr), "r"(0) : "memory");
-                }
-                kva__fence_proxy_async();
+                /* boxes that start before the block's end; a box's rows past it are masked (K) or
+                 * zeroed (V) */
+                const int nvalid = min(nbox, (hi - t.kb + box - 1) / box);
+                if (lane == 0) kva__mbar_arrive_expect(bar, (uint32_t)(nvalid * box * D * 2));
                 __syncwarp();
-                if (lane == 0) kva__mbar_arrive(full_v(s));
+                for (int i = lane; i < nvalid; i += 32) {
+                    const int key = t.kb + i * box;
+                    const int pg = (int)(((uint64_t)(uint32_t)key * a.page_div_m) >> a.page_div_s);
+                    const int slot = key - pg * a.page_size;
+                    const int pid = __ldg(a.page_indices + it.kv_beg + pg);
+#pragma unroll
+                    for (int c = 0; c < CB; ++c)
+                        kva__tma_load_5d(dst + (uint32_t)(c * BN * 128 + i * box * 128), map, bar, 0, slot, kh, c, pid);
+                }
+            };
+            for (int j = 0; j < n_tiles; ++j) {
+                const int s = (int)((gt + j) % G::STAGES);
+                const uint32_t ph = ((gt + j) / G::STAGES) & 1u;
+                kva__mbar_wait(empty_k(s), ph ^ 1u);
+                load_tile(0, j, k_stage(s), full_k(s));
+                kva__mbar_wait(empty_v(s), ph ^ 1u);
+                const kva__hp_tile t = kva__hp_tile_of<BN>(j, lo, lo_al, hi, paged);
+                /* V rows outside [kmin, hi) that may hold another request's values or stale data */
+                const int z_lo = paged ? 0 : t.kmin - t.kb;     /* rows [0, z_lo) */
+                const int z_hi = paged ? hi - t.kb : BN;        /* rows [z_hi, BN) */
+                if (z_lo <= 0 && z_hi >= BN) {
+                    load_tile(1, j, v_stage(s), full_v(s));
+                } else {
+                    /* the last tile: land it on the tail barrier, zero the rows, then publish */
+                    load_tile(1, j, v_stage(s), tail_bar);
+                    kva__mbar_wait(tail_bar, tails & 1u);
+                    ++tails;
+                    const uint32_t vs = v_stage(s);
+                    const int nz = (z_lo > 0 ? z_lo : 0) + (z_hi < BN ? BN - z_hi : 0);
+                    for (int i = lane; i < nz * CB * 8; i += 32) {
+                        const int chunk = i & 7, c = (i >> 3) % CB, zr = (i >> 3) / CB;
+                        const int r = zr < z_lo ? zr : z_hi + (zr - (z_lo > 0 ? z_lo : 0));
+                        const uint32_t addr = vs + (uint32_t)(c * BN * 128 + r * 128 + chunk * 16);
+                        asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(addr), "r"(0) : "memory");
+                    }
+                    kva__fence_proxy_async();
+                    __syncwarp();
+                    if (lane == 0) kva__mbar_arrive(full_v(s));
+                }
             }
+            gt += (uint32_t)n_tiles;
         }
         return;
     }
 
     /* ================= consumers ================= */
-    kva__setmaxnreg_inc<232>();
+    kva__setmaxnreg_inc<G::CONSUMER_REGS>();
     const int ct = tid - 128;                 /* thread in the two consumer warpgroups */
     const int cw = ct >> 7;                   /* consumer warpgroup 0 or 1 */
     const int wt = ct & 127;                  /* thread in my warpgroup */
     const int lane = ct & 31, wq = wt >> 5;   /* warp in my warpgroup */
     const int row_base = cw * 64 + wq * 16;
 
-    /* ---- my warpgroup's 64 Q rows -> shared (rows past the tile are zero) ---- */
-    {
-        const T *qb = (const T *)a.q;
-#pragma unroll 4
-        for (int j = 0; j < 64 * CPR / 128; ++j) {
-            const int i = wt + j * 128, r = cw * 64 + i / CPR, c = i % CPR;
-            const bool ok = r < rows;
-            const int t = ok ? r / g : 0, hh = ok ? r - t * g : 0;
-            const T *src = qb + (int64_t)(it.q_row0 + t) * a.q_st + (int64_t)(kh * g + hh) * a.q_sh + c * 8;
-            kva__pf_cp16(q_s + kva__pf_tile_off<D * 2, ROWS, true>(r, c), ok ? (const void *)src : a.q, ok);
-        }
-        kva__cp_async_commit();
-        kva__cp_async_wait<0>();
-        kva__fence_proxy_async();
-        kva__bar_sync(1 + cw, 128);
-    }
-
-    float o_acc[DT][4];
-#pragma unroll
-    for (int dt = 0; dt < DT; ++dt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) o_acc[dt][e] = 0.0f;
-    float m_st[2] = {-INFINITY, -INFINITY}, l_st[2] = {0.0f, 0.0f};
-    /* query positions of my two rows */
-    int qp[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) qp[h] = it.q_pos0 + (row_base + (lane >> 2) + 8 * h) / g;
-    const bool capped = a.cap_log2 > 0.0f;
-    const float mul = capped ? 1.0f : a.scale_log2;
-    const uint32_t q_wg = q_s + (uint32_t)cw * 64 * 128;
-
-    float sc[NT][4];
-    uint32_t pa[BN / 16][4];
-
-    /* ping-pong: I issue after my barrier completes, then let the other warpgroup go */
+    /* Ping-pong (built with -DKVA__HP_PINGPONG): I issue after my barrier completes, then let
+     * the other warpgroup go. Off by default: on an H100 it measured 3-7% slower than letting
+     * both warpgroups issue freely (bench/NOTES.md, v6.3), whose softmaxes already interleave
+     * with the other's matrix products through the hardware's own scheduling. Every
+     * work item takes as many turns from each warpgroup (n_tiles + 1), so the turns run on
+     * across items; warpgroup 0 goes first and takes warpgroup 1's last pass at the end */
     const int my_turn = 3 + cw, other_turn = 3 + (cw ^ 1);
+#ifdef KVA__HP_PINGPONG
     auto turn_wait = [&]() { kva__bar_sync(my_turn, 256); };
     auto turn_pass = [&]() { kva__bar_arrive(other_turn, 256); };
+#else
+    auto turn_wait = [&]() { (void)my_turn; };
+    auto turn_pass = [&]() { (void)other_turn; };
+#endif
     auto release = [&](uint32_t bar) {
         if (lane == 0) kva__mbar_arrive(bar);
     };
-
-    auto issue_qk = [&](int s) {
-        const uint32_t ks = k_stage(s);
-        kva__wgmma_fence();
-#pragma unroll
-        for (int kd = 0; kd < D / 16; ++kd) {
-            const uint32_t blk = (uint32_t)(kd >> 2);
-            const uint64_t da = kva__wgmma_desc(q_wg + blk * ROWS * 128 + (kd & 3) * 32, 16, 1024);
-            const uint64_t db = kva__wgmma_desc(ks + blk * BN * 128 + (kd & 3) * 32, 16, 1024);
-            kva__wgmma_ss<T, BN>(&sc[0][0], da, db, kd > 0);
+    const bool capped = a.cap_log2 > 0.0f;
+    const float mul = capped ? 1.0f : a.scale_log2;
+    const uint32_t q_wg = q_s + (uint32_t)cw * 64 * 128;
+    if (cw == 1) turn_pass();
+    uint32_t gt = 0; /* tiles consumed so far */
+    for (int L = blockIdx.x; kva__hp_work_at<BN>(a, L, box, wk); L += gridDim.x) {
+        const kva__pf_item &it = wk.it;
+        const int kh = wk.kh, lo = wk.lo, hi = wk.hi, lo_al = wk.lo_al, n_tiles = wk.n_tiles;
+        const int q_last = it.q_pos0 + it.q_tokens - 1;
+        const int rows = it.q_tokens * g;
+        /* ---- my warpgroup's 64 Q rows -> shared (rows past the tile are zero) ---- */
+        {
+            const T *qb = (const T *)a.q;
+#pragma unroll 4
+            for (int j = 0; j < 64 * CPR / 128; ++j) {
+                const int i = wt + j * 128, r = cw * 64 + i / CPR, c = i % CPR;
+                const bool ok = r < rows;
+                const int t = ok ? r / g : 0, hh = ok ? r - t * g : 0;
+                const T *src = qb + (int64_t)(it.q_row0 + t) * a.q_st + (int64_t)(kh * g + hh) * a.q_sh + c * 8;
+                kva__pf_cp16(q_s + kva__pf_tile_off<D * 2, ROWS, true>(r, c), ok ? (const void *)src : a.q, ok);
+            }
+            kva__cp_async_commit();
+            kva__cp_async_wait<0>();
+            kva__fence_proxy_async();
+            kva__bar_sync(1 + cw, 128);
         }
-        kva__wgmma_commit();
-    };
-    auto issue_pv = [&](int s) {
-        const uint32_t vs = v_stage(s);
-        kva__wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < BN / 16; ++kk) {
-            const uint64_t db = kva__wgmma_desc(vs + kk * 16 * 128, KVA__PF_V_LBO(BN), KVA__PF_V_SBO(BN));
-            kva__wgmma_rs<T, D>(&o_acc[0][0], pa[kk], db);
-        }
-        kva__wgmma_commit();
-    };
 
-    /* mask + online softmax of tile j in sc (log2 units); returns per-row alpha */
-    auto softmax = [&](int j, float alpha_r[2]) -> bool {
-        const kva__hp_tile t = kva__hp_tile_of<BN>(j, lo, lo_al, hi, paged);
-        const bool need_mask = t.kb + BN > hi || t.kb < t.kmin || (a.causal && t.kb + BN - 1 > it.q_pos0) ||
-                               (a.window_left >= 0 && (int64_t)t.kb < (int64_t)q_last - a.window_left);
-        if (capped || need_mask) {
+        float o_acc[DT][4];
 #pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const int p = qp[h];
+        for (int dt = 0; dt < DT; ++dt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) o_acc[dt][e] = 0.0f;
+        float m_st[2] = {-INFINITY, -INFINITY}, l_st[2] = {0.0f, 0.0f};
+        /* query positions of my two rows */
+        int qp[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) qp[h] = it.q_pos0 + (row_base + (lane >> 2) + 8 * h) / g;
+        /* the keys each row's mask lets through (before the block's own range): [qlo, qhi) */
+        int qlo[2], qhi[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int64_t wl = a.window_left >= 0 ? (int64_t)qp[h] - a.window_left : INT32_MIN;
+            qlo[h] = (int)(wl > INT32_MIN ? wl : INT32_MIN);
+            qhi[h] = a.causal ? qp[h] + 1 : INT32_MAX;
+        }
+
+        float sc[NT][4];
+        uint32_t pa[BN / 16][4];
+
+        auto issue_qk = [&](int s) {
+            const uint32_t ks = k_stage(s);
+            kva__wgmma_fence();
+#pragma unroll
+            for (int kd = 0; kd < D / 16; ++kd) {
+                const uint32_t blk = (uint32_t)(kd >> 2);
+                const uint64_t da = kva__wgmma_desc(q_wg + blk * ROWS * 128 + (kd & 3) * 32, 16, 1024);
+                const uint64_t db = kva__wgmma_desc(ks + blk * BN * 128 + (kd & 3) * 32, 16, 1024);
+                kva__wgmma_ss<T, BN>(&sc[0][0], da, db, kd > 0);
+            }
+            kva__wgmma_commit();
+        };
+        auto issue_pv = [&](int s) {
+            const uint32_t vs = v_stage(s);
+            kva__wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < BN / 16; ++kk) {
+                const uint64_t db = kva__wgmma_desc(vs + kk * 16 * 128, KVA__PF_V_LBO(BN), KVA__PF_V_SBO(BN));
+                kva__wgmma_rs<T, D>(&o_acc[0][0], pa[kk], db);
+            }
+            kva__wgmma_commit();
+        };
+
+        /* mask + online softmax of tile j in sc (log2 units); returns per-row alpha */
+        auto softmax = [&](int j, float alpha_r[2]) -> bool {
+            const kva__hp_tile t = kva__hp_tile_of<BN>(j, lo, lo_al, hi, paged);
+            const bool need_mask = t.kb + BN > hi || t.kb < t.kmin || (a.causal && t.kb + BN - 1 > it.q_pos0) ||
+                                   (a.window_left >= 0 && (int64_t)t.kb < (int64_t)q_last - a.window_left);
+            /* an overflowed dot product: capped (tanh saturates, as in the float64 reference), or
+             * NaN without a cap -- never a mask (as prefill_kernel.cuh) */
+            if (capped) {
 #pragma unroll
                 for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-                    for (int e = 2 * h; e < 2 * h + 2; ++e) {
-                        float x = sc[nt][e];
-                        if (capped)
-                            x = a.cap_log2 * kva__pf_tanh(x * a.cap_inv_scale);
-                        else if (x == -INFINITY)
-                            x = NAN;
-                        if (need_mask) {
-                            const int key = t.kb + nt * 8 + 2 * (lane & 3) + (e & 1);
-                            if (key >= hi || key < t.kmin || (a.causal && key > p) ||
-                                (a.window_left >= 0 && (int64_t)key < (int64_t)p - a.window_left))
-                                x = -INFINITY;
+                    for (int e = 0; e < 4; ++e) sc[nt][e] = a.cap_log2 * kva__pf_tanh(sc[nt][e] * a.cap_inv_scale);
+            }
+            if (need_mask) {
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    /* the keys row h may see, [k_lo, k_hi): one unsigned compare per score */
+                    const int k_lo = max(t.kmin, qlo[h]);
+                    const int k_hi = max(k_lo, min(hi, qhi[h]));
+                    const uint32_t span = (uint32_t)(k_hi - k_lo);
+                    const int key0 = t.kb + 2 * (lane & 3) - k_lo;
+#pragma unroll
+                    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                        for (int e = 2 * h; e < 2 * h + 2; ++e) {
+                            float x = sc[nt][e];
+                            if (!capped && x == -INFINITY) x = NAN;
+                            if ((uint32_t)(key0 + nt * 8 + (e & 1)) >= span) x = -INFINITY;
+                            sc[nt][e] = x;
                         }
-                        sc[nt][e] = x;
-                    }
+                }
             }
-        }
-        bool rescale = false;
+#ifdef KVA__HP_NO_SOFTMAX /* experiment: the matrix products and the pipeline alone */
+            return false;
+#endif
+            bool rescale = false;
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            float mx = -INFINITY;
+            for (int h = 0; h < 2; ++h) {
+                /* max and sum as trees: a chain of NT dependent instructions per row would put
+                 * its latency on the critical path (the softmax runs alone on its warp) */
+                float t[NT];
 #pragma unroll
-            for (int nt = 0; nt < NT; ++nt) mx = fmaxf(mx, fmaxf(sc[nt][2 * h], sc[nt][2 * h + 1]));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            float ms = __fmul_rn(mx, mul);
-            /* as prefill_kernel.cuh: a row whose visible scores all left f32 range keeps
-             * -FLT_MAX as its max, which the epilogue turns into NaN */
-            if (ms == -INFINITY && (mx != -INFINITY || !need_mask)) ms = -3.402823466e38f;
-            const float m_new = fmaxf(m_st[h], ms);
-            const float m_use = m_new == -INFINITY ? 0.0f : m_new;
-            const float alpha = exp2f(m_st[h] - m_use);
-            m_st[h] = m_new;
-            float sum = 0.0f;
+                for (int nt = 0; nt < NT; ++nt) t[nt] = fmaxf(sc[nt][2 * h], sc[nt][2 * h + 1]);
+                float mx = kva__hp_tree<NT, true>(t);
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                float ms = __fmul_rn(mx, mul);
+                /* as prefill_kernel.cuh: a row whose visible scores all left f32 range keeps
+                 * -FLT_MAX as its max, which the epilogue turns into NaN */
+                if (ms == -INFINITY && (mx != -INFINITY || !need_mask)) ms = -3.402823466e38f;
+                const float m_new = fmaxf(m_st[h], ms);
+                const float m_use = m_new == -INFINITY ? 0.0f : m_new;
+                const float alpha = exp2f(m_st[h] - m_use);
+                m_st[h] = m_new;
 #pragma unroll
-            for (int nt = 0; nt < NT; ++nt) {
-                const float p0 = exp2f(fmaf(sc[nt][2 * h], mul, -m_use));
-                const float p1 = exp2f(fmaf(sc[nt][2 * h + 1], mul, -m_use));
-                sc[nt][2 * h] = p0;
-                sc[nt][2 * h + 1] = p1;
-                sum += p0 + p1;
+                for (int nt = 0; nt < NT; ++nt) {
+                    const float p0 = exp2f(fmaf(sc[nt][2 * h], mul, -m_use));
+                    const float p1 = exp2f(fmaf(sc[nt][2 * h + 1], mul, -m_use));
+                    sc[nt][2 * h] = p0;
+                    sc[nt][2 * h + 1] = p1;
+                    t[nt] = p0 + p1;
+                }
+                l_st[h] = l_st[h] * alpha + kva__hp_tree<NT, false>(t);
+                alpha_r[h] = alpha;
+                rescale |= alpha != 1.0f;
             }
-            l_st[h] = l_st[h] * alpha + sum;
-            alpha_r[h] = alpha;
-            rescale |= alpha != 1.0f;
-        }
-        return __any_sync(0xffffffffu, rescale);
-    };
-    auto pack_p = [&]() {
+            return __any_sync(0xffffffffu, rescale);
+        };
+        auto pack_p = [&]() {
 #pragma unroll
-        for (int kk = 0; kk < BN / 16; ++kk) {
-            pa[kk][0] = kva__pack2<T>(sc[2 * kk][0], sc[2 * kk][1]);
-            pa[kk][1] = kva__pack2<T>(sc[2 * kk][2], sc[2 * kk][3]);
-            pa[kk][2] = kva__pack2<T>(sc[2 * kk + 1][0], sc[2 * kk + 1][1]);
-            pa[kk][3] = kva__pack2<T>(sc[2 * kk + 1][2], sc[2 * kk + 1][3]);
-        }
-    };
+            for (int kk = 0; kk < BN / 16; ++kk) {
+                pa[kk][0] = kva__pack2<T>(sc[2 * kk][0], sc[2 * kk][1]);
+                pa[kk][1] = kva__pack2<T>(sc[2 * kk][2], sc[2 * kk][3]);
+                pa[kk][2] = kva__pack2<T>(sc[2 * kk + 1][0], sc[2 * kk + 1][1]);
+                pa[kk][3] = kva__pack2<T>(sc[2 * kk + 1][2], sc[2 * kk + 1][3]);
+            }
+        };
 
-    if (n_tiles > 0) {
-        if (cw == 1) turn_pass(); /* warpgroup 0 issues first */
-        /* tile 0: S_0 alone */
-        kva__mbar_wait(full_k(0), 0);
-        turn_wait();
-        issue_qk(0);
-        turn_pass();
-        kva__wgmma_wait<0>();
-        kva__pf_fence_regs<NT * 4>(&sc[0][0]);
-        release(empty_k(0));
-        {
-            float alpha_r[2];
-            (void)softmax(0, alpha_r); /* O is zero: nothing to rescale */
-        }
-        pack_p();
-        for (int j = 1; j < n_tiles; ++j) {
-            const int s = j % G::STAGES, sp = (j - 1) % G::STAGES;
-            kva__mbar_wait(full_k(s), (uint32_t)((j / G::STAGES) & 1));
-            kva__mbar_wait(full_v(sp), (uint32_t)(((j - 1) / G::STAGES) & 1));
+        if (n_tiles > 0) {
+            /* tile 0: S_0 alone */
+            const int s0 = (int)(gt % G::STAGES);
+            kva__mbar_wait(full_k(s0), (gt / G::STAGES) & 1u);
             turn_wait();
-            issue_qk(s);
-            kva__pf_fence_regs<DT * 4>(&o_acc[0][0]);
-            issue_pv(sp);
+            issue_qk(s0);
             turn_pass();
-            kva__wgmma_wait<1>(); /* S_j landed; P V still running */
+            kva__wgmma_wait<0>();
             kva__pf_fence_regs<NT * 4>(&sc[0][0]);
-            release(empty_k(s));
-            float alpha_r[2];
-            const bool rescale = softmax(j, alpha_r);
+            release(empty_k(s0));
+            {
+                float alpha_r[2];
+                (void)softmax(0, alpha_r); /* O is zero: nothing to rescale */
+            }
+            pack_p();
+            for (int j = 1; j < n_tiles; ++j) {
+                const int s = (int)((gt + j) % G::STAGES), sp = (int)((gt + j - 1) % G::STAGES);
+                kva__mbar_wait(full_k(s), ((gt + j) / G::STAGES) & 1u);
+                kva__mbar_wait(full_v(sp), ((gt + j - 1) / G::STAGES) & 1u);
+                turn_wait();
+                issue_qk(s);
+                kva__pf_fence_regs<DT * 4>(&o_acc[0][0]);
+                issue_pv(sp);
+                turn_pass();
+                kva__wgmma_wait<1>(); /* S_j landed; P V still running */
+                kva__pf_fence_regs<NT * 4>(&sc[0][0]);
+                release(empty_k(s));
+                float alpha_r[2];
+                const bool rescale = softmax(j, alpha_r);
+                /* pin the softmax before the wait: left alone, the compiler sinks half of it below
+                 * the wait for P V, which then stalls the warp with half the work still to do */
+                kva__pf_fence_regs<NT * 4>(&sc[0][0]);
+                kva__pf_fence_regs<2>(l_st);
+                kva__pf_fence_regs<2>(alpha_r);
+                kva__wgmma_wait<0>();
+                kva__pf_fence_regs<DT * 4>(&o_acc[0][0]);
+                kva__pf_fence_regs_u<BN / 4>(&pa[0][0]);
+                release(empty_v(sp));
+                if (rescale) {
+#pragma unroll
+                    for (int dt = 0; dt < DT; ++dt) {
+                        o_acc[dt][0] *= alpha_r[0];
+                        o_acc[dt][1] *= alpha_r[0];
+                        o_acc[dt][2] *= alpha_r[1];
+                        o_acc[dt][3] *= alpha_r[1];
+                    }
+                }
+                pack_p();
+            }
+            const int sl = (int)((gt + n_tiles - 1) % G::STAGES);
+            kva__mbar_wait(full_v(sl), ((gt + n_tiles - 1) / G::STAGES) & 1u);
+            turn_wait();
+            kva__pf_fence_regs<DT * 4>(&o_acc[0][0]);
+            issue_pv(sl);
+            turn_pass();
             kva__wgmma_wait<0>();
             kva__pf_fence_regs<DT * 4>(&o_acc[0][0]);
             kva__pf_fence_regs_u<BN / 4>(&pa[0][0]);
-            release(empty_v(sp));
-            if (rescale) {
-#pragma unroll
-                for (int dt = 0; dt < DT; ++dt) {
-                    o_acc[dt][0] *= alpha_r[0];
-                    o_acc[dt][1] *= alpha_r[0];
-                    o_acc[dt][2] *= alpha_r[1];
-                    o_acc[dt][3] *= alpha_r[1];
-                }
-            }
-            pack_p();
+            release(empty_v(sl));
         }
-        const int sl = (n_tiles - 1) % G::STAGES;
-        kva__mbar_wait(full_v(sl), (uint32_t)(((n_tiles - 1) / G::STAGES) & 1));
-        turn_wait();
-        kva__pf_fence_regs<DT * 4>(&o_acc[0][0]);
-        issue_pv(sl);
-        turn_pass();
-        kva__wgmma_wait<0>();
-        kva__pf_fence_regs<DT * 4>(&o_acc[0][0]);
-        kva__pf_fence_regs_u<BN / 4>(&pa[0][0]);
-        release(empty_v(sl));
-        if (cw == 0) turn_wait(); /* the other warpgroup's last pass */
-    }
 
-    /* ---- epilogue: normalise, write o + lse, or the partial state ---- */
-    const int Hq = a.num_qo_heads;
+        /* ---- epilogue: normalise, write o + lse, or the partial state ---- */
+        const bool split = it.key_beg > 0 || it.key_end < it.kv_len;
+        const int Hq = a.num_qo_heads;
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        float l = l_st[h];
-        l += __shfl_xor_sync(0xffffffffu, l, 1);
-        l += __shfl_xor_sync(0xffffffffu, l, 2);
-        const int r = row_base + (lane >> 2) + 8 * h;
-        if (r >= rows) continue;
-        const int t = r / g, qh = kh * g + (r - t * g);
-        if (!(fabsf(m_st[h]) < 268435456.0f) && m_st[h] != -INFINITY) l = NAN;
-        const float inv = kva__softmax_inv(l);
-        const float lse = kva__softmax_lse(m_st[h], l);
-        const int d0 = 2 * (lane & 3);
-        if (!split) {
-            T *orow = (T *)a.o + (int64_t)(it.q_row0 + t) * a.o_st + (int64_t)qh * a.o_sh + d0;
+        for (int h = 0; h < 2; ++h) {
+            float l = l_st[h];
+            l += __shfl_xor_sync(0xffffffffu, l, 1);
+            l += __shfl_xor_sync(0xffffffffu, l, 2);
+            const int r = row_base + (lane >> 2) + 8 * h;
+            if (r >= rows) continue;
+            const int t = r / g, qh = kh * g + (r - t * g);
+            if (!(fabsf(m_st[h]) < 268435456.0f) && m_st[h] != -INFINITY) l = NAN;
+            const float inv = kva__softmax_inv(l);
+            const float lse = kva__softmax_lse(m_st[h], l);
+            const int d0 = 2 * (lane & 3);
+            if (!split) {
+                T *orow = (T *)a.o + (int64_t)(it.q_row0 + t) * a.o_st + (int64_t)qh * a.o_sh + d0;
 #pragma unroll
-            for (int dt = 0; dt < DT; ++dt)
-                *reinterpret_cast<uint32_t *>(orow + dt * 8) =
-                    kva__pack2<T>(o_acc[dt][2 * h] * inv, o_acc[dt][2 * h + 1] * inv);
-            if (a.lse && (lane & 3) == 0) a.lse[(int64_t)(it.q_row0 + t) * Hq + qh] = lse;
-        } else {
-            const int64_t prow = (int64_t)it.w * a.rows_per_work + (int64_t)t * Hq + qh;
-            float *orow = a.partial_o + prow * D + d0;
+                for (int dt = 0; dt < DT; ++dt)
+                    *reinterpret_cast<uint32_t *>(orow + dt * 8) =
+                        kva__pack2<T>(o_acc[dt][2 * h] * inv, o_acc[dt][2 * h + 1] * inv);
+                if (a.lse && (lane & 3) == 0) a.lse[(int64_t)(it.q_row0 + t) * Hq + qh] = lse;
+            } else {
+                const int64_t prow = (int64_t)it.w * a.rows_per_work + (int64_t)t * Hq + qh;
+                float *orow = a.partial_o + prow * D + d0;
 #pragma unroll
-            for (int dt = 0; dt < DT; ++dt)
-                *reinterpret_cast<float2 *>(orow + dt * 8) =
-                    make_float2(o_acc[dt][2 * h] * inv, o_acc[dt][2 * h + 1] * inv);
-            if ((lane & 3) == 0) a.partial_lse[prow] = lse;
+                for (int dt = 0; dt < DT; ++dt)
+                    *reinterpret_cast<float2 *>(orow + dt * 8) =
+                        make_float2(o_acc[dt][2 * h] * inv, o_acc[dt][2 * h + 1] * inv);
+                if ((lane & 3) == 0) a.partial_lse[prow] = lse;
+            }
         }
+        gt += (uint32_t)n_tiles;
     }
+    if (cw == 0) turn_wait(); /* warpgroup 1's last pass */
 #endif
 }
 

@@ -196,7 +196,19 @@ static kva_status launch_prefill(kva_context *ctx, const char *call, kva_dtype d
         ok = ragged_map(&h.k_map, dt, a->k, a->k_st, a->k_sh, a->num_kv_heads, head_dim, k->block_n) &&
              ragged_map(&h.v_map, dt, a->v, a->v_st, a->v_sh, a->num_kv_heads, head_dim, k->block_n);
     }
-    if (ok) return launch(ctx, k, grid_x, heads, &h);
+    if (ok) {
+        /* persistent: one block per SM walks (KV head, work item) pairs; KVA_PREFILL_PERSISTENT=0
+         * launches one block per pair instead (comparisons) */
+        const int64_t pairs = grid_x * heads;
+        if (pairs == 0) return KVA_OK;
+        if (pairs > 0x7fffffff)
+            return kva__fail(KVA_ERR_BAD_SHAPE, "%s on CUDA: %lld work items x %d KV heads exceed the grid", call,
+                             (long long)grid_x, heads);
+        const char *pers = getenv("KVA_PREFILL_PERSISTENT");
+        int64_t blocks = ctx->num_sms > 0 ? ctx->num_sms : 1;
+        if ((pers && strcmp(pers, "0") == 0) || blocks > pairs) blocks = pairs;
+        return launch(ctx, k, blocks, 1, &h);
+    }
     const char *strict = getenv("KVA_PREFILL_TMA_STRICT");
     if (strict && strcmp(strict, "1") == 0)
         return kva__fail(KVA_ERR_UNSUPPORTED, "%s on CUDA: K/V pointers or strides a tensor map cannot describe "
