@@ -8,6 +8,12 @@
 #ifndef KVA_CUDA_COMMON_CUH
 #define KVA_CUDA_COMMON_CUH
 
+#ifdef __CUDACC_RTC__
+/* Compiled at run time by NVRTC (a variant, variant_compile.c): no toolkit headers exist on the
+ * user's machine, so the few types and conversions the kernels use come from rtc_shim.cuh, and
+ * the host half of this file (runtime calls, the backend's private state) is left out. */
+#include "rtc_shim.cuh"
+#else
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -66,6 +72,30 @@ static inline kva_status kva__cuda_use_device(const kva_context *ctx) {
     }
     return KVA_OK;
 }
+
+#endif /* !__CUDACC_RTC__ */
+
+/* ------------------------------------------------------------------------------------------ */
+/* Score-modifier hook (kvattn.h, kva_variant)                                                  */
+/* ------------------------------------------------------------------------------------------ */
+
+/* A variant's NVRTC build (variant_compile.c) defines KVA_SCORE_MOD_FN as the caller's device
+ * function; the library's own build leaves it undefined. Kernels apply the modifier where the
+ * CPU applies score_mod -- on a visible score, in natural-log units, after the scale and the
+ * soft cap and before the masks; masked keys stay masked and are never passed to it -- inside
+ * `if constexpr (KVA__HAS_SCORE_MOD)`, so without a variant the kernels are the same code
+ * (ptxas register and spill counts unchanged). `user` is kva_attn_params.score_mod_user, a
+ * device pointer, carried in the kernels' argument blocks as mod_user. */
+#ifdef KVA_SCORE_MOD_FN
+#define KVA__HAS_SCORE_MOD true
+/* declared here so a definition with another signature is a compile error naming it */
+__device__ __forceinline__ float KVA_SCORE_MOD_FN(float score, int32_t q_pos, int32_t kv_pos,
+                                                  int32_t qo_head, const void *user);
+#define KVA_SCORE_MOD(s, q_pos, kv_pos, qo_head, user) KVA_SCORE_MOD_FN((s), (q_pos), (kv_pos), (qo_head), (user))
+#else
+#define KVA__HAS_SCORE_MOD false
+#define KVA_SCORE_MOD(s, q_pos, kv_pos, qo_head, user) (s)
+#endif
 
 /* ------------------------------------------------------------------------------------------ */
 /* Inline PTX                                                                                   */

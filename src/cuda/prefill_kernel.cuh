@@ -47,6 +47,7 @@
 #include "wgmma.cuh"
 
 #define KVA__PF_LN2 0.6931471805599453f
+#define KVA__PF_LOG2E 1.4426950408889634f
 
 template <typename T, int D, int MT, int WARPS, int BN_ = 64, bool WG = false>
 struct kva__prefill_geom {
@@ -356,14 +357,25 @@ __global__ void __launch_bounds__(32 * WARPS, (WG && D <= 128) ? 2 : 1)
         const bool need_mask = key0 + BN > hi || (a.causal && key0 + BN - 1 > it.q_pos0) ||
                                (a.window_left >= 0 && (int64_t)key0 < (int64_t)q_last - a.window_left);
         const bool capped = a.cap_log2 > 0.0f;
-        const float mul = capped ? 1.0f : a.scale_log2;
-        if (capped || need_mask) {
+        /* A variant (KVA__HAS_SCORE_MOD) visits every tile: its modifier takes and returns
+         * natural-log scores, which the softmax's FFMA then takes to log2 units. */
+        const float mul = KVA__HAS_SCORE_MOD ? KVA__PF_LOG2E : capped ? 1.0f : a.scale_log2;
+        const float to_nat = capped ? KVA__PF_LN2 : a.scale_log2 * KVA__PF_LN2;
+        (void)to_nat;
+        if (capped || need_mask || KVA__HAS_SCORE_MOD) {
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
                     /* query position of this row (recomputed here: registers are scarce) */
                     const int p = it.q_pos0 + (row_base + mt * 16 + (lane >> 2) + 8 * h) / g;
+                    /* a variant's query head; rows past the tile's tokens are padding (zero Q),
+                     * never passed to the modifier */
+                    const int vr = row_base + mt * 16 + (lane >> 2) + 8 * h;
+                    const int vqh = kh * g + vr % g;
+                    const bool vrow = vr < rows;
+                    (void)vqh;
+                    (void)vrow;
 #pragma unroll
                 for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
@@ -379,6 +391,12 @@ __global__ void __launch_bounds__(32 * WARPS, (WG && D <= 128) ? 2 : 1)
                             const int key = key0 + nt * 8 + 2 * (lane & 3) + (e & 1);
                             if (key >= hi || (a.causal && key > p) || (a.window_left >= 0 && (int64_t)key < (int64_t)p - a.window_left))
                                 x = -INFINITY;
+                        }
+                        if constexpr (KVA__HAS_SCORE_MOD) {
+                            /* here -inf is a masked key (a raw -inf became NaN above) */
+                            x *= to_nat;
+                            if (vrow && x != -INFINITY)
+                                x = KVA_SCORE_MOD(x, p, key0 + nt * 8 + 2 * (lane & 3) + (e & 1), vqh, a.mod_user);
                         }
                         sc[mt][nt][e] = x;
                     }
@@ -399,9 +417,10 @@ __global__ void __launch_bounds__(32 * WARPS, (WG && D <= 128) ? 2 : 1)
                 mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
                 float ms = __fmul_rn(mx, mul);
                 /* every visible score of the tile row left f32 range below (-inf after scaling;
-                 * without masks every key is visible, so a raw -inf is one too): the row's max
-                 * remembers it as -FLT_MAX, which the epilogue turns into NaN */
-                if (ms == -INFINITY && (mx != -INFINITY || !need_mask)) ms = -3.402823466e38f;
+                 * without masks every key is visible, so a raw -inf is one too -- except with a
+                 * variant, whose -inf is a mask and whose raw -inf became NaN above): the row's
+                 * max remembers it as -FLT_MAX, which the epilogue turns into NaN */
+                if (ms == -INFINITY && (mx != -INFINITY || (!KVA__HAS_SCORE_MOD && !need_mask))) ms = -3.402823466e38f;
                 const float m_new = fmaxf(m_st[mt][h], ms);
                 const float m_use = m_new == -INFINITY ? 0.0f : m_new;
                 const float alpha = exp2f(m_st[mt][h] - m_use);

@@ -77,6 +77,7 @@ static void fill_variant(kva__prefill_args *a, const kva_attn_params *p) {
     a->num_kv_heads = p->num_kv_heads;
     a->group = p->num_qo_heads / p->num_kv_heads;
     a->causal = p->causal;
+    a->mod_user = p->score_mod_user;
     a->window_left = p->window_left < 0 ? -1 : p->window_left;
     const float sm_scale = p->sm_scale > 0 ? p->sm_scale : 1.0f / sqrtf((float)D);
     const float log2e = 1.4426950408889634f;
