@@ -54,7 +54,13 @@ typedef struct kva__cuda_private {
                                        head_dim 64 / 128 / 256 */
     int prefill_path;               /* kva__prefill_path of this device */
     int smem_optin;                 /* shared memory a block may opt into, bytes */
+    int cc_major, cc_minor;         /* compute capability: the architecture variants compile for */
+    void **vmods;                   /* kva__vmod_loaded *: every variant module loaded (variant_load.cu) */
+    int num_vmods, cap_vmods;
 } kva__cuda_private;
+
+/* Unloads the context's variant modules (variant_load.cu; at context destruction). */
+extern "C" void kva__cuda_variant_modules_release(kva__cuda_private *priv);
 
 
 static inline cudaStream_t kva__stream(const kva_context *ctx) {

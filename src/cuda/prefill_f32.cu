@@ -108,8 +108,7 @@ __global__ void __launch_bounds__(KVA__PREFILL_THREADS)
                 if (key >= hi || (a.causal && key > p) || (a.window_left >= 0 && (int64_t)key < (int64_t)p - a.window_left)) x = -INFINITY;
                 if constexpr (KVA__HAS_SCORE_MOD) { /* a variant's modifier on visible keys, natural-log units */
                     if (x != -INFINITY) {
-                        const int qh = kh * g + R % g;
-                        const float s = KVA_SCORE_MOD(x * KVA__PF_LN2, p, key, qh, a.mod_user);
+                        const float s = KVA_SCORE_MOD(x * KVA__PF_LN2, p, key, kh * g + R % g, a.mod_user);
                         x = __fmul_rn(s, KVA__PF_LOG2E);
                         if (x == -INFINITY && s != -INFINITY) x = NAN;
                     }

@@ -69,6 +69,7 @@ typedef struct kva__prefill_kernel {
     int threads;
     int tma;           /* 1: the warp-specialised Hopper kernel (kva__hopper_prefill_args) */
     int block_n;       /* tma: keys per tile */
+    int lookup_rows;   /* the instantiation asked for: 64, 128 or KVA__PREFILL_ROWS_HOPPER */
 } kva__prefill_choice;
 
 /* Which tensor-core path a context's prefill uses: mma.sync (sm_80 and later), the wgmma

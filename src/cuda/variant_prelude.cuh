@@ -1,0 +1,18 @@
+/*
+ * variant_prelude.cuh -- what a variant's source may use besides CUDA's math functions
+ * (kvattn.h, kva_variant): compiled in front of the caller's source by variant_compile.c, after
+ * rtc_shim.cuh (int32_t and the other fixed-width integers, INFINITY, NAN).
+ */
+#ifndef KVA_VARIANT_PRELUDE_CUH
+#define KVA_VARIANT_PRELUDE_CUH
+
+#define KVA_LOG2E 1.4426950408889634f
+
+/* tanh to ~1e-7 absolute: the kernels compile with --use_fast_math, under which tanhf is the
+ * hardware approximation (relative error ~5e-4); this is the library's own soft-cap tanh. */
+__device__ __forceinline__ float kva_tanhf(float x) {
+    const float e = exp2f(fabsf(x) * 2.8853900817779268f); /* exp(2|x|) */
+    return copysignf(1.0f - __fdividef(2.0f, e + 1.0f), x);
+}
+
+#endif /* KVA_VARIANT_PRELUDE_CUH */
