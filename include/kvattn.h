@@ -261,7 +261,8 @@ typedef float (*kva_score_mod_fn)(float score, int32_t q_pos, int32_t kv_pos, in
  * What it may use: float and integer arithmetic, the CUDA math functions (expf, logf, tanhf,
  * ...; compiled with --use_fast_math like the library, so tanhf/expf are the fast approximations:
  * kva_tanhf(x) is an accurate tanh), loads through `user`, and the names of the prelude
- * (int32_t and the other fixed-width integers, INFINITY, NAN, kva_tanhf). It must be a pure
+ * (int32_t and the other fixed-width integers, INFINITY, NAN, kva_tanhf, kva_masked() = -INFINITY).
+ * It must be a pure
  * function of its arguments and the data behind `user` (kernels may call it more than once for
  * one score, in any order, from any thread) and may not write memory, synchronise or #include
  * headers. Other helper functions, constants and __device__ arrays may sit beside it.

@@ -9,6 +9,7 @@
  */
 #include "harness.h"
 #include "../src/cuda/variant.h"
+#include "../examples/variant_sources.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -78,6 +79,8 @@ KVA_TEST(variant_alibi_helpers) {
     for (int i = 0; i < 4; ++i) CHECK(fabsf(s[8 + i] - powf(2.f, -0.5f * (float)(2 * i + 1))) < 1e-6f);
 }
 
+#ifdef KVA_HAVE_CUDA
+
 KVA_TEST(variant_module_selection) {
     kva__vmod_id ids[32];
     CHECK(kva__variant_modules(NULL, ids, 32) == 18);
@@ -92,7 +95,6 @@ KVA_TEST(variant_module_selection) {
     CHECK(kva__variant_modules(&o, ids, 32) == 6);
 }
 
-#ifdef KVA_HAVE_CUDA
 
 /* A fresh empty directory under /tmp (the test's disk cache). */
 static bool temp_dir(char *buf, size_t n) {
@@ -276,6 +278,20 @@ KVA_TEST(variant_cache_corruption) {
     kva__vmod_images_free(good, 1);
     kva__vmod_images_free(other, 1);
     remove_dir(dir);
+}
+
+/* The examples' sources (examples/variant_sources.h: one text for the CPU callback and the GPU)
+ * compile into decode and prefill kernels. */
+KVA_TEST(variant_compile_examples) {
+    const struct { const char *src, *fn; } ex[] = {
+        {KVA_EX_SOURCE_T5, "t5_bias"}, {KVA_EX_SOURCE_DOC_MASK, "doc_mask"}, {KVA_EX_SOURCE_SOFTCAP, "softcap"}};
+    const kva__vmod_id ids[2] = {{KVA__VMOD_DECODE, KVA_BF16, 128}, {KVA__VMOD_PREFILL, KVA_BF16, 128}};
+    for (int i = 0; i < 3; ++i) {
+        kva__vmod_image img[2];
+        kva_status st = kva__variant_build("test", ex[i].src, ex[i].fn, ids, 2, 90, NULL, img, NULL);
+        CHECK_MSG(st == KVA_OK, "%s: %s", ex[i].fn, kva_last_error());
+        if (st == KVA_OK) kva__vmod_images_free(img, 2);
+    }
 }
 
 #endif /* KVA_HAVE_CUDA */

@@ -15,4 +15,8 @@ __device__ __forceinline__ float kva_tanhf(float x) {
     return copysignf(1.0f - __fdividef(2.0f, e + 1.0f), x);
 }
 
+/* The score of a masked key (-INFINITY), as a function: usable in sources that are written as C
+ * macros and stringified (examples/variant_sources.h), where INFINITY would already be expanded. */
+__device__ __forceinline__ float kva_masked() { return -INFINITY; }
+
 #endif /* KVA_VARIANT_PRELUDE_CUH */
