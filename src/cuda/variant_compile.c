@@ -115,8 +115,13 @@ static void nvrtc_options(int arch, char arch_opt[64], int *ptx) {
 static const char *const k_fixed_options[] = {"-std=c++17", "--use_fast_math", "-default-device"};
 #define NUM_FIXED_OPTIONS 3
 
-/* What the library contributes to every key: its version and the kernel sources it embeds. */
+/* What the library contributes to every key: its version and the kernel sources it embeds.
+ * Hashed once per process (~180 KB; a cached load should not pay it per module); threads that
+ * race here compute the same value. */
 static uint64_t library_hash(void) {
+    static uint64_t cached;
+    const uint64_t c = __atomic_load_n(&cached, __ATOMIC_ACQUIRE);
+    if (c) return c;
     uint64_t h = 0xcbf29ce484222325ull;
     char v[64];
     snprintf(v, sizeof v, "kvattn %d.%d.%d", KVA_VERSION_MAJOR, KVA_VERSION_MINOR, KVA_VERSION_PATCH);
@@ -125,7 +130,8 @@ static uint64_t library_hash(void) {
         h = kva__fnv1a64(h, kva__embedded_files[i].name, strlen(kva__embedded_files[i].name) + 1);
         h = kva__fnv1a64(h, kva__embedded_files[i].text, kva__embedded_files[i].size);
     }
-    return h;
+    __atomic_store_n(&cached, h ? h : 1, __ATOMIC_RELEASE);
+    return h ? h : 1;
 }
 
 void kva__variant_key(const char *source, const char *function, const kva__vmod_id *id, int arch,
