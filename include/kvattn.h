@@ -255,24 +255,27 @@ typedef float (*kva_score_mod_fn)(float score, int32_t q_pos, int32_t kv_pos, in
  * calls score_mod -- on each visible score, natural-log units, after sm_scale and the soft cap,
  * before the causal / window masks -- with `user` = kva_attn_params.score_mod_user. Masked keys,
  * keys past a request's end and padding rows are never passed to it, so it may index caller data
- * by kv_pos (0 .. kv_len-1), q_pos (kv_len - qo_len .. kv_len-1) and qo_head. Return -INFINITY
+ * by kv_pos (0 .. kv_len-1), q_pos (kv_len - qo_len .. kv_len-1: negative only for requests with
+ * more queries than keys) and qo_head (0 .. num_qo_heads-1). Return -INFINITY
  * to mask a key (a row that sees no key gets output 0 and LSE -inf, as everywhere); NaN or a
  * score beyond the range of kva_attn_params makes the row NaN.
  * What it may use: float and integer arithmetic, the CUDA math functions (expf, logf, tanhf,
  * ...; compiled with --use_fast_math like the library, so tanhf/expf are the fast approximations:
  * kva_tanhf(x) is an accurate tanh), loads through `user`, and the names of the prelude
- * (int32_t and the other fixed-width integers, INFINITY, NAN, kva_tanhf, kva_masked() = -INFINITY).
- * It must be a pure
- * function of its arguments and the data behind `user` (kernels may call it more than once for
- * one score, in any order, from any thread) and may not write memory, synchronise or #include
- * headers. Other helper functions, constants and __device__ arrays may sit beside it.
+ * (int32_t and the other fixed-width integers, INFINITY, NAN, kva_tanhf, kva_masked() =
+ * -INFINITY). It must be a pure function of its arguments and the data behind `user` (kernels
+ * may call it more than once for one score, in any order, from any thread) and may not write
+ * memory, synchronise or #include headers. Helper functions, constants and __device__ arrays may
+ * sit beside it.
  * Supported paths: the kernels a variant was compiled for (kva_variant_options): CUDA decode
  * (both algorithms), ragged and paged prefill (mma.sync and, on Hopper, wgmma; f32 on CUDA cores)
  * and kva_attention; a run that needs a kernel the variant lacks fails with KVA_ERR_UNSUPPORTED.
  * Lifetime and threads: a variant is immutable after creation; any thread may use it in runs of
- * any context on the device it was created for, at once. Destroy it only after every run that
- * uses it has finished, and before replaying no more CUDA graphs captured with it; the context
- * stays alive until its last variant is destroyed (as with caches). Compilation happens only in
+ * any context on the device it was created for, at once (kva_variant_create itself follows the
+ * context's rule: one thread at a time per context). Destroy it only when no run that uses it is
+ * in flight and no CUDA graph captured with it will be replayed. The context stays alive until
+ * its last variant is destroyed (as with caches) and keeps the compiled modules loaded until it
+ * is freed, so creating the same variant again costs a lookup. Compilation happens only in
  * kva_variant_create: plans, runs and graph capture are unchanged. */
 typedef struct kva_variant kva_variant;
 
