@@ -266,7 +266,7 @@ typedef float (*kva_score_mod_fn)(float score, int32_t q_pos, int32_t kv_pos, in
  * -INFINITY). It must be a pure function of its arguments and the data behind `user` (kernels
  * may call it more than once for one score, in any order, from any thread) and may not write
  * memory, synchronise or #include headers. Helper functions, constants and __device__ arrays may
- * sit beside it.
+ * sit beside it; names starting with kva_ / KVA_ are the library's.
  * Supported paths: the kernels a variant was compiled for (kva_variant_options): CUDA decode
  * (both algorithms), ragged and paged prefill (mma.sync and, on Hopper, wgmma; f32 on CUDA cores)
  * and kva_attention; a run that needs a kernel the variant lacks fails with KVA_ERR_UNSUPPORTED.
@@ -305,7 +305,8 @@ typedef struct kva_variant_options {
  *         holds NVRTC's log); KVA_ERR_UNSUPPORTED on a CPU context (use kva_attn_params.score_mod
  *         there); KVA_ERR_NOT_BUILT without the
  *         CUDA backend; KVA_ERR_DEVICE when the device refuses the compiled code. On failure
- *         nothing is created and nothing else changes (*out = NULL). */
+ *         nothing is created and the context is unchanged (*out = NULL); only valid disk-cache
+ *         entries of modules that did compile may remain. */
 kva_status kva_variant_create(kva_context *ctx, const char *source, const char *function,
                               const kva_variant_options *options, kva_variant **out);
 

@@ -280,6 +280,23 @@ KVA_TEST(variant_cache_corruption) {
     remove_dir(dir);
 }
 
+/* A function named like the kernels' locals (x, p, s: shadowed at a direct call) compiles. */
+KVA_TEST(variant_compile_name_like_a_local) {
+    const char *src = "float x(float s, int32_t q, int32_t k, int32_t h, const void *u) { return s + 0.5f * (k - q); }\n";
+    const kva__vmod_id ids[3] = {{KVA__VMOD_DECODE, KVA_F32, 64}, {KVA__VMOD_PREFILL, KVA_F16, 64},
+                                 {KVA__VMOD_PREFILL, KVA_F32, 64}};
+    const char *names[3] = {"x", "p", "s"};
+    for (int i = 0; i < 3; ++i) {
+        char buf[256];
+        snprintf(buf, sizeof buf, "float %s(float s_, int32_t q, int32_t k, int32_t h, const void *u) { return s_ + 0.5f * (k - q); }\n",
+                 names[i]);
+        kva__vmod_image img[3];
+        kva_status st = kva__variant_build("test", i == 0 ? src : buf, names[i], ids, 3, 90, NULL, img, NULL);
+        CHECK_MSG(st == KVA_OK, "function '%s': %s", names[i], kva_last_error());
+        if (st == KVA_OK) kva__vmod_images_free(img, 3);
+    }
+}
+
 /* The examples' sources (examples/variant_sources.h: one text for the CPU callback and the GPU)
  * compile into decode and prefill kernels. */
 KVA_TEST(variant_compile_examples) {

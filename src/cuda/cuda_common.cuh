@@ -95,9 +95,14 @@ static inline kva_status kva__cuda_use_device(const kva_context *ctx) {
 #ifdef KVA_SCORE_MOD_FN
 #define KVA__HAS_SCORE_MOD true
 /* declared here so a definition with another signature is a compile error naming it */
-__device__ __forceinline__ float KVA_SCORE_MOD_FN(float score, int32_t q_pos, int32_t kv_pos,
-                                                  int32_t qo_head, const void *user);
-#define KVA_SCORE_MOD(s, q_pos, kv_pos, qo_head, user) KVA_SCORE_MOD_FN((s), (q_pos), (kv_pos), (qo_head), (user))
+__device__ __forceinline__ float KVA_SCORE_MOD_FN(float, int32_t, int32_t, int32_t, const void *);
+/* Kernels call the modifier through this, so a caller's function named like a local variable of
+ * a kernel (s, x, p, key, ...) is never shadowed at the call site. */
+__device__ __forceinline__ float kva__score_mod_call(float kva__s, int32_t kva__q, int32_t kva__k,
+                                                     int32_t kva__h, const void *kva__u) {
+    return KVA_SCORE_MOD_FN(kva__s, kva__q, kva__k, kva__h, kva__u);
+}
+#define KVA_SCORE_MOD(s, q_pos, kv_pos, qo_head, user) kva__score_mod_call((s), (q_pos), (kv_pos), (qo_head), (user))
 #else
 #define KVA__HAS_SCORE_MOD false
 #define KVA_SCORE_MOD(s, q_pos, kv_pos, qo_head, user) (s)
