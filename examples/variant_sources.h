@@ -83,11 +83,12 @@ static inline void kva_ex_t5_buckets(int32_t *bucket_of) {
 #define KVA_EX_SOURCE_SOFTCAP KVA_EX_STR(KVA_EX_SOFTCAP_BODY(softcap, const))
 
 /* ---- ALiBi --------------------------------------------------------------------------------------
- * Built in (kva_variant_create_alibi, caller data f32 slopes[num_qo_heads]); its CPU twin: */
+ * Built in (kva_variant_create_alibi, src/cuda/variant_alibi.cuh: caller data f32
+ * slopes[num_qo_heads]); its CPU twin, the same expression: */
 #define KVA_EX_ALIBI_BODY(NAME, CONST)                                                         \
     float NAME(float score, int32_t q_pos, int32_t kv_pos, int32_t qo_head, CONST void *user) {  \
         const float *slopes = (const float *)user;                                              \
-        return score + slopes[qo_head] * (float)(kv_pos - q_pos);                               \
+        return score + slopes[qo_head] * ((float)kv_pos - (float)q_pos);                        \
     }
 #define KVA_EX_DEFINE_ALIBI(NAME, CONST) KVA_EX_ALIBI_BODY(NAME, CONST)
 
