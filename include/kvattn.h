@@ -270,6 +270,8 @@ typedef float (*kva_score_mod_fn)(float score, int32_t q_pos, int32_t kv_pos, in
  * Supported paths: the kernels a variant was compiled for (kva_variant_options): CUDA decode
  * (both algorithms), ragged and paged prefill (mma.sync and, on Hopper, wgmma; f32 on CUDA cores)
  * and kva_attention; a run that needs a kernel the variant lacks fails with KVA_ERR_UNSUPPORTED.
+ * (On Hopper the built-in prefill runs a warp-specialised TMA kernel that has no modifier hook
+ * yet; with a variant, prefill runs the wgmma kernel of the same tile.)
  * Lifetime and threads: a variant is immutable after creation; any thread may use it in runs of
  * any context on the device it was created for, at once (kva_variant_create itself follows the
  * context's rule: one thread at a time per context). Destroy it only when no run that uses it is

@@ -11,9 +11,10 @@
  *                                top; every o and LSE element checked
  *   cuda_variant_prefill_paged   paged prefill (chunked: queries <= keys), causal and not, split
  *                                and unsplit plans, page sizes 1 / 16; the device's prefill path
+ *                                (on Hopper the warp-specialised TMA kernel)
  *   cuda_variant_prefill_ragged  ragged K/V, the same sweep; and kva_attention (dense)
- *   cuda_variant_prefill_mma     the paged sweep on the mma.sync kernels (KVA_PREFILL_PATH=mma:
- *                                on Hopper the sweeps above ran the wgmma kernels)
+ *   cuda_variant_prefill_mma     the paged sweep on the mma.sync kernels (KVA_PREFILL_PATH=mma)
+ *   cuda_variant_prefill_wgmma   and on the wgmma kernel (KVA_PREFILL_PATH=wgmma, Hopper)
  *   cuda_variant_graph_replay    a KVA_PLAN_GRAPH decode run with a variant captured in a CUDA
  *                                graph replays correctly after re-planning
  *   cuda_variant_errors          a compile error on a GPU context (status, NVRTC's log, nothing
@@ -453,15 +454,19 @@ static void prefill_sweep(int mode) {
 KVA_TEST(cuda_variant_prefill_paged) { prefill_sweep(0); }
 KVA_TEST(cuda_variant_prefill_ragged) { prefill_sweep(1); }
 
-KVA_TEST(cuda_variant_prefill_mma) {
+/* The paged sweep on another prefill path (KVA_PREFILL_PATH, read at context creation). */
+static void prefill_sweep_on(const char *path) {
     const char *old = getenv("KVA_PREFILL_PATH");
     char saved[32] = "";
     if (old) snprintf(saved, sizeof saved, "%s", old);
-    setenv("KVA_PREFILL_PATH", "mma", 1);
+    setenv("KVA_PREFILL_PATH", path, 1);
     prefill_sweep(0);
     if (old) setenv("KVA_PREFILL_PATH", saved, 1);
     else unsetenv("KVA_PREFILL_PATH");
 }
+
+KVA_TEST(cuda_variant_prefill_mma) { prefill_sweep_on("mma"); }
+KVA_TEST(cuda_variant_prefill_wgmma) { prefill_sweep_on("wgmma"); }
 
 /* ---- CUDA graphs --------------------------------------------------------------------------- */
 
@@ -899,6 +904,7 @@ KVA_TEST(cuda_variant_decode) { kva_test_skip("no CUDA device"); }
 KVA_TEST(cuda_variant_prefill_paged) { kva_test_skip("no CUDA device"); }
 KVA_TEST(cuda_variant_prefill_ragged) { kva_test_skip("no CUDA device"); }
 KVA_TEST(cuda_variant_prefill_mma) { kva_test_skip("no CUDA device"); }
+KVA_TEST(cuda_variant_prefill_wgmma) { kva_test_skip("no CUDA device"); }
 KVA_TEST(cuda_variant_graph_replay) { kva_test_skip("no CUDA device"); }
 KVA_TEST(cuda_variant_errors) { kva_test_skip("no CUDA device"); }
 KVA_TEST(cuda_variant_cache) { kva_test_skip("no CUDA device"); }

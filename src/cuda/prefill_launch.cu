@@ -167,12 +167,18 @@ static bool paged_map(CUtensorMap *m, kva_dtype dt, const void *base, const kva_
 }
 
 /* A variant's build of the chosen kernel (same template, so the same launch shape), or an
- * error naming what the variant lacks. The warp-specialised Hopper kernel (prefill_hopper.cuh)
- * has no score-modifier hook yet, so a variant runs the wgmma kernel of the same 128-row tile
- * there (as the launcher does for K/V a tensor map cannot describe). */
+ * error naming what the variant lacks. Where the chooser picked the warp-specialised Hopper
+ * kernel and the variant has none (prefill_hopper.cuh without the score-modifier hook:
+ * kva__variant_hopper_hooked), the variant runs the wgmma kernel of the same 128-row tile, as
+ * the launcher does for K/V a tensor map cannot describe. */
 static kva_status use_variant(const char *api, const kva_attn_params *p, kva_dtype dt, kva__prefill_choice *k) {
     if (!p->variant) return KVA_OK;
     if (k->tma) {
+        const void *fn = kva__variant_prefill_fn(p->variant, dt, p->head_dim, KVA__VMOD_PF_TMA);
+        if (fn) {
+            k->fn = fn;
+            return KVA_OK;
+        }
         kva__prefill_choice w;
         const kva__prefill_target wt = {KVA__PREFILL_WGMMA, 1 << 30};
         if (!kva__prefill_choose(dt, p->head_dim, KVA__PREFILL_ROWS_LARGE, &wt, &w) || w.rows != k->rows)
@@ -210,7 +216,7 @@ static kva_status launch(kva_context *ctx, const kva__prefill_choice *k, int64_t
  * use it so that a silent fallback cannot pass for the Hopper path). */
 static kva_status launch_prefill(kva_context *ctx, const char *call, kva_dtype dt, int head_dim,
                                  const kva__prefill_choice *k, int64_t grid_x, int heads, kva__prefill_args *a,
-                                 const kva_kv_pages *pages) {
+                                 const kva_kv_pages *pages, const kva_variant *variant) {
     if (!k->tma) return launch(ctx, k, grid_x, heads, a);
     kva__hopper_prefill_args h; /* cudaLaunchKernel copies it: a stack object will do */
     memset(&h, 0, sizeof h);
@@ -235,6 +241,9 @@ static kva_status launch_prefill(kva_context *ctx, const char *call, kva_dtype d
     const kva__prefill_target wt = {KVA__PREFILL_WGMMA, 1 << 30};
     if (!kva__prefill_choose(dt, head_dim, KVA__PREFILL_ROWS_LARGE, &wt, &w) || w.rows != k->rows)
         return kva__fail(KVA_ERR_UNSUPPORTED, "%s on CUDA: no kernel for these K/V strides", call);
+    if (variant && !(w.fn = kva__variant_prefill_fn(variant, dt, head_dim, KVA__VMOD_PF_HOPPER)))
+        return kva__fail(KVA_ERR_UNSUPPORTED, "%s on CUDA: params.variant has no wgmma kernel for these K/V strides",
+                         call);
     return launch(ctx, &w, grid_x, heads, a);
 }
 
@@ -304,7 +313,7 @@ extern "C" kva_status kva__cuda_prefill_run(kva_context *ctx, const kva_plan *pl
     fill_variant(&a, params);
 
     KVA_TRY(launch_prefill(ctx, "prefill run", dt, params->head_dim, &kern, plan->padded_work,
-                           params->num_kv_heads, &a, pages));
+                           params->num_kv_heads, &a, pages, params->variant));
 
     if (plan->split_kv || graph) {
         kva__prefill_merge_args m;
@@ -368,5 +377,5 @@ extern "C" kva_status kva__cuda_attention(kva_context *ctx, const kva_attn_param
     a.num_work = (int32_t)tiles;
     fill_variant(&a, params);
     return launch_prefill(ctx, "kva_attention", q.dtype, params->head_dim, &kern, tiles, params->num_kv_heads, &a,
-                          NULL);
+                          NULL, params->variant);
 }

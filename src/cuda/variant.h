@@ -27,11 +27,19 @@ extern "C" {
 enum { KVA__VMOD_DECODE = 0, KVA__VMOD_PREFILL = 1 };
 
 /* Kernels per module: decode (nt - 1) + 2 * global_rowmax; prefill f16/bf16: the 128-row
- * mma.sync kernel, the 64-row one, the 128-row wgmma one (sm_90a only); prefill f32: one. */
+ * mma.sync kernel, the 64-row one, the 128-row wgmma one (sm_90a only) and the warp-specialised
+ * TMA kernel (sm_90a, once prefill_hopper.cuh applies KVA_SCORE_MOD: kva__variant_hopper_hooked);
+ * prefill f32: one. */
 #define KVA__VMOD_MAX_KERNELS 4
 #define KVA__VMOD_PF_LARGE 0
 #define KVA__VMOD_PF_SMALL 1
 #define KVA__VMOD_PF_HOPPER 2
+#define KVA__VMOD_PF_TMA 3
+
+/* Whether the embedded prefill_hopper.cuh calls the score-modifier hook. Until it does, variants
+ * leave its kernel out and run the wgmma kernel where the built-in prefill would run it (a
+ * variant build of an unhooked kernel would silently ignore the modifier). */
+bool kva__variant_hopper_hooked(void);
 
 typedef struct kva__vmod_id {
     int kind;        /* KVA__VMOD_DECODE or KVA__VMOD_PREFILL */

@@ -60,6 +60,13 @@ int kva__variant_modules(const kva_variant_options *o, kva__vmod_id *ids, int ca
     return n;
 }
 
+bool kva__variant_hopper_hooked(void) {
+    for (int i = 0; i < kva__embedded_file_count; ++i)
+        if (strcmp(kva__embedded_files[i].name, "prefill_hopper.cuh") == 0)
+            return strstr(kva__embedded_files[i].text, "KVA_SCORE_MOD(") != NULL;
+    return false;
+}
+
 static const char *type_name(kva_dtype t) {
     return t == KVA_BF16 ? "__nv_bfloat16" : t == KVA_F16 ? "__half" : "float";
 }
@@ -83,12 +90,16 @@ static void kernel_exprs(const kva__vmod_id *id, int arch, char exprs[KVA__VMOD_
         snprintf(exprs[KVA__VMOD_PF_SMALL], 160, "&kva__prefill_kernel<%s, %d, 1, 4, 64, false>", T, D);
         if (arch == 90)
             snprintf(exprs[KVA__VMOD_PF_HOPPER], 160, "&kva__prefill_kernel<%s, %d, 1, 8, 64, true>", T, D);
+        if (arch == 90 && kva__variant_hopper_hooked())
+            snprintf(exprs[KVA__VMOD_PF_TMA], 160, "&kva__prefill_hopper_kernel<%s, %d>", T, D);
     }
 }
 
-static const char *kernel_file(const kva__vmod_id *id) {
+static const char *kernel_file(const kva__vmod_id *id, int arch) {
     if (id->kind == KVA__VMOD_DECODE) return "decode_kernel.cuh";
-    return id->dtype == KVA_F32 ? "prefill_f32.cu" : "prefill_kernel.cuh";
+    if (id->dtype == KVA_F32) return "prefill_f32.cu";
+    /* prefill_hopper.cuh includes prefill_kernel.cuh: one program holds all four kernels */
+    return arch == 90 && kva__variant_hopper_hooked() ? "prefill_hopper.cuh" : "prefill_kernel.cuh";
 }
 
 /* NVRTC options for an architecture; *ptx set when NVRTC cannot make SASS for it (then the
@@ -172,7 +183,12 @@ static kva_status compile_module(const char *source, const char *function, int a
                                  char **err) {
     static const char stdint_shim[] = "#include \"rtc_shim.cuh\"\n";
     static const char stddef_shim[] = "/* NVRTC declares size_t itself */\n";
-    const int nh = kva__embedded_file_count + 2;
+    /* prefill_kernels.h names CUtensorMap (the Hopper TMA kernel's argument block): the type,
+     * as the driver header defines it, without the driver header */
+    static const char cuda_h_shim[] = "#ifndef KVA__RTC_CUDA_H\n#define KVA__RTC_CUDA_H\n"
+                                      "typedef struct CUtensorMap_st { alignas(128) unsigned long long "
+                                      "opaque[16]; } CUtensorMap;\n#endif\n";
+    const int nh = kva__embedded_file_count + 3;
     const char **hdr = (const char **)malloc(sizeof(char *) * (size_t)nh);
     const char **names = (const char **)malloc(sizeof(char *) * (size_t)nh);
     const size_t prog_size = strlen(source) + strlen(function) + 512;
@@ -188,14 +204,16 @@ static kva_status compile_module(const char *source, const char *function, int a
         hdr[i] = kva__embedded_files[i].text;
         names[i] = kva__embedded_files[i].name;
     }
-    hdr[nh - 2] = stdint_shim;
-    names[nh - 2] = "stdint.h";
-    hdr[nh - 1] = stddef_shim;
-    names[nh - 1] = "stddef.h";
+    hdr[nh - 3] = stdint_shim;
+    names[nh - 3] = "stdint.h";
+    hdr[nh - 2] = stddef_shim;
+    names[nh - 2] = "stddef.h";
+    hdr[nh - 1] = cuda_h_shim;
+    names[nh - 1] = "cuda.h";
     snprintf(prog, prog_size,
              "#define KVA_SCORE_MOD_FN %s\n#include \"cuda_common.cuh\"\n#include \"variant_prelude.cuh\"\n"
              "#line 1 \"variant.cu\"\n%s\n#line 1 \"kvattn-kernels.cu\"\n#include \"%s\"\n",
-             function, source, kernel_file(&img->id));
+             function, source, kernel_file(&img->id, arch));
     if (nvrtcCreateProgram(&p, prog, "variant.cu", nh, hdr, names) != NVRTC_SUCCESS) {
         st = KVA_ERR_OUT_OF_MEMORY;
         goto done;
