@@ -221,7 +221,22 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
 #pragma unroll
     for (int h = 0; h < 2; ++h) qp[h] = it.q_pos0 + (row_base + (lane >> 2) + 8 * h) / g;
     const bool capped = a.cap_log2 > 0.0f;
-    const float mul = capped ? 1.0f : a.scale_log2;
+    /* A variant (KVA__HAS_SCORE_MOD, as in prefill_kernel.cuh) visits every tile: its modifier
+     * takes and returns natural-log scores, which the softmax's FFMA takes to log2 units; rows
+     * past the tile's tokens (padding) are never passed to it. Dead code without a variant. */
+    const float mul = KVA__HAS_SCORE_MOD ? KVA__PF_LOG2E : capped ? 1.0f : a.scale_log2;
+    const float to_nat = capped ? KVA__PF_LN2 : a.scale_log2 * KVA__PF_LN2;
+    int vqh[2];
+    bool vrow[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int r = row_base + (lane >> 2) + 8 * h;
+        vrow[h] = r < rows;
+        vqh[h] = kh * g + r % g;
+    }
+    (void)to_nat;
+    (void)vqh;
+    (void)vrow;
     const uint32_t q_wg = q_s + (uint32_t)cw * 64 * 128;
 
     float sc[NT][4];
@@ -263,7 +278,7 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
         const kva__hp_tile t = kva__hp_tile_of<BN>(j, lo, lo_al, hi, paged);
         const bool need_mask = t.kb + BN > hi || t.kb < t.kmin || (a.causal && t.kb + BN - 1 > it.q_pos0) ||
                                (a.window_left >= 0 && (int64_t)t.kb < (int64_t)q_last - a.window_left);
-        if (capped || need_mask) {
+        if (capped || need_mask || KVA__HAS_SCORE_MOD) {
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 const int p = qp[h];
@@ -282,6 +297,12 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
                                 (a.window_left >= 0 && (int64_t)key < (int64_t)p - a.window_left))
                                 x = -INFINITY;
                         }
+                        if constexpr (KVA__HAS_SCORE_MOD) {
+                            /* here -inf is a masked key (a raw -inf became NaN above) */
+                            x *= to_nat;
+                            if (vrow[h] && x != -INFINITY)
+                                x = KVA_SCORE_MOD(x, p, t.kb + nt * 8 + 2 * (lane & 3) + (e & 1), vqh[h], a.mod_user);
+                        }
                         sc[nt][e] = x;
                     }
             }
@@ -297,7 +318,7 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
             float ms = __fmul_rn(mx, mul);
             /* as prefill_kernel.cuh: a row whose visible scores all left f32 range keeps
              * -FLT_MAX as its max, which the epilogue turns into NaN */
-            if (ms == -INFINITY && (mx != -INFINITY || !need_mask)) ms = -3.402823466e38f;
+            if (ms == -INFINITY && (mx != -INFINITY || (!KVA__HAS_SCORE_MOD && !need_mask))) ms = -3.402823466e38f;
             const float m_new = fmaxf(m_st[h], ms);
             const float m_use = m_new == -INFINITY ? 0.0f : m_new;
             const float alpha = exp2f(m_st[h] - m_use);
