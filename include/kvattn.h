@@ -268,10 +268,10 @@ typedef float (*kva_score_mod_fn)(float score, int32_t q_pos, int32_t kv_pos, in
  * memory, synchronise or #include headers. Helper functions, constants and __device__ arrays may
  * sit beside it; names starting with kva_ / KVA_ are the library's.
  * Supported paths: the kernels a variant was compiled for (kva_variant_options): CUDA decode
- * (both algorithms), ragged and paged prefill (mma.sync and, on Hopper, wgmma; f32 on CUDA cores)
- * and kva_attention; a run that needs a kernel the variant lacks fails with KVA_ERR_UNSUPPORTED.
- * (On Hopper the built-in prefill runs a warp-specialised TMA kernel that has no modifier hook
- * yet; with a variant, prefill runs the wgmma kernel of the same tile.)
+ * (both algorithms), ragged and paged prefill (mma.sync; on Hopper the warp-specialised TMA
+ * kernel and the wgmma one; f32 on CUDA cores) and kva_attention: the kernel the built-in path
+ * would run, with the modifier inlined. A run that needs a kernel the variant lacks fails with
+ * KVA_ERR_UNSUPPORTED.
  * Lifetime and threads: a variant is immutable after creation; any thread may use it in runs of
  * any context on the device it was created for, at once (kva_variant_create itself follows the
  * context's rule: one thread at a time per context). Destroy it only when no run that uses it is
