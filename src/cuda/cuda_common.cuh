@@ -88,7 +88,8 @@ static inline kva_status kva__cuda_use_device(const kva_context *ctx) {
 /* A variant's NVRTC build (variant_compile.c) defines KVA_SCORE_MOD_FN as the caller's device
  * function; the library's own build leaves it undefined. Kernels apply the modifier where the
  * CPU applies score_mod -- on a visible score, in natural-log units, after the scale and the
- * soft cap and before the masks; masked keys stay masked and are never passed to it -- inside
+ * soft cap and before the masks; masked keys stay masked and are never passed to it (prefill:
+ * kva__pf_apply_score_mod) -- inside
  * `if constexpr (KVA__HAS_SCORE_MOD)`, so without a variant the kernels are the same code
  * (ptxas register and spill counts unchanged). `user` is kva_attn_params.score_mod_user, a
  * device pointer, carried in the kernels' argument blocks as mod_user. */

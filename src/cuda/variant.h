@@ -28,7 +28,7 @@ enum { KVA__VMOD_DECODE = 0, KVA__VMOD_PREFILL = 1 };
 
 /* Kernels per module: decode (nt - 1) + 2 * global_rowmax; prefill f16/bf16: the 128-row
  * mma.sync kernel, the 64-row one, the 128-row wgmma one (sm_90a only) and the warp-specialised
- * TMA kernel (sm_90a, once prefill_hopper.cuh applies KVA_SCORE_MOD: kva__variant_hopper_hooked);
+ * TMA kernel (sm_90a, once prefill_hopper.cuh has the hook, KVA__HAS_SCORE_MOD: kva__variant_hopper_hooked);
  * prefill f32: one. */
 #define KVA__VMOD_MAX_KERNELS 4
 #define KVA__VMOD_PF_LARGE 0

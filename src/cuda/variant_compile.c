@@ -63,7 +63,7 @@ int kva__variant_modules(const kva_variant_options *o, kva__vmod_id *ids, int ca
 bool kva__variant_hopper_hooked(void) {
     for (int i = 0; i < kva__embedded_file_count; ++i)
         if (strcmp(kva__embedded_files[i].name, "prefill_hopper.cuh") == 0)
-            return strstr(kva__embedded_files[i].text, "KVA_SCORE_MOD(") != NULL;
+            return strstr(kva__embedded_files[i].text, "KVA__HAS_SCORE_MOD") != NULL;
     return false;
 }
 
