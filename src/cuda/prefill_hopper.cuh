@@ -221,22 +221,8 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
 #pragma unroll
     for (int h = 0; h < 2; ++h) qp[h] = it.q_pos0 + (row_base + (lane >> 2) + 8 * h) / g;
     const bool capped = a.cap_log2 > 0.0f;
-    /* A variant (KVA__HAS_SCORE_MOD, as in prefill_kernel.cuh) visits every tile: its modifier
-     * takes and returns natural-log scores, which the softmax's FFMA takes to log2 units; rows
-     * past the tile's tokens (padding) are never passed to it. Dead code without a variant. */
+    /* with a variant (KVA__HAS_SCORE_MOD) scores reach the softmax in natural-log units */
     const float mul = KVA__HAS_SCORE_MOD ? KVA__PF_LOG2E : capped ? 1.0f : a.scale_log2;
-    const float to_nat = capped ? KVA__PF_LN2 : a.scale_log2 * KVA__PF_LN2;
-    int vqh[2];
-    bool vrow[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const int r = row_base + (lane >> 2) + 8 * h;
-        vrow[h] = r < rows;
-        vqh[h] = kh * g + r % g;
-    }
-    (void)to_nat;
-    (void)vqh;
-    (void)vrow;
     const uint32_t q_wg = q_s + (uint32_t)cw * 64 * 128;
 
     float sc[NT][4];
@@ -278,7 +264,7 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
         const kva__hp_tile t = kva__hp_tile_of<BN>(j, lo, lo_al, hi, paged);
         const bool need_mask = t.kb + BN > hi || t.kb < t.kmin || (a.causal && t.kb + BN - 1 > it.q_pos0) ||
                                (a.window_left >= 0 && (int64_t)t.kb < (int64_t)q_last - a.window_left);
-        if (capped || need_mask || KVA__HAS_SCORE_MOD) {
+        if (capped || need_mask) {
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 const int p = qp[h];
@@ -297,16 +283,13 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
                                 (a.window_left >= 0 && (int64_t)key < (int64_t)p - a.window_left))
                                 x = -INFINITY;
                         }
-                        if constexpr (KVA__HAS_SCORE_MOD) {
-                            /* here -inf is a masked key (a raw -inf became NaN above) */
-                            x *= to_nat;
-                            if (vrow[h] && x != -INFINITY)
-                                x = KVA_SCORE_MOD(x, p, t.kb + nt * 8 + 2 * (lane & 3) + (e & 1), vqh[h], a.mod_user);
-                        }
                         sc[nt][e] = x;
                     }
             }
         }
+        if constexpr (KVA__HAS_SCORE_MOD) /* a variant's modifier (prefill_kernel.cuh) */
+            kva__pf_apply_score_mod<1, NT>(a, &sc, need_mask, capped, t.kb, it.q_pos0, q_last,
+                                           row_base + (lane >> 2), rows, kh, g, lane);
         bool rescale = false;
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
