@@ -84,11 +84,12 @@ static inline void kva_ex_t5_buckets(int32_t *bucket_of) {
 
 /* ---- ALiBi --------------------------------------------------------------------------------------
  * Built in (kva_variant_create_alibi, src/cuda/variant_alibi.cuh: caller data f32
- * slopes[num_qo_heads]); its CPU twin, the same expression: */
+ * slopes[num_qo_heads]); its CPU twin (the same value: the built-in converts the distance with
+ * kva_int_to_float, exact below 2^22): */
 #define KVA_EX_ALIBI_BODY(NAME, CONST)                                                         \
     float NAME(float score, int32_t q_pos, int32_t kv_pos, int32_t qo_head, CONST void *user) {  \
         const float *slopes = (const float *)user;                                              \
-        return score + slopes[qo_head] * ((float)kv_pos - (float)q_pos);                        \
+        return score + slopes[qo_head] * (float)(kv_pos - q_pos);                               \
     }
 #define KVA_EX_DEFINE_ALIBI(NAME, CONST) KVA_EX_ALIBI_BODY(NAME, CONST)
 

@@ -253,17 +253,21 @@ typedef float (*kva_score_mod_fn)(float score, int32_t q_pos, int32_t kv_pos, in
  *
  * (functions are device functions by default: no __device__ needed). It is called where the CPU
  * calls score_mod -- on each visible score, natural-log units, after sm_scale and the soft cap,
- * before the causal / window masks -- with `user` = kva_attn_params.score_mod_user. Masked keys,
- * keys past a request's end and padding rows are never passed to it, so it may index caller data
- * by kv_pos (0 .. kv_len-1), q_pos (kv_len - qo_len .. kv_len-1: negative only for requests with
- * more queries than keys) and qo_head (0 .. num_qo_heads-1). Return -INFINITY
- * to mask a key (a row that sees no key gets output 0 and LSE -inf, as everywhere); NaN or a
- * score beyond the range of kva_attn_params makes the row NaN.
+ * before the causal / window masks -- with `user` = kva_attn_params.score_mod_user. It only sees
+ * a request's own positions and heads: masked keys and keys past the request's end are never
+ * passed (kernels may also evaluate it for padding rows of a tile, with a real query's position,
+ * and discard the result), so it may index caller data by kv_pos (0 .. kv_len-1), q_pos
+ * (kv_len - qo_len .. kv_len-1: negative only for requests with more queries than keys) and
+ * qo_head (0 .. num_qo_heads-1). Return -INFINITY to mask a key (a row that sees no key gets
+ * output 0 and LSE -inf, as everywhere); NaN or a score beyond the range of kva_attn_params
+ * makes the row NaN (with one difference from the built-in path: a dot product that overflows
+ * f32 to -inf may reach the modifier as -inf and then weigh 0 like a masked key).
  * What it may use: float and integer arithmetic, the CUDA math functions (expf, logf, tanhf,
  * ...; compiled with --use_fast_math like the library, so tanhf/expf are the fast approximations:
  * kva_tanhf(x) is an accurate tanh), loads through `user`, and the names of the prelude
  * (int32_t and the other fixed-width integers, INFINITY, NAN, kva_tanhf, kva_masked() =
- * -INFINITY). It must be a pure function of its arguments and the data behind `user` (kernels
+ * -INFINITY, kva_int_to_float(x): (float)x for |x| < 2^22 without the quarter-rate conversion
+ * instruction). It must be a pure function of its arguments and the data behind `user` (kernels
  * may call it more than once for one score, in any order, from any thread) and may not write
  * memory, synchronise or #include headers. Helper functions, constants and __device__ arrays may
  * sit beside it; names starting with kva_ / KVA_ are the library's.
@@ -313,7 +317,8 @@ kva_status kva_variant_create(kva_context *ctx, const char *source, const char *
                               const kva_variant_options *options, kva_variant **out);
 
 /* Built-in ALiBi: score + slopes[qo_head] * (kv_pos - q_pos), with score_mod_user pointing at
- * f32 slopes[num_qo_heads] in device memory (kva_alibi_slopes computes the usual ones). */
+ * f32 slopes[num_qo_heads] in device memory (kva_alibi_slopes computes the usual ones); exact for
+ * distances below 2^22 (4M tokens). */
 kva_status kva_variant_create_alibi(kva_context *ctx, const kva_variant_options *options,
                                     kva_variant **out);
 /* The CUDA C source of the built-in ALiBi variant (function "kva_alibi"), e.g. to start from. */

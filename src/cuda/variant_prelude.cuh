@@ -15,6 +15,14 @@ __device__ __forceinline__ float kva_tanhf(float x) {
     return copysignf(1.0f - __fdividef(2.0f, e + 1.0f), x);
 }
 
+/* (float)x for |x| < 2^22, exactly, on the full-rate integer and FP32 pipes: an int-to-float
+ * conversion (I2F) runs at a quarter of the FMA rate, like exp2, so a modifier that converts a
+ * position or distance per score can cost as much as the softmax's own exp2. (1.5 * 2^23 + x has
+ * x as its low mantissa bits; subtracting 1.5 * 2^23 leaves x.) */
+__device__ __forceinline__ float kva_int_to_float(int32_t x) {
+    return __int_as_float(0x4B400000 + x) - 12582912.0f;
+}
+
 /* The score of a masked key (-INFINITY), as a function: usable in sources that are written as C
  * macros and stringified (examples/variant_sources.h), where INFINITY would already be expanded. */
 __device__ __forceinline__ float kva_masked() { return -INFINITY; }
