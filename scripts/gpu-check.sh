@@ -81,7 +81,7 @@ run_tests "tests (prefill, mma.sync path)" tests-mma.log env KVA_PREFILL_PATH=mm
     "./$BUILD/kvattn_tests" cuda_prefill cuda_score_range
 
 # The variants example (NVRTC at run time: compile, then the GPU against the CPU callback).
-run_tests "variants example" variants.log "./$BUILD/variants"
+run_tests "variants example" variants.log timeout "$TLIM" "./$BUILD/variants"
 grep -E "max \|gpu|broken" "$OUT/variants.log" || true
 
 if [ "${GPU_CHECK_SANITIZE:-1}" != 0 ]; then
