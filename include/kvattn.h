@@ -240,14 +240,112 @@ kva_status kva_block_table_to_csr(const int32_t *block_table, int32_t batch_size
 
 /* Optional score modifier (CPU only): called on every visible score after scaling and soft-cap,
  * with the query's and key's absolute positions in their sequence and the query head. Return
- * -INFINITY to mask the key. Must be thread-safe (called from worker threads). */
+ * -INFINITY to mask the key. Must be thread-safe (called from worker threads). On CUDA the same
+ * modifier is a kva_variant (below). */
 typedef float (*kva_score_mod_fn)(float score, int32_t q_pos, int32_t kv_pos, int32_t qo_head,
                                   void *user);
+
+/* A score modifier for the GPU: CUDA C source compiled at run time with NVRTC (seed 002's
+ * scoremod), inlined into the decode and prefill kernels in place of the built-in variant code.
+ * The source defines a device function with the score_mod signature, user data in device memory:
+ *
+ *     float my_mod(float score, int32_t q_pos, int32_t kv_pos, int32_t qo_head, const void *user)
+ *
+ * (functions are device functions by default: no __device__ needed). It is called where the CPU
+ * calls score_mod -- on each visible score, natural-log units, after sm_scale and the soft cap,
+ * before the causal / window masks -- with `user` = kva_attn_params.score_mod_user. It only sees
+ * a request's own positions and heads: masked keys and keys past the request's end are never
+ * passed (kernels may also evaluate it for padding rows of a tile, with a real query's position,
+ * and discard the result), so it may index caller data by kv_pos (0 .. kv_len-1), q_pos
+ * (kv_len - qo_len .. kv_len-1: negative only for requests with more queries than keys) and
+ * qo_head (0 .. num_qo_heads-1). Return -INFINITY to mask a key (a row that sees no key gets
+ * output 0 and LSE -inf, as everywhere); NaN or a score beyond the range of kva_attn_params
+ * makes the row NaN (with one difference from the built-in path: a dot product that overflows
+ * f32 to -inf may reach the modifier as -inf and then weigh 0 like a masked key).
+ * What it may use: float and integer arithmetic, the CUDA math functions (expf, logf, tanhf,
+ * ...; compiled with --use_fast_math like the library, so tanhf/expf are the fast approximations:
+ * kva_tanhf(x) is an accurate tanh), loads through `user`, and the names of the prelude
+ * (int32_t and the other fixed-width integers, INFINITY, NAN, kva_tanhf, kva_masked() =
+ * -INFINITY, kva_int_to_float(x): (float)x for |x| < 2^22 without the quarter-rate conversion
+ * instruction). It must be a pure function of its arguments and the data behind `user` (kernels
+ * may call it more than once for one score, in any order, from any thread) and may not write
+ * memory, synchronise or #include headers. Helper functions, constants and __device__ arrays may
+ * sit beside it; names starting with kva_ / KVA_ are the library's.
+ * Supported paths: the kernels a variant was compiled for (kva_variant_options): CUDA decode
+ * (both algorithms), ragged and paged prefill (mma.sync; on Hopper the warp-specialised TMA
+ * kernel and the wgmma one; f32 on CUDA cores) and kva_attention: the kernel the built-in path
+ * would run, with the modifier inlined. A run that needs a kernel the variant lacks fails with
+ * KVA_ERR_UNSUPPORTED.
+ * Lifetime and threads: a variant is immutable after creation; any thread may use it in runs of
+ * any context on the device it was created for, at once (kva_variant_create itself follows the
+ * context's rule: one thread at a time per context). Destroy it only when no run that uses it is
+ * in flight and no CUDA graph captured with it will be replayed. The context stays alive until
+ * its last variant is destroyed (as with caches) and keeps the compiled modules loaded until it
+ * is freed, so creating the same variant again costs a lookup. Compilation happens only in
+ * kva_variant_create: plans, runs and graph capture are unchanged. */
+typedef struct kva_variant kva_variant;
+
+enum {
+    KVA_VARIANT_DECODE = 1 << 0,  /* kva_decode_run */
+    KVA_VARIANT_PREFILL = 1 << 1  /* kva_prefill_run_ragged / _paged, kva_attention */
+};
+
+/* Which kernels to compile (each takes about a second of NVRTC time the first time; later
+ * creations load them from the cache). Zeroed fields mean "all". */
+typedef struct kva_variant_options {
+    uint32_t kinds;    /* KVA_VARIANT_DECODE | KVA_VARIANT_PREFILL bits; 0 = both */
+    uint32_t dtypes;   /* bits (1u << KVA_F32) | (1u << KVA_F16) | (1u << KVA_BF16); 0 = all */
+    int32_t head_dim;  /* 0 = every head dim; else the kernels that serve this head dim */
+} kva_variant_options;
+
+/* Compiles `source`'s device function `function` into the kernels `options` names (NULL: all)
+ * for ctx's device architecture (sm_90a on Hopper, so the wgmma prefill runs), or loads them
+ * from the context (a variant made earlier with it) or from the disk cache: $XDG_CACHE_HOME/kvattn,
+ * else ~/.cache/kvattn, one file per module, keyed by a hash of the source, function, options,
+ * compiler, architecture and library (version and kernel sources). A cache entry that is
+ * unreadable, corrupt (checksum) or stale (another key) is rebuilt, never trusted; a failing
+ * cache write only costs the next process a compile. No CUDA toolkit is needed: the kernel
+ * sources are part of the library and NVRTC (libnvrtc) is its only compiler.
+ * @return KVA_OK; KVA_ERR_INVALID_ARG for NULL source or out, a function name that is not a C
+ *         identifier, bad options, or a source that does not compile (kva_last_error() then
+ *         holds NVRTC's log); KVA_ERR_UNSUPPORTED on a CPU context (use kva_attn_params.score_mod
+ *         there); KVA_ERR_NOT_BUILT without the
+ *         CUDA backend; KVA_ERR_DEVICE when the device refuses the compiled code. On failure
+ *         nothing is created and the context is unchanged (*out = NULL); only valid disk-cache
+ *         entries of modules that did compile may remain. */
+kva_status kva_variant_create(kva_context *ctx, const char *source, const char *function,
+                              const kva_variant_options *options, kva_variant **out);
+
+/* Built-in ALiBi: score + slopes[qo_head] * (kv_pos - q_pos), with score_mod_user pointing at
+ * f32 slopes[num_qo_heads] in device memory (kva_alibi_slopes computes the usual ones); exact for
+ * distances below 2^22 (4M tokens). */
+kva_status kva_variant_create_alibi(kva_context *ctx, const kva_variant_options *options,
+                                    kva_variant **out);
+/* The CUDA C source of the built-in ALiBi variant (function "kva_alibi"), e.g. to start from. */
+const char *kva_variant_alibi_source(void);
+
+/* NULL is a no-op. See "Lifetime" above. */
+void kva_variant_destroy(kva_variant *variant);
+
+/* What creating a variant cost, for logs and benchmarks. */
+typedef struct kva_variant_stats {
+    int32_t modules;         /* compiled units: one per (kind, dtype, head dim) */
+    int32_t compiled;        /* of them compiled by NVRTC in this call */
+    int32_t disk_hits;       /* loaded from the disk cache */
+    int32_t context_hits;    /* found already loaded in the context */
+    double compile_ms;       /* wall time of the NVRTC compiles */
+    double total_ms;         /* wall time of kva_variant_create */
+} kva_variant_stats;
+kva_status kva_variant_get_stats(const kva_variant *variant, kva_variant_stats *stats);
+
+/* ALiBi slopes of Press et al. for num_heads heads (2^(-8 (h+1) / n) for a power of two n, the
+ * interleaved extension otherwise), into slopes[num_heads] (host memory). */
+void kva_alibi_slopes(int32_t num_heads, float *slopes);
 
 /* What attention computes, for one query at absolute position q_pos and key at position k_pos:
  *     s = dot(q, k) * sm_scale
  *     if logits_soft_cap > 0:  s = logits_soft_cap * tanh(s / logits_soft_cap)
- *     if score_mod:            s = score_mod(s, q_pos, k_pos, qo_head, user)
+ *     if score_mod / variant:  s = score_mod(s, q_pos, k_pos, qo_head, user)
  *     masked (s = -inf) if causal and k_pos > q_pos, or window_left >= 0 and k_pos < q_pos - window_left
  *     o = sum_k softmax(s)_k * v_k,   lse = log(sum_k exp(s_k))
  * Positions: a request with qo_len queries and kv_len keys has keys at 0..kv_len-1 and its
@@ -274,11 +372,15 @@ typedef struct kva_attn_params {
     int32_t causal;          /* 0 or 1 */
     int32_t window_left;     /* < 0: no sliding window */
     float logits_soft_cap;   /* <= 0 or +inf: none; NaN refused */
-    kva_score_mod_fn score_mod; /* NULL: none (CPU only) */
-    void *score_mod_user;
+    kva_score_mod_fn score_mod; /* NULL: none (CPU contexts only) */
+    void *score_mod_user;       /* caller data: a host pointer given to score_mod, or a device
+                                   pointer given to the variant's function */
+    const kva_variant *variant; /* NULL: none (CUDA contexts only: the GPU's score_mod). At most
+                                   one of score_mod and variant may be set */
 } kva_attn_params;
 
-/* {heads, head_dim, sm_scale = 0, causal = 0, window_left = -1, soft cap = 0, no score_mod}. */
+/* {heads, head_dim, sm_scale = 0, causal = 0, window_left = -1, soft cap = 0, no score_mod, no
+ * variant}. */
 kva_attn_params kva_attn_params_default(int32_t num_qo_heads, int32_t num_kv_heads,
                                         int32_t head_dim);
 

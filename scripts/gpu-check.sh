@@ -2,7 +2,8 @@
 # gpu-check.sh -- everything a GPU machine run needs, in one go, from the repository root:
 #   1. build for sm_90a (KVA_CUDA_ARCHS=90a) into $BUILD (default build-gpu),
 #   2. the GPU tests (kvattn_tests cuda*: decode sweep, prefill (cuda_prefill*), graphs, merge,
-#      cache, errors) against the float64 reference,
+#      cache, errors, variants (cuda_variant*: NVRTC)) against the float64 reference, and the
+#      variants example,
 #   3. the same under compute-sanitizer memcheck, and racecheck, on the small sweep
 #      (KVA_TEST_QUICK=1; prefill: the cuda_prefill_quick subset),
 #   4. the Python package's tests (python/tests with torch on CUDA: streams, graph capture, the
@@ -79,10 +80,14 @@ run_tests "tests (prefill, wgmma path)" tests-wgmma.log env KVA_PREFILL_PATH=wgm
 run_tests "tests (prefill, mma.sync path)" tests-mma.log env KVA_PREFILL_PATH=mma timeout "$TLIM" \
     "./$BUILD/kvattn_tests" cuda_prefill cuda_score_range
 
+# The variants example (NVRTC at run time: compile, then the GPU against the CPU callback).
+run_tests "variants example" variants.log timeout "$TLIM" "./$BUILD/variants"
+grep -E "max \|gpu|broken" "$OUT/variants.log" || true
+
 if [ "${GPU_CHECK_SANITIZE:-1}" != 0 ]; then
     run_tests "memcheck" memcheck.log env KVA_TEST_QUICK=1 KVA_PREFILL_TMA_STRICT=1 timeout "$TLIM" compute-sanitizer --tool memcheck \
         --leak-check no --error-exitcode 9 "./$BUILD/kvattn_tests" cuda_decode cuda_merge cuda_cache cuda_graph \
-        cuda_prefill cuda_score_range threads_cuda
+        cuda_prefill cuda_score_range threads_cuda cuda_variant
     grep -E "ERROR SUMMARY" "$OUT/memcheck.log" | tail -1
     run_tests "racecheck" racecheck.log env KVA_TEST_QUICK=1 KVA_PREFILL_TMA_STRICT=1 timeout "$TLIM" compute-sanitizer --tool racecheck \
         --error-exitcode 9 "./$BUILD/kvattn_tests" cuda_decode_sweep cuda_decode_long \

@@ -3,6 +3,7 @@
 #include "validate.h"
 #include "../plan/workspace_layout.h"
 #include "../cuda/cuda_backend.h"
+#include "../cuda/variant.h"
 
 #include <math.h>
 
@@ -14,10 +15,26 @@ kva_status kva__check_params(const kva_context *ctx, const kva_attn_params *p) {
                          "%s: params.num_kv_heads (%d) must divide params.num_qo_heads (%d), both >= 1",
                          kva__api(), p->num_kv_heads, p->num_qo_heads);
     KVA_TRY(kva__check_head_dim(ctx, "params.head_dim", p->head_dim));
+    if (p->score_mod && p->variant)
+        return kva__fail(KVA_ERR_INVALID_ARG,
+                         "%s: params.score_mod and params.variant are both set; set the one of this "
+                         "context's device (score_mod: CPU, variant: CUDA)",
+                         kva__api());
     if (ctx->device == KVA_DEVICE_CUDA) {
         if (p->score_mod)
-            return kva__fail(KVA_ERR_UNSUPPORTED, "%s: params.score_mod callbacks run on the CPU only",
+            return kva__fail(KVA_ERR_UNSUPPORTED,
+                             "%s: params.score_mod callbacks run on the CPU only (on CUDA: params.variant, "
+                             "kva_variant_create)",
                              kva__api());
+        if (p->variant && p->variant->device_id != ctx->device_id)
+            return kva__fail(KVA_ERR_INVALID_ARG,
+                             "%s: params.variant was created for CUDA device %d; this context runs on device %d",
+                             kva__api(), p->variant->device_id, ctx->device_id);
+    } else if (p->variant) {
+        return kva__fail(KVA_ERR_UNSUPPORTED,
+                         "%s: params.variant is a CUDA variant; a CPU context takes the modifier as "
+                         "params.score_mod (a C callback)",
+                         kva__api());
     }
     if (p->causal != 0 && p->causal != 1)
         return kva__fail(KVA_ERR_INVALID_ARG, "%s: params.causal must be 0 or 1 (got %d)", kva__api(),

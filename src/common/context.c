@@ -92,15 +92,19 @@ static void context_free(kva_context *ctx) {
 
 void kva_context_destroy(kva_context *ctx) {
     if (!ctx) return;
-    if (ctx->live_caches > 0) {
-        ctx->destroyed = true; /* the last kva_cache_destroy frees it */
+    if (ctx->live_caches > 0 || ctx->live_variants > 0) {
+        ctx->destroyed = true; /* the last kva_cache_destroy / kva_variant_destroy frees it */
         return;
     }
     context_free(ctx);
 }
 
 void kva__context_cache_released(kva_context *ctx) {
-    if (--ctx->live_caches == 0 && ctx->destroyed) context_free(ctx);
+    if (--ctx->live_caches == 0 && ctx->live_variants == 0 && ctx->destroyed) context_free(ctx);
+}
+
+void kva__context_variant_released(kva_context *ctx) {
+    if (--ctx->live_variants == 0 && ctx->live_caches == 0 && ctx->destroyed) context_free(ctx);
 }
 
 kva_device_type kva_context_device(const kva_context *ctx) {

@@ -5,7 +5,7 @@
 
 #include <string.h>
 
-static _Thread_local char last_error[1024];
+static _Thread_local char last_error[8192]; /* room for the first errors of a variant's compile log */
 static _Thread_local const char *api_name;
 
 void kva__set_api(const char *name) { api_name = name; }

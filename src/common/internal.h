@@ -39,11 +39,14 @@ struct kva_context {
     /* Caches made with this context still alive: kva_context_destroy defers the free until the
      * last of them is destroyed, since each frees its pool through the context. */
     int live_caches;
+    int live_variants;        /* the same for variants (their kernels live in the context) */
     bool destroyed;
 };
 
 /* A cache of ctx is gone; frees ctx if kva_context_destroy already ran and it was the last. */
 void kva__context_cache_released(kva_context *ctx);
+/* The same for a variant of ctx (kva_variant_destroy). */
+void kva__context_variant_released(kva_context *ctx);
 
 /* Records a formatted message as this thread's last error and returns status, so failures read
  * `return kva__fail(KVA_ERR_BAD_SHAPE, "q.stride_head (%lld) ...", ...);` */

@@ -42,6 +42,6 @@ kva_kv_pages kva_kv_pages_interleaved(void *data, kva_dtype dtype, int32_t num_p
 
 kva_attn_params kva_attn_params_default(int32_t num_qo_heads, int32_t num_kv_heads,
                                         int32_t head_dim) {
-    kva_attn_params p = {num_qo_heads, num_kv_heads, head_dim, 0.0f, 0, -1, 0.0f, NULL, NULL};
+    kva_attn_params p = {num_qo_heads, num_kv_heads, head_dim, 0.0f, 0, -1, 0.0f, NULL, NULL, NULL};
     return p;
 }

@@ -59,6 +59,12 @@ kva_status kva__cuda_attention(kva_context *ctx, const kva_attn_params *params, 
                                int32_t kv_len, kva_tensor q, kva_tensor k, kva_tensor v,
                                kva_tensor o, float *lse);
 
+/* A variant for ctx's device (variant_load.cu); api names the public call in messages. */
+kva_status kva__cuda_variant_create(kva_context *ctx, const char *api, const char *source,
+                                    const char *function, const kva_variant_options *options,
+                                    kva_variant **out);
+void kva__cuda_variant_destroy(kva_variant *variant);
+
 kva_status kva__cuda_merge_states(kva_context *ctx, int32_t num_rows, int32_t num_states,
                                   int32_t head_dim, kva_dtype dtype, const void *v_in,
                                   const float *lse_in, void *v_out, float *lse_out);

@@ -8,6 +8,12 @@
 #ifndef KVA_CUDA_COMMON_CUH
 #define KVA_CUDA_COMMON_CUH
 
+#ifdef __CUDACC_RTC__
+/* Compiled at run time by NVRTC (a variant, variant_compile.c): no toolkit headers exist on the
+ * user's machine, so the few types and conversions the kernels use come from rtc_shim.cuh, and
+ * the host half of this file (runtime calls, the backend's private state) is left out. */
+#include "rtc_shim.cuh"
+#else
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -48,7 +54,13 @@ typedef struct kva__cuda_private {
                                        head_dim 64 / 128 / 256 */
     int prefill_path;               /* kva__prefill_path of this device */
     int smem_optin;                 /* shared memory a block may opt into, bytes */
+    int cc_major, cc_minor;         /* compute capability: the architecture variants compile for */
+    void **vmods;                   /* kva__vmod_loaded *: every variant module loaded (variant_load.cu) */
+    int num_vmods, cap_vmods;
 } kva__cuda_private;
+
+/* Unloads the context's variant modules (variant_load.cu; at context destruction). */
+extern "C" void kva__cuda_variant_modules_release(kva__cuda_private *priv);
 
 
 static inline cudaStream_t kva__stream(const kva_context *ctx) {
@@ -66,6 +78,36 @@ static inline kva_status kva__cuda_use_device(const kva_context *ctx) {
     }
     return KVA_OK;
 }
+
+#endif /* !__CUDACC_RTC__ */
+
+/* ------------------------------------------------------------------------------------------ */
+/* Score-modifier hook (kvattn.h, kva_variant)                                                  */
+/* ------------------------------------------------------------------------------------------ */
+
+/* A variant's NVRTC build (variant_compile.c) defines KVA_SCORE_MOD_FN as the caller's device
+ * function; the library's own build leaves it undefined. Kernels apply the modifier where the
+ * CPU applies score_mod -- on a visible score, in natural-log units, after the scale and the
+ * soft cap and before the masks; masked keys stay masked and are never passed to it (prefill:
+ * kva__pf_apply_score_mod) -- inside
+ * `if constexpr (KVA__HAS_SCORE_MOD)`, so without a variant the kernels are the same code
+ * (ptxas register and spill counts unchanged). `user` is kva_attn_params.score_mod_user, a
+ * device pointer, carried in the kernels' argument blocks as mod_user. */
+#ifdef KVA_SCORE_MOD_FN
+#define KVA__HAS_SCORE_MOD true
+/* declared here so a definition with another signature is a compile error naming it */
+__device__ __forceinline__ float KVA_SCORE_MOD_FN(float, int32_t, int32_t, int32_t, const void *);
+/* Kernels call the modifier through this, so a caller's function named like a local variable of
+ * a kernel (s, x, p, key, ...) is never shadowed at the call site. */
+__device__ __forceinline__ float kva__score_mod_call(float kva__s, int32_t kva__q, int32_t kva__k,
+                                                     int32_t kva__h, const void *kva__u) {
+    return KVA_SCORE_MOD_FN(kva__s, kva__q, kva__k, kva__h, kva__u);
+}
+#define KVA_SCORE_MOD(s, q_pos, kv_pos, qo_head, user) kva__score_mod_call((s), (q_pos), (kv_pos), (qo_head), (user))
+#else
+#define KVA__HAS_SCORE_MOD false
+#define KVA_SCORE_MOD(s, q_pos, kv_pos, qo_head, user) (s)
+#endif
 
 /* ------------------------------------------------------------------------------------------ */
 /* Inline PTX                                                                                   */

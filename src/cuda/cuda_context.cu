@@ -152,6 +152,8 @@ extern "C" kva_status kva__cuda_context_init(kva_context *ctx) {
     kva__cuda_private *priv = (kva__cuda_private *)calloc(1, sizeof *priv);
     if (!priv) return kva__fail(KVA_ERR_OUT_OF_MEMORY, "kva_context_create: out of memory");
     ctx->cuda_private = priv;
+    priv->cc_major = prop.major;
+    priv->cc_minor = prop.minor;
     kva_status st = KVA_OK;
     for (int i = 0; i < KVA__UPLOAD_SLOTS && st == KVA_OK; ++i) {
         cudaError_t e = cudaEventCreateWithFlags(&priv->upload_done[i], cudaEventDisableTiming);
@@ -192,6 +194,7 @@ extern "C" void kva__cuda_context_destroy(kva_context *ctx) {
             (void)cudaEventSynchronize(priv->upload_done[i]);
             (void)cudaEventDestroy(priv->upload_done[i]);
         }
+    kva__cuda_variant_modules_release(priv);
     free(priv);
     ctx->cuda_private = NULL;
 }

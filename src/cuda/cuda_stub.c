@@ -77,3 +77,10 @@ kva_status kva__cuda_split_policy(const kva_context *ctx, const kva_plan_limits 
                                   kva__split_policy *policy) {
     (void)ctx; (void)limits; (void)kind; (void)policy; return NOT_BUILT();
 }
+kva_status kva__cuda_variant_create(kva_context *ctx, const char *api, const char *source,
+                                    const char *function, const kva_variant_options *options,
+                                    kva_variant **out) {
+    (void)ctx; (void)source; (void)function; (void)options; (void)out;
+    return kva__fail(KVA_ERR_NOT_BUILT, "%s: kvattn was built without CUDA", api);
+}
+void kva__cuda_variant_destroy(kva_variant *variant) { (void)variant; }

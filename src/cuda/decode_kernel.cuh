@@ -94,6 +94,7 @@ typedef struct kva__unit {
     int w, kh, b;
     int sg, hb, gs;           /* the unit's sub-group, its first query head and head count */
     int start, end;           /* visible keys of the chunk */
+    int q_pos;                /* the query's position, kv_len - 1 (a variant's score modifier) */
     int page_beg;             /* the request's first entry in the page-index array */
     int item_beg, item_end;   /* the request's work items (its partial states) */
     int my_n;                 /* this warp's tiles */
@@ -179,6 +180,7 @@ __device__ __forceinline__ void kva__unit_from_record(const kva__decode_args &a,
     /* decode's query sits at kv_len-1, so causality never hides a key; a sliding window hides
      * the oldest ones */
     const int64_t kv_len = r0.w; /* KVA__UR_KV_LEN */
+    m.q_pos = (int)(kv_len - 1);
     const int64_t lo = a.window_left >= 0 ? kv_len - 1 - a.window_left : 0;
     const int64_t c0 = r0.y; /* KVA__UR_KEY_BEG */
     m.start = (int)(c0 > lo ? c0 : (lo > 0 ? lo : 0));
@@ -190,6 +192,23 @@ __device__ __forceinline__ void kva__unit_from_record(const kva__decode_args &a,
     /* global rowmax, pass 1: an unsplit request's max is its own chunk's; pass 2 finds it */
     if (a.pass == 1 && m.item_end - m.item_beg <= 1) tiles = 0;
     m.my_n = tiles > warp ? (tiles - warp + KVA__DECODE_WARPS - 1) / KVA__DECODE_WARPS : 0;
+}
+
+/* kva__score of key kv_pos for the unit's query head hb + head, then a variant's modifier
+ * (cuda_common.cuh, KVA_SCORE_MOD) in natural-log units; heads >= gs are padding rows and are
+ * left alone. The result is rounded like kva__score's (never fused into exp2(x - max)), and a
+ * finite modified score beyond log2 range is NaN, not a mask. Without a modifier: kva__score. */
+__device__ __forceinline__ float kva__score_at(const kva__decode_args &a, float dot, const kva__unit &m,
+                                               int kv_pos, int head) {
+    const float x = kva__score(a, dot);
+    if constexpr (KVA__HAS_SCORE_MOD) {
+        if (head < m.gs) {
+            const float s = KVA_SCORE_MOD(x * KVA__LN2_F, m.q_pos, kv_pos, m.hb + head, a.mod_user);
+            const float y = __fmul_rn(s, KVA__LOG2E_F);
+            return y == -INFINITY && s != -INFINITY ? NAN : y;
+        }
+    }
+    return x;
 }
 
 /* Merges `count` partial states of query heads hb2 .. hb2 + gs2 - 1, at work-item slots first,
@@ -546,8 +565,9 @@ __global__ void __launch_bounds__(KVA__DECODE_THREADS)
                     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
                         for (int j = 0; j < 2; ++j) {
-                            float mx = fmaxf(v0 ? kva__score(a, s[nt][j]) : -INFINITY,
-                                             v1 ? kva__score(a, s[nt][j + 2]) : -INFINITY);
+                            const int head = nt * 8 + 2 * (lane & 3) + j;
+                            float mx = fmaxf(v0 ? kva__score_at(a, s[nt][j], cur, tstart + (lane >> 2), head) : -INFINITY,
+                                             v1 ? kva__score_at(a, s[nt][j + 2], cur, tstart + (lane >> 2) + 8, head) : -INFINITY);
                             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
                             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
                             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
@@ -562,8 +582,9 @@ __global__ void __launch_bounds__(KVA__DECODE_THREADS)
                     float p[4];
 #pragma unroll
                     for (int j = 0; j < 2; ++j) {
-                        float x0 = v0 ? kva__score(a, s[nt][j]) : -INFINITY;
-                        float x1 = v1 ? kva__score(a, s[nt][j + 2]) : -INFINITY;
+                        const int head = nt * 8 + 2 * (lane & 3) + j;
+                        float x0 = v0 ? kva__score_at(a, s[nt][j], cur, tstart + (lane >> 2), head) : -INFINITY;
+                        float x1 = v1 ? kva__score_at(a, s[nt][j + 2], cur, tstart + (lane >> 2) + 8, head) : -INFINITY;
                         float mx = fmaxf(x0, x1);
                         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
                         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
@@ -611,7 +632,7 @@ __global__ void __launch_bounds__(KVA__DECODE_THREADS)
                             for (int e = 0; e < VPL; ++e) dot = fmaf(qq[e], kv[e], dot);
 #pragma unroll
                             for (int sh = 16; sh >= 1; sh >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, sh);
-                            const float x = kva__score(a, dot);
+                            const float x = kva__score_at(a, dot, cur, tstart + t, h);
                             if (rowmax_pass) {
                                 m_st[h] = fmaxf(m_st[h], x);
                                 continue;

@@ -48,6 +48,8 @@ typedef struct kva__decode_args {
     float scale_log2;            /* sm_scale * log2(e), used without a soft cap */
     float cap_log2;              /* soft cap * log2(e), or 0 for none */
     float cap_inv_scale;         /* sm_scale / soft cap */
+    const void *mod_user;         /* a variant's caller data (kva_attn_params.score_mod_user, device
+                                   * memory); read only by kernels built with a score modifier */
 } kva__decode_args;
 
 /* Kernel for up to 8 (nt = 1) or 16 (nt = 2) query heads per unit, partial rowmax (gr = 0) or

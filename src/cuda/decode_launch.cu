@@ -15,6 +15,7 @@
  */
 #include "cuda_common.cuh"
 #include "decode_kernels.h"
+#include "variant.h"
 
 #include <math.h>
 
@@ -30,7 +31,17 @@ extern "C" kva_status kva__cuda_decode_run(kva_context *ctx, const kva_plan *pla
                          "kva_decode_run: %s with head_dim %d, GQA group %d has no CUDA decode kernel "
                          "(head_dim: multiples of 16 in 32..256)",
                          kva_dtype_name(pages->dtype), D, group);
-    const int smem = ch.smem, per_sm = ch.blocks_per_sm;
+    int per_sm = ch.blocks_per_sm;
+    if (params->variant) {
+        /* the variant's build of the same kernel: same geometry, its own occupancy */
+        ch.fn = kva__variant_decode_fn(params->variant, pages->dtype, ch.built_dim, ch.nt, gr, &per_sm);
+        if (!ch.fn)
+            return kva__fail(KVA_ERR_UNSUPPORTED,
+                             "kva_decode_run: params.variant was not compiled for %s decode at head_dim %d "
+                             "(kva_variant_options: kinds, dtypes, head_dim)",
+                             kva_dtype_name(pages->dtype), D);
+    }
+    const int smem = ch.smem;
     /* Persistent grid: every block resident at once, each looping over (work item, KV head,
      * sub-group) units; never more blocks than the plan (padded for graphs) has units. */
     const int64_t units = (int64_t)plan->padded_work * Hk * ch.nsub;
@@ -85,6 +96,7 @@ extern "C" kva_status kva__cuda_decode_run(kva_context *ctx, const kva_plan *pla
     a.nsub = ch.nsub;
     a.units_per_work = Hk * ch.nsub;
     a.pass = 0;
+    a.mod_user = params->score_mod_user;
     const float sm_scale = params->sm_scale > 0 ? params->sm_scale : 1.0f / sqrtf((float)D);
     const float log2e = 1.4426950408889634f;
     a.scale_log2 = sm_scale * log2e;

@@ -106,6 +106,13 @@ __global__ void __launch_bounds__(KVA__PREFILL_THREADS)
                 if (x == -INFINITY) x = NAN;
                 const int p = it.q_pos0 + R / g;
                 if (key >= hi || (a.causal && key > p) || (a.window_left >= 0 && (int64_t)key < (int64_t)p - a.window_left)) x = -INFINITY;
+                if constexpr (KVA__HAS_SCORE_MOD) { /* a variant's modifier on visible keys, natural-log units */
+                    if (x != -INFINITY) {
+                        const float s = KVA_SCORE_MOD(x * KVA__PF_LN2, p, key, kh * g + R % g, a.mod_user);
+                        x = __fmul_rn(s, KVA__PF_LOG2E);
+                        if (x == -INFINITY && s != -INFINITY) x = NAN;
+                    }
+                }
                 float mx = x;
 #pragma unroll
                 for (int sh = 16; sh >= 1; sh >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, sh));
@@ -152,6 +159,7 @@ __global__ void __launch_bounds__(KVA__PREFILL_THREADS)
     }
 }
 
+#ifndef __CUDACC_RTC__ /* a variant's NVRTC build takes the kernel by name */
 const void *kva__prefill_f32(int head_dim, int rows, int *smem, int *threads) {
     (void)rows; /* one kernel serves any row count: it takes rows 32 at a time */
     *threads = KVA__PREFILL_THREADS;
@@ -162,3 +170,4 @@ const void *kva__prefill_f32(int head_dim, int rows, int *smem, int *threads) {
     default: return NULL;
     }
 }
+#endif

@@ -261,7 +261,8 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
         if (lane == 0) kva__mbar_arrive(bar);
     };
     const bool capped = a.cap_log2 > 0.0f;
-    const float mul = capped ? 1.0f : a.scale_log2;
+    /* with a variant (KVA__HAS_SCORE_MOD) scores reach the softmax in natural-log units */
+    const float mul = KVA__HAS_SCORE_MOD ? KVA__PF_LOG2E : capped ? 1.0f : a.scale_log2;
     const uint32_t q_wg = q_s + (uint32_t)cw * 64 * 128;
     if (cw == 1) turn_pass();
     uint32_t gt = 0; /* tiles consumed so far */
@@ -301,9 +302,10 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
         int qlo[2], qhi[2];
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-            const int64_t wl = a.window_left >= 0 ? (int64_t)qp[h] - a.window_left : INT32_MIN;
-            qlo[h] = (int)(wl > INT32_MIN ? wl : INT32_MIN);
-            qhi[h] = a.causal ? qp[h] + 1 : INT32_MAX;
+            /* (literals: the run-time compiler of variants has no <stdint.h> limits) */
+            const int64_t wl = a.window_left >= 0 ? (int64_t)qp[h] - a.window_left : -2147483647 - 1;
+            qlo[h] = (int)(wl > -2147483647 - 1 ? wl : -2147483647 - 1);
+            qhi[h] = a.causal ? qp[h] + 1 : 2147483647;
         }
 
         float sc[NT][4];
@@ -364,6 +366,9 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
                         }
                 }
             }
+            if constexpr (KVA__HAS_SCORE_MOD) /* a variant's modifier (prefill_kernel.cuh) */
+                kva__pf_apply_score_mod<1, NT>(a, &sc, need_mask, capped, t.kb, it.q_pos0, q_last,
+                                               row_base + (lane >> 2), rows, kh, g, lane);
 #ifdef KVA__HP_NO_SOFTMAX /* experiment: the matrix products and the pipeline alone */
             return false;
 #endif
@@ -381,7 +386,8 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
                 float ms = __fmul_rn(mx, mul);
                 /* as prefill_kernel.cuh: a row whose visible scores all left f32 range keeps
                  * -FLT_MAX as its max, which the epilogue turns into NaN */
-                if (ms == -INFINITY && (mx != -INFINITY || !need_mask)) ms = -3.402823466e38f;
+                if (ms == -INFINITY && (mx != -INFINITY || (!KVA__HAS_SCORE_MOD && !need_mask)))
+                    ms = -3.402823466e38f;
                 const float m_new = fmaxf(m_st[h], ms);
                 const float m_use = m_new == -INFINITY ? 0.0f : m_new;
                 const float alpha = exp2f(m_st[h] - m_use);

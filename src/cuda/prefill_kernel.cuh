@@ -47,6 +47,7 @@
 #include "wgmma.cuh"
 
 #define KVA__PF_LN2 0.6931471805599453f
+#define KVA__PF_LOG2E 1.4426950408889634f
 
 template <typename T, int D, int MT, int WARPS, int BN_ = 64, bool WG = false>
 struct kva__prefill_geom {
@@ -154,6 +155,50 @@ __device__ __forceinline__ bool kva__pf_load_item(const kva__prefill_args &a, in
         it.q_pos0 = a.dense_kv_len - a.dense_qo_len + it.q_row0;
     }
     return true;
+}
+
+/* A variant's score modifier (cuda_common.cuh, KVA_SCORE_MOD) on a key tile's scores sc[mt][nt][e]
+ * of this thread's rows row0 + mt * 16 + 8 * (e / 2), after the cap and the masks: scores into
+ * natural-log units, then the modifier on each visible one. Tiles without masks -- most of them --
+ * call it unconditionally, so what it loads per row or per key is loaded once, not per score
+ * (a load under a per-score condition cannot be hoisted); padding rows (>= rows: zero Q, output
+ * discarded) pass a real query's position (q_last) and a real head, so the function only ever
+ * sees positions and heads inside the request. There a dot product that overflowed to -inf
+ * reaches the modifier as -inf and weighs 0, as an overflowed score beside finite ones does in the
+ * built-in path; in tiles with masks the cap loop made it NaN and the modifier skips masked
+ * keys (-inf). Also used by prefill_hopper.cuh (MT = 1). */
+template <int MT, int NT>
+__device__ __forceinline__ void kva__pf_apply_score_mod(const kva__prefill_args &a, float (*sc)[NT][4], bool need_mask,
+                                                        bool capped, int key0, int q_pos0, int q_last, int row0,
+                                                        int rows, int kh, int g, int lane) {
+    const float to_nat = capped ? KVA__PF_LN2 : a.scale_log2 * KVA__PF_LN2;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int r = row0 + mt * 16 + 8 * h, t = r / g;
+            const int p = q_pos0 + t, qh = kh * g + (r - t * g);
+            if (!need_mask) {
+                const int pm = p < q_last ? p : q_last;
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                    for (int e = 2 * h; e < 2 * h + 2; ++e)
+                        sc[mt][nt][e] = KVA_SCORE_MOD(sc[mt][nt][e] * to_nat, pm,
+                                                      key0 + nt * 8 + 2 * (lane & 3) + (e & 1), qh, a.mod_user);
+            } else {
+                const bool real = r < rows;
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                    for (int e = 2 * h; e < 2 * h + 2; ++e) {
+                        float x = sc[mt][nt][e] * to_nat;
+                        if (real && x != -INFINITY)
+                            x = KVA_SCORE_MOD(x, p, key0 + nt * 8 + 2 * (lane & 3) + (e & 1), qh, a.mod_user);
+                        sc[mt][nt][e] = x;
+                    }
+            }
+        }
 }
 
 /* wgmma kernels at head_dim <= 128 fit two blocks (16 warps) per SM in 128 registers */
@@ -356,7 +401,9 @@ __global__ void __launch_bounds__(32 * WARPS, (WG && D <= 128) ? 2 : 1)
         const bool need_mask = key0 + BN > hi || (a.causal && key0 + BN - 1 > it.q_pos0) ||
                                (a.window_left >= 0 && (int64_t)key0 < (int64_t)q_last - a.window_left);
         const bool capped = a.cap_log2 > 0.0f;
-        const float mul = capped ? 1.0f : a.scale_log2;
+        /* With a variant (KVA__HAS_SCORE_MOD) scores reach the softmax in natural-log units (the
+         * modifier's), which its FFMA takes to log2 units. */
+        const float mul = KVA__HAS_SCORE_MOD ? KVA__PF_LOG2E : capped ? 1.0f : a.scale_log2;
         if (capped || need_mask) {
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt)
@@ -384,6 +431,9 @@ __global__ void __launch_bounds__(32 * WARPS, (WG && D <= 128) ? 2 : 1)
                     }
                 }
         }
+        if constexpr (KVA__HAS_SCORE_MOD)
+            kva__pf_apply_score_mod<MT, NT>(a, sc, need_mask, capped, key0, it.q_pos0, q_last,
+                                            row_base + (lane >> 2), rows, kh, g, lane);
 
         /* ---- online softmax in log2 units (a row lives in the 4 lanes of a quad) ---- */
         float alpha_r[MT][2];
@@ -399,9 +449,10 @@ __global__ void __launch_bounds__(32 * WARPS, (WG && D <= 128) ? 2 : 1)
                 mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
                 float ms = __fmul_rn(mx, mul);
                 /* every visible score of the tile row left f32 range below (-inf after scaling;
-                 * without masks every key is visible, so a raw -inf is one too): the row's max
-                 * remembers it as -FLT_MAX, which the epilogue turns into NaN */
-                if (ms == -INFINITY && (mx != -INFINITY || !need_mask)) ms = -3.402823466e38f;
+                 * without masks every key is visible, so a raw -inf is one too -- except with a
+                 * variant, whose -inf is a mask and whose raw -inf became NaN above): the row's
+                 * max remembers it as -FLT_MAX, which the epilogue turns into NaN */
+                if (ms == -INFINITY && (mx != -INFINITY || (!KVA__HAS_SCORE_MOD && !need_mask))) ms = -3.402823466e38f;
                 const float m_new = fmaxf(m_st[mt][h], ms);
                 const float m_use = m_new == -INFINITY ? 0.0f : m_new;
                 const float alpha = exp2f(m_st[mt][h] - m_use);

@@ -47,6 +47,8 @@ typedef struct kva__prefill_args {
     float scale_log2;             /* sm_scale * log2(e) */
     float cap_log2;               /* soft cap * log2(e), or 0 */
     float cap_inv_scale;          /* sm_scale / soft cap */
+    const void *mod_user;         /* a variant's caller data (kva_attn_params.score_mod_user, device
+                                   * memory); read only by kernels built with a score modifier */
 } kva__prefill_args;
 
 /* The warp-specialised Hopper kernel's argument block (prefill_hopper.cuh): the tensor maps of
@@ -67,6 +69,7 @@ typedef struct kva__prefill_kernel {
     int threads;
     int tma;           /* 1: the warp-specialised Hopper kernel (kva__hopper_prefill_args) */
     int block_n;       /* tma: keys per tile */
+    int lookup_rows;   /* the instantiation asked for: 64, 128 or KVA__PREFILL_ROWS_HOPPER */
 } kva__prefill_choice;
 
 /* Which tensor-core path a context's prefill uses: mma.sync (sm_80 and later), the wgmma

@@ -11,6 +11,7 @@
  */
 #include "cuda_common.cuh"
 #include "prefill_kernels.h"
+#include "variant.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -28,6 +29,7 @@ static bool lookup(kva_dtype dtype, int head_dim, int rows, kva__prefill_choice 
     k->rows = rows == KVA__PREFILL_ROWS_HOPPER ? KVA__PREFILL_ROWS_LARGE : rows;
     k->smem = smem;
     k->threads = threads;
+    k->lookup_rows = rows;
     return true;
 }
 
@@ -77,6 +79,7 @@ static void fill_variant(kva__prefill_args *a, const kva_attn_params *p) {
     a->num_kv_heads = p->num_kv_heads;
     a->group = p->num_qo_heads / p->num_kv_heads;
     a->causal = p->causal;
+    a->mod_user = p->score_mod_user;
     a->window_left = p->window_left < 0 ? -1 : p->window_left;
     const float sm_scale = p->sm_scale > 0 ? p->sm_scale : 1.0f / sqrtf((float)D);
     const float log2e = 1.4426950408889634f;
@@ -163,6 +166,39 @@ static bool paged_map(CUtensorMap *m, kva_dtype dt, const void *base, const kva_
     return encode(m, dt, 5, base, dims, strides, box);
 }
 
+/* A variant's build of the chosen kernel (same template, so the same launch shape), or an
+ * error naming what the variant lacks. Where the chooser picked the warp-specialised Hopper
+ * kernel and the variant has none (prefill_hopper.cuh without the score-modifier hook:
+ * kva__variant_hopper_hooked), the variant runs the wgmma kernel of the same 128-row tile, as
+ * the launcher does for K/V a tensor map cannot describe. */
+static kva_status use_variant(const char *api, const kva_attn_params *p, kva_dtype dt, kva__prefill_choice *k) {
+    if (!p->variant) return KVA_OK;
+    if (k->tma) {
+        const void *fn = kva__variant_prefill_fn(p->variant, dt, p->head_dim, KVA__VMOD_PF_TMA);
+        if (fn) {
+            k->fn = fn;
+            return KVA_OK;
+        }
+        kva__prefill_choice w;
+        const kva__prefill_target wt = {KVA__PREFILL_WGMMA, 1 << 30};
+        if (!kva__prefill_choose(dt, p->head_dim, KVA__PREFILL_ROWS_LARGE, &wt, &w) || w.rows != k->rows)
+            return kva__fail(KVA_ERR_UNSUPPORTED, "%s: no wgmma kernel for a variant at %s head_dim %d", api,
+                             kva_dtype_name(dt), p->head_dim);
+        *k = w;
+    }
+    const int slot = k->lookup_rows == KVA__PREFILL_ROWS_HOPPER ? KVA__VMOD_PF_HOPPER
+                     : k->lookup_rows == KVA__PREFILL_ROWS_SMALL ? KVA__VMOD_PF_SMALL
+                                                                 : KVA__VMOD_PF_LARGE;
+    const void *fn = kva__variant_prefill_fn(p->variant, dt, p->head_dim, slot);
+    if (!fn)
+        return kva__fail(KVA_ERR_UNSUPPORTED,
+                         "%s: params.variant was not compiled for %s prefill at head_dim %d "
+                         "(kva_variant_options: kinds, dtypes, head_dim)",
+                         api, kva_dtype_name(dt), p->head_dim);
+    k->fn = fn;
+    return KVA_OK;
+}
+
 static kva_status launch(kva_context *ctx, const kva__prefill_choice *k, int64_t grid_x, int heads, void *a) {
     if (grid_x == 0) return KVA_OK;
     if (grid_x > 0x7fffffff || heads > 65535)
@@ -180,7 +216,7 @@ static kva_status launch(kva_context *ctx, const kva__prefill_choice *k, int64_t
  * use it so that a silent fallback cannot pass for the Hopper path). */
 static kva_status launch_prefill(kva_context *ctx, const char *call, kva_dtype dt, int head_dim,
                                  const kva__prefill_choice *k, int64_t grid_x, int heads, kva__prefill_args *a,
-                                 const kva_kv_pages *pages) {
+                                 const kva_kv_pages *pages, const kva_variant *variant) {
     if (!k->tma) return launch(ctx, k, grid_x, heads, a);
     kva__hopper_prefill_args h; /* cudaLaunchKernel copies it: a stack object will do */
     memset(&h, 0, sizeof h);
@@ -217,6 +253,9 @@ static kva_status launch_prefill(kva_context *ctx, const char *call, kva_dtype d
     const kva__prefill_target wt = {KVA__PREFILL_WGMMA, 1 << 30};
     if (!kva__prefill_choose(dt, head_dim, KVA__PREFILL_ROWS_LARGE, &wt, &w) || w.rows != k->rows)
         return kva__fail(KVA_ERR_UNSUPPORTED, "%s on CUDA: no kernel for these K/V strides", call);
+    if (variant && !(w.fn = kva__variant_prefill_fn(variant, dt, head_dim, KVA__VMOD_PF_HOPPER)))
+        return kva__fail(KVA_ERR_UNSUPPORTED, "%s on CUDA: params.variant has no wgmma kernel for these K/V strides",
+                         call);
     return launch(ctx, &w, grid_x, heads, a);
 }
 
@@ -233,6 +272,7 @@ extern "C" kva_status kva__cuda_prefill_run(kva_context *ctx, const kva_plan *pl
         return kva__fail(KVA_ERR_UNSUPPORTED,
                          "prefill on CUDA: %s, head_dim %d, %d query rows per tile is not built",
                          kva_dtype_name(dt), params->head_dim, rows);
+    KVA_TRY(use_variant(kva__api(), params, dt, &kern));
     KVA_TRY(kva__cuda_use_device(ctx));
 
     const kva__plan_header *h = kva__plan_header_of(plan->workspace.host);
@@ -285,7 +325,7 @@ extern "C" kva_status kva__cuda_prefill_run(kva_context *ctx, const kva_plan *pl
     fill_variant(&a, params);
 
     KVA_TRY(launch_prefill(ctx, "prefill run", dt, params->head_dim, &kern, plan->padded_work,
-                           params->num_kv_heads, &a, pages));
+                           params->num_kv_heads, &a, pages, params->variant));
 
     if (plan->split_kv || graph) {
         kva__prefill_merge_args m;
@@ -324,6 +364,7 @@ extern "C" kva_status kva__cuda_attention(kva_context *ctx, const kva_attn_param
     if (!kva__prefill_choose(q.dtype, params->head_dim, want, &target, &kern) || g > kern.rows)
         return kva__fail(KVA_ERR_UNSUPPORTED, "kva_attention on CUDA: %s, head_dim %d, GQA group %d is not built",
                          kva_dtype_name(q.dtype), params->head_dim, g);
+    KVA_TRY(use_variant("kva_attention", params, q.dtype, &kern));
     KVA_TRY(kva__cuda_use_device(ctx));
     kva__prefill_args a;
     memset(&a, 0, sizeof a);
@@ -348,5 +389,5 @@ extern "C" kva_status kva__cuda_attention(kva_context *ctx, const kva_attn_param
     a.num_work = (int32_t)tiles;
     fill_variant(&a, params);
     return launch_prefill(ctx, "kva_attention", q.dtype, params->head_dim, &kern, tiles, params->num_kv_heads, &a,
-                          NULL);
+                          NULL, params->variant);
 }

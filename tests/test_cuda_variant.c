@@ -1,0 +1,912 @@
+/*
+ * test_cuda_variant.c -- GPU attention variants (kva_variant, NVRTC) against the float64
+ * reference driven by the equivalent C callback: the four example variants of
+ * examples/variant_sources.h (built-in ALiBi, a T5-style bucketed bias read from caller data, a
+ * document mask, soft cap as a snippet), each one text compiled for the GPU and expanded as the
+ * reference's score_mod, so both sides compute the same modifier.
+ *
+ *   cuda_variant_decode          every variant x dtype x head dims 64 / 96 / 128 / 256 x GQA
+ *                                groups 1, 4, 16, 24 (sub-groups) x both algorithms, odd lengths,
+ *                                split (fixed chunks) and automatic plans, window and soft cap on
+ *                                top; every o and LSE element checked
+ *   cuda_variant_prefill_paged   paged prefill (chunked: queries <= keys), causal and not, split
+ *                                and unsplit plans, page sizes 1 / 16; the device's prefill path
+ *                                (on Hopper the warp-specialised TMA kernel)
+ *   cuda_variant_prefill_ragged  ragged K/V, the same sweep; and kva_attention (dense)
+ *   cuda_variant_prefill_mma     the paged sweep on the mma.sync kernels (KVA_PREFILL_PATH=mma)
+ *   cuda_variant_prefill_wgmma   and on the wgmma kernel (KVA_PREFILL_PATH=wgmma, Hopper)
+ *   cuda_variant_graph_replay    a KVA_PLAN_GRAPH decode run with a variant captured in a CUDA
+ *                                graph replays correctly after re-planning
+ *   cuda_variant_errors          a compile error on a GPU context (status, NVRTC's log, nothing
+ *                                created), kernels the variant was not compiled for, score_mod on
+ *                                CUDA, both set
+ *   cuda_variant_cache           first-use compile, the context's cache, the disk cache in a fresh
+ *                                context (cached load time; target < 50 ms), a corrupt entry
+ *                                rebuilt; prints the times
+ *   cuda_variant_bench           soft cap as a snippet vs the built-in soft cap, ALiBi vs plain, on
+ *                                the decode (32/8 d128 bf16, 8 x 4096 and 64 x 4096) and prefill
+ *                                (1 x 16384 causal) headline shapes; prints times and ratios
+ *
+ * The disk cache of these tests lives in a temporary XDG_CACHE_HOME (set once per process).
+ * KVA_TEST_QUICK=1 (compute-sanitizer memcheck) shrinks the sweeps and skips the bench.
+ */
+#include "harness.h"
+#include "test_cuda_util.h"
+#include "test_util.h"
+#include "../src/reference/reference.h"
+#include "../examples/variant_sources.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#if KVA_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+/* The CPU twins of the example variants: the reference's score_mod. */
+KVA_EX_DEFINE_T5(t5_cpu, )
+KVA_EX_DEFINE_DOC_MASK(doc_mask_cpu, )
+KVA_EX_DEFINE_SOFTCAP(softcap_cpu, )
+KVA_EX_DEFINE_ALIBI(alibi_cpu, )
+
+static bool quick(void) {
+    const char *e = getenv("KVA_TEST_QUICK");
+    return e && *e && *e != '0';
+}
+
+/* A private disk cache for this process's variant tests. */
+static void use_test_cache(void) {
+    static char dir[64];
+    if (dir[0]) return;
+    snprintf(dir, sizeof dir, "/tmp/kvattn-cuda-variant-XXXXXX");
+    if (mkdtemp(dir)) setenv("XDG_CACHE_HOME", dir, 1);
+}
+
+#define MAX_HEADS 32
+#define MAX_POS 8192
+
+enum { EX_ALIBI, EX_T5, EX_DOC_MASK, EX_SOFTCAP, NUM_EX };
+static const char *ex_name[NUM_EX] = {"alibi", "t5-bias", "doc-mask", "softcap-snippet"};
+
+/* One example variant on a context: the GPU variant, its caller data on both sides. */
+typedef struct ex_variant {
+    kva_variant *v;
+    kva_score_mod_fn cpu;
+    void *host_user, *dev_user;
+} ex_variant;
+
+static void ex_free(kva_context *ctx, ex_variant *e) {
+    kva_variant_destroy(e->v);
+    free(e->host_user);
+    if (e->dev_user) kva_free(ctx, e->dev_user);
+    memset(e, 0, sizeof *e);
+}
+
+/* Builds example `which` (NULL options: every kernel) with random caller data. */
+static bool ex_make(kva_context *ctx, kva_rng *rng, int which, const kva_variant_options *opt, ex_variant *e) {
+    memset(e, 0, sizeof *e);
+    size_t bytes = 0;
+    kva_status st;
+    if (which == EX_ALIBI) {
+        bytes = sizeof(float) * MAX_HEADS;
+        float *s = kva_test_alloc(bytes);
+        kva_alibi_slopes(MAX_HEADS, s);
+        /* steep slopes over a few thousand positions would hide all but the nearest keys: scaled
+         * so the bias stays comparable to the scores */
+        for (int h = 0; h < MAX_HEADS; ++h) s[h] *= 0.05f;
+        e->host_user = s;
+        e->cpu = alibi_cpu;
+        st = kva_variant_create_alibi(ctx, opt, &e->v);
+    } else if (which == EX_T5) {
+        bytes = sizeof(int32_t) * KVA_EX_T5_MAX_DISTANCE + sizeof(float) * MAX_HEADS * KVA_EX_T5_BUCKETS;
+        int32_t *t = kva_test_alloc(bytes);
+        kva_ex_t5_buckets(t);
+        float *bias = (float *)(t + KVA_EX_T5_MAX_DISTANCE);
+        for (int i = 0; i < MAX_HEADS * KVA_EX_T5_BUCKETS; ++i) bias[i] = kva_rng_uniform(rng, -2.f, 2.f);
+        e->host_user = t;
+        e->cpu = t5_cpu;
+        st = kva_variant_create(ctx, KVA_EX_SOURCE_T5, "t5_bias", opt, &e->v);
+    } else if (which == EX_DOC_MASK) {
+        bytes = sizeof(int32_t) * MAX_POS;
+        int32_t *doc = kva_test_alloc(bytes);
+        for (int32_t p = 0, id = 0; p < MAX_POS; ++id) {
+            const int32_t len = kva_rng_int(rng, 1, 300);
+            for (int32_t i = 0; i < len && p < MAX_POS; ++i) doc[p++] = id;
+        }
+        e->host_user = doc;
+        e->cpu = doc_mask_cpu;
+        st = kva_variant_create(ctx, KVA_EX_SOURCE_DOC_MASK, "doc_mask", opt, &e->v);
+    } else {
+        bytes = sizeof(float);
+        float *cap = kva_test_alloc(bytes);
+        *cap = kva_rng_uniform(rng, 0.5f, 3.0f);
+        e->host_user = cap;
+        e->cpu = softcap_cpu;
+        st = kva_variant_create(ctx, KVA_EX_SOURCE_SOFTCAP, "softcap", opt, &e->v);
+    }
+    if (st != KVA_OK) {
+        kva_test_fail(__FILE__, __LINE__, "creating variant %s: %s (%s)", ex_name[which], kva_status_str(st),
+                      kva_last_error());
+        ex_free(ctx, e);
+        return false;
+    }
+    e->dev_user = cuda_test_upload(ctx, e->host_user, bytes);
+    return e->dev_user != NULL;
+}
+
+/* The GPU params and the reference's params of one case. */
+static void ex_params(const ex_variant *e, kva_attn_params *gpu, kva_attn_params *ref) {
+    *ref = *gpu;
+    gpu->variant = e->v;
+    gpu->score_mod_user = e->dev_user;
+    ref->score_mod = e->cpu;
+    ref->score_mod_user = e->host_user;
+}
+
+/* ---- decode ---------------------------------------------------------------------------------- */
+
+static void decode_case(kva_context *ctx, kva_rng *rng, const ex_variant *e, kva_dtype dt, int32_t D, int32_t Hq,
+                        int32_t Hk, kva_decode_algo algo, int extra, const char *name) {
+    const int before = kva_test_failures;
+    const int32_t B = quick() ? 3 : 7, max_len = quick() ? 300 : 1500;
+    const int32_t ps = kva_rng_int(rng, 0, 1) ? 16 : 3;
+    int32_t lens[8];
+    for (int32_t b = 0; b < B; ++b) lens[b] = cuda_test_pick_len(rng, max_len);
+    lens[0] = max_len; /* one long request: split plans */
+    cuda_paged_batch pb;
+    cuda_test_workspace w = {0};
+    void *q_dev = NULL, *o_dev = NULL, *q_host = NULL, *o_host = NULL;
+    float *lse_dev = NULL, *lse_host = NULL;
+    double *o_ref = NULL, *lse_ref = NULL;
+    kva_plan plan;
+    memset(&plan, 0, sizeof plan);
+    if (!cuda_paged_batch_make(ctx, rng, dt, B, lens, Hk, D, ps, kva_rng_int(rng, 0, CUDA_TEST_NUM_LAYOUTS - 1), &pb))
+        return;
+    kva_attn_params p = kva_attn_params_default(Hq, Hk, D), ref;
+    if (extra == 1) p.window_left = kva_rng_int(rng, 0, max_len);
+    if (extra == 2) p.logits_soft_cap = kva_rng_uniform(rng, 1.0f, 5.0f);
+    ex_params(e, &p, &ref);
+    kva_plan_limits lim = {0};
+    lim.max_batch = B;
+    lim.max_total_pages = pb.indptr[B];
+    lim.num_qo_heads = Hq;
+    lim.num_kv_heads = Hk;
+    lim.head_dim = D;
+    lim.page_size = ps;
+    lim.min_fixed_chunk = 64;
+    if (!cuda_test_workspace_make(ctx, &lim, &w)) goto done;
+    const size_t es = kva_dtype_size(dt), nq = (size_t)B * Hq * D;
+    q_host = kva_test_alloc(nq * es);
+    kva_fill_random(rng, q_host, dt, nq, -1.f, 1.f);
+    q_dev = cuda_test_upload(ctx, q_host, nq * es);
+    o_dev = cuda_test_poisoned(ctx, nq * es);
+    lse_dev = cuda_test_poisoned(ctx, sizeof(float) * (size_t)B * Hq);
+    if (!q_dev || !o_dev || !lse_dev) goto done;
+    kva_plan_options opt = {0, extra == 3 ? 0 : 64 * kva_rng_int(rng, 1, 5), algo};
+    kva_status st = kva_decode_plan(ctx, &lim, &pb.table, pb.num_pages, &opt, w.ws, &plan);
+    CHECK_MSG(st == KVA_OK, "%s: plan: %s (%s)", name, kva_status_str(st), kva_last_error());
+    if (st != KVA_OK) goto done;
+    st = kva_decode_run(ctx, &plan, &p, kva_tensor_nhd(q_dev, dt, Hq, D), &pb.dev_pages, kva_tensor_nhd(o_dev, dt, Hq, D),
+                        lse_dev);
+    CHECK_MSG(st == KVA_OK, "%s: run: %s (%s)", name, kva_status_str(st), kva_last_error());
+    if (st != KVA_OK) goto done;
+    o_ref = kva_test_alloc(sizeof(double) * nq);
+    lse_ref = kva_test_alloc(sizeof(double) * (size_t)B * Hq);
+    cuda_ref_decode(&pb, &ref, q_host, o_ref, lse_ref);
+    o_host = cuda_test_download(ctx, o_dev, nq * es);
+    lse_host = cuda_test_download(ctx, lse_dev, sizeof(float) * (size_t)B * Hq);
+    kva_compare(name, o_host, dt, o_ref, nq, kva_tol_for(dt), NULL);
+    kva_compare_lse(name, lse_host, lse_ref, (size_t)B * Hq, dt, NULL);
+done:
+    if (kva_test_failures != before) printf("    failed: %s (page %d, split %d)\n", name, ps, plan.split_kv);
+    free(q_host);
+    free(o_host);
+    free(lse_host);
+    free(o_ref);
+    free(lse_ref);
+    kva_free(ctx, q_dev);
+    kva_free(ctx, o_dev);
+    kva_free(ctx, lse_dev);
+    cuda_test_workspace_free(ctx, &w);
+    cuda_paged_batch_free(ctx, &pb);
+}
+
+KVA_TEST(cuda_variant_decode) {
+    kva_context *ctx = cuda_test_context();
+    if (!ctx) return;
+    use_test_cache();
+    kva_rng rng;
+    kva_rng_seed(&rng, kva_test_seed());
+    static const kva_dtype dts[3] = {KVA_BF16, KVA_F16, KVA_F32};
+    static const int32_t dims[4] = {64, 96, 128, 256};
+    static const int32_t heads[4][2] = {{4, 4}, {16, 4}, {16, 1}, {24, 1}};
+    const kva_variant_options dec = {KVA_VARIANT_DECODE, 0, 0};
+    int cases = 0;
+    for (int x = 0; x < NUM_EX; ++x) {
+        ex_variant e;
+        if (!ex_make(ctx, &rng, x, &dec, &e)) continue;
+        for (int t = 0; t < 3; ++t)
+            for (int d = 0; d < 4; ++d)
+                for (int algo = 0; algo < 2; ++algo) {
+                    if (quick() && (d & 1)) continue;
+                    const int hi = (t + d + algo + x) % 4;
+                    const int extra = kva_rng_int(&rng, 0, 3);
+                    char name[160];
+                    snprintf(name, sizeof name, "decode %s %s d%d %d/%d %s extra %d", ex_name[x], kva_dtype_name(dts[t]),
+                             dims[d], heads[hi][0], heads[hi][1], algo ? "global-rowmax" : "partial", extra);
+                    decode_case(ctx, &rng, &e, dts[t], dims[d], heads[hi][0], heads[hi][1], (kva_decode_algo)algo,
+                                extra, name);
+                    ++cases;
+                }
+        ex_free(ctx, &e);
+    }
+    printf("    %d decode cases\n", cases);
+    kva_context_destroy(ctx);
+}
+
+/* ---- prefill ------------------------------------------------------------------------------- */
+
+typedef struct pf_problem {
+    kva_dtype dt;
+    int32_t n, Hq, Hk, D;
+    int32_t qo_indptr[9], kv_indptr[9], qo[8], kv[8];
+    bool paged;
+    cuda_paged_batch pb;     /* paged */
+    void *k_host, *v_host;   /* ragged: [total_kv][Hk][D] */
+    void *k_dev, *v_dev;
+    void *q_host, *q_dev;    /* [total_qo][Hq][D] */
+} pf_problem;
+
+static void pf_free(kva_context *ctx, pf_problem *pr) {
+    if (pr->paged) cuda_paged_batch_free(ctx, &pr->pb);
+    free(pr->k_host);
+    free(pr->v_host);
+    free(pr->q_host);
+    kva_free(ctx, pr->k_dev);
+    kva_free(ctx, pr->v_dev);
+    kva_free(ctx, pr->q_dev);
+    memset(pr, 0, sizeof *pr);
+}
+
+static bool pf_make(kva_context *ctx, kva_rng *rng, kva_dtype dt, int32_t D, int32_t Hq, int32_t Hk, bool paged,
+                    pf_problem *pr) {
+    memset(pr, 0, sizeof *pr);
+    pr->dt = dt;
+    pr->D = D;
+    pr->Hq = Hq;
+    pr->Hk = Hk;
+    pr->paged = paged;
+    pr->n = quick() ? 2 : kva_rng_int(rng, 1, 5);
+    const int32_t max_kv = quick() ? 200 : 1200;
+    for (int32_t b = 0; b < pr->n; ++b) {
+        pr->kv[b] = kva_rng_int(rng, 1, max_kv) | 1;
+        const int32_t r = kva_rng_int(rng, 0, 3);
+        pr->qo[b] = r == 0 ? 1 : r == 1 ? pr->kv[b] : kva_rng_int(rng, 1, pr->kv[b]);
+        pr->qo_indptr[b + 1] = pr->qo_indptr[b] + pr->qo[b];
+        pr->kv_indptr[b + 1] = pr->kv_indptr[b] + pr->kv[b];
+    }
+    const size_t es = kva_dtype_size(dt);
+    const size_t nq = (size_t)pr->qo_indptr[pr->n] * Hq * D, nk = (size_t)pr->kv_indptr[pr->n] * Hk * D;
+    pr->q_host = kva_test_alloc(nq * es);
+    kva_fill_random(rng, pr->q_host, dt, nq, -1.f, 1.f);
+    pr->q_dev = cuda_test_upload(ctx, pr->q_host, nq * es);
+    if (paged)
+        return pr->q_dev &&
+               cuda_paged_batch_make(ctx, rng, dt, pr->n, pr->kv, Hk, D, kva_rng_int(rng, 0, 1) ? 16 : 1,
+                                     CUDA_TEST_NHD, &pr->pb);
+    pr->k_host = kva_test_alloc(nk * es);
+    pr->v_host = kva_test_alloc(nk * es);
+    kva_fill_random(rng, pr->k_host, dt, nk, -1.f, 1.f);
+    kva_fill_random(rng, pr->v_host, dt, nk, -1.f, 1.f);
+    pr->k_dev = cuda_test_upload(ctx, pr->k_host, nk * es);
+    pr->v_dev = cuda_test_upload(ctx, pr->v_host, nk * es);
+    return pr->q_dev && pr->k_dev && pr->v_dev;
+}
+
+/* The float64 reference of the whole batch: o_ref [total_qo][Hq][D], lse_ref [total_qo][Hq]. */
+static void pf_reference(const pf_problem *pr, const kva_attn_params *ref, double *o_ref, double *lse_ref) {
+    const int32_t Hq = pr->Hq, Hk = pr->Hk, D = pr->D;
+    int32_t max_kv = 1, max_qo = 1;
+    for (int32_t b = 0; b < pr->n; ++b) {
+        if (pr->kv[b] > max_kv) max_kv = pr->kv[b];
+        if (pr->qo[b] > max_qo) max_qo = pr->qo[b];
+    }
+    double *k = kva_test_alloc(sizeof(double) * (size_t)max_kv * Hk * D);
+    double *v = kva_test_alloc(sizeof(double) * (size_t)max_kv * Hk * D);
+    double *q = kva_test_alloc(sizeof(double) * (size_t)max_qo * Hq * D);
+    const kva_tensor qt = kva_tensor_nhd(pr->q_host, pr->dt, Hq, D);
+    for (int32_t b = 0; b < pr->n; ++b) {
+        if (pr->paged) {
+            kva_ref_read_paged(&pr->pb.host_pages, &pr->pb.table, b, k, v);
+        } else {
+            kva_ref_read_tensor(kva_tensor_nhd(pr->k_host, pr->dt, Hk, D), pr->kv_indptr[b], pr->kv[b], Hk, D, k);
+            kva_ref_read_tensor(kva_tensor_nhd(pr->v_host, pr->dt, Hk, D), pr->kv_indptr[b], pr->kv[b], Hk, D, v);
+        }
+        kva_ref_read_tensor(qt, pr->qo_indptr[b], pr->qo[b], Hq, D, q);
+        kva_ref_attention(ref, pr->qo[b], pr->kv[b], q, k, v, o_ref + (size_t)pr->qo_indptr[b] * Hq * D,
+                          lse_ref + (size_t)pr->qo_indptr[b] * Hq);
+    }
+    free(k);
+    free(v);
+    free(q);
+}
+
+/* Plans (split = 1: fixed chunks of 256 keys; 0 automatic; 2: dense kva_attention of request 0)
+ * and runs one problem with variant e, and checks every element. */
+static void prefill_case(kva_context *ctx, kva_rng *rng, const ex_variant *e, kva_dtype dt, int32_t D, int32_t Hq,
+                         int32_t Hk, bool paged, int causal, int split, const char *name) {
+    const int before = kva_test_failures;
+    pf_problem pr;
+    kva_workspace ws = {0};
+    void *o_dev = NULL, *o_host = NULL;
+    float *lse_dev = NULL, *lse_host = NULL;
+    double *o_ref = NULL, *lse_ref = NULL;
+    kva_plan plan;
+    memset(&plan, 0, sizeof plan);
+    if (!pf_make(ctx, rng, dt, D, Hq, Hk, paged, &pr)) goto done;
+    if (split == 2) { /* dense: one sequence */
+        pr.n = 1;
+        pr.qo_indptr[1] = pr.qo[0];
+        pr.kv_indptr[1] = pr.kv[0];
+    }
+    kva_attn_params p = kva_attn_params_default(Hq, Hk, D), ref;
+    p.causal = causal;
+    ex_params(e, &p, &ref);
+    const size_t es = kva_dtype_size(dt);
+    const int32_t total_qo = pr.qo_indptr[pr.n];
+    const size_t no = (size_t)total_qo * Hq * D;
+    o_dev = cuda_test_poisoned(ctx, no * es);
+    lse_dev = cuda_test_poisoned(ctx, sizeof(float) * (size_t)total_qo * Hq);
+    if (!o_dev || !lse_dev) goto done;
+    const kva_tensor q = kva_tensor_nhd(pr.q_dev, dt, Hq, D), o = kva_tensor_nhd(o_dev, dt, Hq, D);
+    kva_status st;
+    if (split == 2) {
+        st = kva_attention(ctx, &p, pr.qo[0], pr.kv[0], q, kva_tensor_nhd(pr.k_dev, dt, Hk, D),
+                           kva_tensor_nhd(pr.v_dev, dt, Hk, D), o, lse_dev);
+    } else {
+        kva_plan_limits lim = {0};
+        lim.max_batch = pr.n;
+        lim.max_total_pages = paged ? pr.pb.indptr[pr.n] : 0;
+        lim.max_total_kv = pr.kv_indptr[pr.n];
+        lim.max_total_qo = total_qo;
+        lim.num_qo_heads = Hq;
+        lim.num_kv_heads = Hk;
+        lim.head_dim = D;
+        lim.page_size = paged ? pr.pb.page_size : 0;
+        lim.min_fixed_chunk = 256;
+        st = kva_prefill_workspace_size(ctx, &lim, &ws.device_bytes, &ws.host_bytes);
+        if (st == KVA_OK) st = kva_malloc(ctx, ws.device_bytes, &ws.device);
+        if (st == KVA_OK) st = kva_host_alloc(ctx, ws.host_bytes, &ws.host);
+        kva_plan_options opt = {0, split ? 256 : 0, KVA_DECODE_PARTIAL_ROWMAX};
+        if (st == KVA_OK)
+            st = kva_prefill_plan(ctx, &lim, pr.n, pr.qo_indptr, paged ? NULL : pr.kv_indptr,
+                                  paged ? &pr.pb.table : NULL, paged ? pr.pb.num_pages : 0, &opt, ws, &plan);
+        if (st == KVA_OK)
+            st = paged ? kva_prefill_run_paged(ctx, &plan, &p, q, &pr.pb.dev_pages, o, lse_dev)
+                       : kva_prefill_run_ragged(ctx, &plan, &p, q, kva_tensor_nhd(pr.k_dev, dt, Hk, D),
+                                                kva_tensor_nhd(pr.v_dev, dt, Hk, D), o, lse_dev);
+    }
+    CHECK_MSG(st == KVA_OK, "%s: %s (%s)", name, kva_status_str(st), kva_last_error());
+    if (st != KVA_OK) goto done;
+    o_ref = kva_test_alloc(sizeof(double) * no);
+    lse_ref = kva_test_alloc(sizeof(double) * (size_t)total_qo * Hq);
+    pf_reference(&pr, &ref, o_ref, lse_ref);
+    o_host = cuda_test_download(ctx, o_dev, no * es);
+    lse_host = cuda_test_download(ctx, lse_dev, sizeof(float) * (size_t)total_qo * Hq);
+    kva_compare(name, o_host, dt, o_ref, no, kva_tol_for(dt), NULL);
+    kva_compare_lse(name, lse_host, lse_ref, (size_t)total_qo * Hq, dt, NULL);
+done:
+    if (kva_test_failures != before) {
+        printf("    failed: %s, %d requests (qo/kv:", name, pr.n);
+        for (int32_t b = 0; b < pr.n; ++b) printf(" %d/%d", pr.qo[b], pr.kv[b]);
+        printf("), split %d\n", plan.split_kv);
+    }
+    free(o_host);
+    free(lse_host);
+    free(o_ref);
+    free(lse_ref);
+    kva_free(ctx, o_dev);
+    kva_free(ctx, lse_dev);
+    if (ws.device) kva_free(ctx, ws.device);
+    if (ws.host) kva_host_free(ctx, ws.host);
+    pf_free(ctx, &pr);
+}
+
+/* mode 0 paged, 1 ragged + dense */
+static void prefill_sweep(int mode) {
+    kva_context *ctx = cuda_test_context();
+    if (!ctx) return;
+    use_test_cache();
+    kva_rng rng;
+    kva_rng_seed(&rng, kva_test_seed());
+    static const kva_dtype dts[3] = {KVA_BF16, KVA_F16, KVA_F32};
+    static const int32_t dims[3] = {64, 128, 256};
+    static const int32_t heads[3][2] = {{4, 4}, {8, 2}, {16, 1}};
+    const kva_variant_options pf = {KVA_VARIANT_PREFILL, 0, 0};
+    int cases = 0;
+    for (int x = 0; x < NUM_EX; ++x) {
+        ex_variant e;
+        if (!ex_make(ctx, &rng, x, &pf, &e)) continue;
+        for (int t = 0; t < 3; ++t)
+            for (int d = 0; d < 3; ++d)
+                for (int causal = 0; causal < 2; ++causal) {
+                    if (quick() && d == 1) continue;
+                    const int hi = (t + d + causal + x) % 3;
+                    const int split = mode == 1 && causal == 0 && d == t ? 2 : kva_rng_int(&rng, 0, 1);
+                    char name[160];
+                    snprintf(name, sizeof name, "%s prefill %s %s d%d %d/%d %s%s",
+                             split == 2 ? "dense" : mode == 0 ? "paged" : "ragged", ex_name[x], kva_dtype_name(dts[t]),
+                             dims[d], heads[hi][0], heads[hi][1], causal ? "causal" : "full",
+                             split == 1 ? " split" : "");
+                    prefill_case(ctx, &rng, &e, dts[t], dims[d], heads[hi][0], heads[hi][1], mode == 0, causal, split,
+                                 name);
+                    ++cases;
+                }
+        ex_free(ctx, &e);
+    }
+    printf("    %d prefill cases\n", cases);
+    kva_context_destroy(ctx);
+}
+
+KVA_TEST(cuda_variant_prefill_paged) { prefill_sweep(0); }
+KVA_TEST(cuda_variant_prefill_ragged) { prefill_sweep(1); }
+
+/* The paged sweep on another prefill path (KVA_PREFILL_PATH, read at context creation). */
+static void prefill_sweep_on(const char *path) {
+    const char *old = getenv("KVA_PREFILL_PATH");
+    char saved[32] = "";
+    if (old) snprintf(saved, sizeof saved, "%s", old);
+    setenv("KVA_PREFILL_PATH", path, 1);
+    prefill_sweep(0);
+    if (old) setenv("KVA_PREFILL_PATH", saved, 1);
+    else unsetenv("KVA_PREFILL_PATH");
+}
+
+KVA_TEST(cuda_variant_prefill_mma) { prefill_sweep_on("mma"); }
+KVA_TEST(cuda_variant_prefill_wgmma) { prefill_sweep_on("wgmma"); }
+
+/* ---- CUDA graphs --------------------------------------------------------------------------- */
+
+#define CUDA_CHECK(call)                                                                       \
+    do {                                                                                       \
+        cudaError_t e__ = (call);                                                              \
+        if (e__ != cudaSuccess) {                                                              \
+            kva_test_fail(__FILE__, __LINE__, "%s: %s", #call, cudaGetErrorString(e__));       \
+            goto out;                                                                          \
+        }                                                                                      \
+    } while (0)
+
+/* Captures a decode run of the whole batch, then re-plans prefixes of the batch (its first
+ * requests: a valid CSR table over the same pool) and replays: each must match the reference. */
+KVA_TEST(cuda_variant_graph_replay) {
+    kva_context *ctx = cuda_test_context();
+    if (!ctx) return;
+    use_test_cache();
+    kva_rng rng;
+    kva_rng_seed(&rng, kva_test_seed());
+    const int32_t B = 9, Hq = 32, Hk = 8, D = 128, ps = 16;
+    const kva_dtype dt = KVA_BF16;
+    cudaStream_t stream = NULL;
+    cudaGraph_t graph = NULL;
+    cudaGraphExec_t exec = NULL;
+    cuda_paged_batch pb;
+    memset(&pb, 0, sizeof pb);
+    cuda_test_workspace w = {0};
+    ex_variant e;
+    memset(&e, 0, sizeof e);
+    const size_t es = 2, nq = (size_t)B * Hq * D;
+    void *q_host = kva_test_alloc(nq * es), *q_dev = NULL, *o_dev = NULL;
+    float *lse_dev = NULL;
+    int32_t lens[9];
+    for (int32_t b = 0; b < B; ++b) lens[b] = b == 0 ? 3000 : cuda_test_pick_len(&rng, 2000);
+    const kva_variant_options opt_v = {KVA_VARIANT_DECODE, 1u << KVA_BF16, D};
+    if (!ex_make(ctx, &rng, EX_T5, &opt_v, &e)) goto out;
+    if (!cuda_paged_batch_make(ctx, &rng, dt, B, lens, Hk, D, ps, CUDA_TEST_NHD, &pb)) goto out;
+    CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    CHECK_OK(kva_context_set_stream(ctx, stream));
+    kva_plan_limits lim = {B, pb.indptr[B], 0, 0, Hq, Hk, D, ps, 0};
+    if (!cuda_test_workspace_make(ctx, &lim, &w)) goto out;
+    kva_fill_random(&rng, q_host, dt, nq, -1.f, 1.f);
+    q_dev = cuda_test_upload(ctx, q_host, nq * es);
+    o_dev = cuda_test_poisoned(ctx, nq * es);
+    lse_dev = cuda_test_poisoned(ctx, sizeof(float) * B * Hq);
+    if (!q_dev || !o_dev || !lse_dev) goto out;
+    kva_attn_params p = kva_attn_params_default(Hq, Hk, D), ref;
+    ex_params(&e, &p, &ref);
+    const kva_plan_options opt = {KVA_PLAN_GRAPH, 0, KVA_DECODE_PARTIAL_ROWMAX};
+    const int32_t sizes[3] = {B, 4, 1};
+    for (int i = 0; i < 3; ++i) {
+        cuda_paged_batch sub = pb;
+        sub.batch = sizes[i];
+        sub.table.batch_size = sizes[i];
+        kva_plan plan;
+        kva_status st = kva_decode_plan(ctx, &lim, &sub.table, pb.num_pages, &opt, w.ws, &plan);
+        CHECK_MSG(st == KVA_OK, "plan %d: %s (%s)", i, kva_status_str(st), kva_last_error());
+        if (st != KVA_OK) goto out;
+        if (i == 0) {
+            CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+            st = kva_decode_run(ctx, &plan, &p, kva_tensor_nhd(q_dev, dt, Hq, D), &pb.dev_pages,
+                                kva_tensor_nhd(o_dev, dt, Hq, D), lse_dev);
+            CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+            CHECK_MSG(st == KVA_OK, "captured run: %s (%s)", kva_status_str(st), kva_last_error());
+            CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+        }
+        CUDA_CHECK(cudaGraphLaunch(exec, stream));
+        CHECK_OK(kva_synchronize(ctx));
+        const size_t n = (size_t)sizes[i] * Hq * D;
+        double *o_ref = kva_test_alloc(sizeof(double) * n), *lse_ref = kva_test_alloc(sizeof(double) * sizes[i] * Hq);
+        cuda_ref_decode(&sub, &ref, q_host, o_ref, lse_ref);
+        void *o_host = cuda_test_download(ctx, o_dev, n * es);
+        float *lse_host = cuda_test_download(ctx, lse_dev, sizeof(float) * sizes[i] * Hq);
+        kva_compare("graph replay o", o_host, dt, o_ref, n, kva_tol_for(dt), NULL);
+        kva_compare_lse("graph replay lse", lse_host, lse_ref, (size_t)sizes[i] * Hq, dt, NULL);
+        free(o_ref);
+        free(lse_ref);
+        free(o_host);
+        free(lse_host);
+    }
+out:
+    if (exec) cudaGraphExecDestroy(exec);
+    if (graph) cudaGraphDestroy(graph);
+    free(q_host);
+    kva_free(ctx, q_dev);
+    kva_free(ctx, o_dev);
+    kva_free(ctx, lse_dev);
+    cuda_test_workspace_free(ctx, &w);
+    cuda_paged_batch_free(ctx, &pb);
+    ex_free(ctx, &e);
+    if (stream) {
+        kva_context_set_stream(ctx, NULL);
+        cudaStreamDestroy(stream);
+    }
+    kva_context_destroy(ctx);
+}
+
+/* ---- errors ---------------------------------------------------------------------------------- */
+
+KVA_TEST(cuda_variant_errors) {
+    kva_context *ctx = cuda_test_context();
+    if (!ctx) return;
+    use_test_cache();
+    kva_rng rng;
+    kva_rng_seed(&rng, kva_test_seed());
+    /* a compile error: the status, NVRTC's log naming the caller's line, nothing created */
+    kva_variant *v = (kva_variant *)0x1;
+    const char *bad = "float m(float s, int32_t q, int32_t k, int32_t h, const void *u) {\n"
+                      "    return s * not_declared;\n}\n";
+    CHECK_STATUS(kva_variant_create(ctx, bad, "m", NULL, &v), KVA_ERR_INVALID_ARG);
+    CHECK(v == NULL);
+    CHECK_MSG(strstr(kva_last_error(), "not_declared") && strstr(kva_last_error(), "variant.cu(2)"), "log: %s",
+              kva_last_error());
+
+    /* a variant compiled for decode bf16 d64 only */
+    const int32_t Hq = 4, Hk = 4, D = 128, L = 70;
+    const kva_variant_options narrow = {KVA_VARIANT_DECODE, 1u << KVA_BF16, 64};
+    ex_variant e;
+    if (!ex_make(ctx, &rng, EX_ALIBI, &narrow, &e)) {
+        kva_context_destroy(ctx);
+        return;
+    }
+    const size_t n = (size_t)L * Hq * D * 2;
+    void *q = cuda_test_poisoned(ctx, n), *o = cuda_test_poisoned(ctx, n);
+    const kva_tensor tq = kva_tensor_nhd(q, KVA_BF16, Hq, D), to = kva_tensor_nhd(o, KVA_BF16, Hq, D);
+    kva_attn_params p = kva_attn_params_default(Hq, Hk, D);
+    p.variant = e.v;
+    p.score_mod_user = e.dev_user;
+    /* prefill with a decode-only variant; d128 with a d64 variant */
+    CHECK_STATUS(kva_attention(ctx, &p, L, L, tq, tq, tq, to, NULL), KVA_ERR_UNSUPPORTED);
+    CHECK(strstr(kva_last_error(), "params.variant was not compiled for bf16 prefill") != NULL);
+    /* score_mod on CUDA names the way in; both set is refused */
+    kva_attn_params cpu_way = kva_attn_params_default(Hq, Hk, D);
+    cpu_way.score_mod = alibi_cpu;
+    CHECK_STATUS(kva_attention(ctx, &cpu_way, L, L, tq, tq, tq, to, NULL), KVA_ERR_UNSUPPORTED);
+    CHECK(strstr(kva_last_error(), "params.variant") != NULL);
+    kva_attn_params both = p;
+    both.score_mod = alibi_cpu;
+    CHECK_STATUS(kva_attention(ctx, &both, L, L, tq, tq, tq, to, NULL), KVA_ERR_INVALID_ARG);
+    /* decode at a head dim the variant lacks */
+    int32_t lens[1] = {L};
+    cuda_paged_batch pb;
+    cuda_test_workspace w = {0};
+    if (cuda_paged_batch_make(ctx, &rng, KVA_BF16, 1, lens, Hk, D, 16, CUDA_TEST_NHD, &pb)) {
+        kva_plan_limits lim = {1, pb.indptr[1], 0, 0, Hq, Hk, D, 16, 0};
+        kva_plan plan;
+        if (cuda_test_workspace_make(ctx, &lim, &w) &&
+            kva_decode_plan(ctx, &lim, &pb.table, pb.num_pages, NULL, w.ws, &plan) == KVA_OK) {
+            CHECK_STATUS(kva_decode_run(ctx, &plan, &p, tq, &pb.dev_pages, to, NULL), KVA_ERR_UNSUPPORTED);
+            CHECK(strstr(kva_last_error(), "not compiled for bf16 decode at head_dim 128") != NULL);
+        }
+        cuda_test_workspace_free(ctx, &w);
+        cuda_paged_batch_free(ctx, &pb);
+    }
+    kva_free(ctx, q);
+    kva_free(ctx, o);
+    ex_free(ctx, &e);
+    kva_context_destroy(ctx);
+}
+
+/* ---- the caches, with times -------------------------------------------------------------------- */
+
+KVA_TEST(cuda_variant_cache) {
+    if (!kva_cuda_available()) {
+        kva_test_skip("no CUDA device");
+        return;
+    }
+    /* a fresh disk cache of its own, so the first create compiles */
+    char dir[64], mod_dir[128];
+    snprintf(dir, sizeof dir, "/tmp/kvattn-cuda-variant-cache-XXXXXX");
+    if (!mkdtemp(dir)) {
+        kva_test_fail(__FILE__, __LINE__, "mkdtemp");
+        return;
+    }
+    const char *old = getenv("XDG_CACHE_HOME");
+    char saved[128] = "";
+    if (old) snprintf(saved, sizeof saved, "%s", old);
+    setenv("XDG_CACHE_HOME", dir, 1);
+    snprintf(mod_dir, sizeof mod_dir, "%s/kvattn", dir);
+
+    /* the headline kernels: decode and prefill, bf16, d128 */
+    const kva_variant_options opt = {0, 1u << KVA_BF16, 128};
+    kva_context *a = cuda_test_context(), *b = NULL;
+    kva_variant *v1 = NULL, *v2 = NULL, *v3 = NULL, *v4 = NULL;
+    kva_variant_stats s1, s2, s3, s4;
+    if (!a) goto out;
+    if (kva_variant_create_alibi(a, &opt, &v1) != KVA_OK) {
+        kva_test_fail(__FILE__, __LINE__, "kva_variant_create_alibi: %s", kva_last_error());
+        goto out;
+    }
+    CHECK_OK(kva_variant_get_stats(v1, &s1));
+    CHECK(s1.modules == 2 && s1.compiled == 2 && s1.disk_hits == 0 && s1.context_hits == 0);
+    /* the same context: its module cache */
+    CHECK_OK(kva_variant_create_alibi(a, &opt, &v2));
+    CHECK_OK(kva_variant_get_stats(v2, &s2));
+    CHECK(s2.context_hits == 2 && s2.compiled == 0);
+    /* a new context: the disk cache */
+    CHECK_OK(kva_context_create(KVA_DEVICE_CUDA, 0, &b));
+    CHECK_OK(kva_variant_create_alibi(b, &opt, &v3));
+    CHECK_OK(kva_variant_get_stats(v3, &s3));
+    CHECK(s3.disk_hits == 2 && s3.compiled == 0);
+    printf("    first use: %.1f ms (NVRTC %.1f ms, 2 modules); same context: %.2f ms; cached load in a new "
+           "context: %.1f ms (target < 50 ms)\n",
+           s1.total_ms, s1.compile_ms, s2.total_ms, s3.total_ms);
+    CHECK_MSG(s3.total_ms < 50.0, "cached load took %.1f ms", s3.total_ms);
+    /* a corrupt entry is rebuilt: flip a byte in every file of the cache */
+    {
+        char cmd[512];
+        snprintf(cmd, sizeof cmd,
+                 "for f in %s/*.kvamod; do printf '\\377' | dd of=\"$f\" bs=1 seek=200 conv=notrunc 2>/dev/null; done",
+                 mod_dir);
+        CHECK(system(cmd) == 0);
+    }
+    kva_variant_destroy(v3);
+    v3 = NULL;
+    kva_context_destroy(b); /* its module cache goes with it */
+    b = NULL;
+    CHECK_OK(kva_context_create(KVA_DEVICE_CUDA, 0, &b));
+    CHECK_OK(kva_variant_create_alibi(b, &opt, &v4));
+    CHECK_OK(kva_variant_get_stats(v4, &s4));
+    CHECK_MSG(s4.compiled == 2 && s4.disk_hits == 0, "corrupt entries: compiled %d, disk hits %d", s4.compiled,
+              s4.disk_hits);
+    /* the context outlives kva_context_destroy while a variant holds it */
+    kva_context_destroy(a);
+    a = NULL;
+out:
+    kva_variant_destroy(v1); /* frees context a */
+    kva_variant_destroy(v2);
+    kva_variant_destroy(v3);
+    kva_variant_destroy(v4);
+    kva_context_destroy(a);
+    kva_context_destroy(b);
+    if (old) setenv("XDG_CACHE_HOME", saved, 1);
+    else unsetenv("XDG_CACHE_HOME");
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    (void)system(cmd);
+}
+
+/* ---- bench ------------------------------------------------------------------------------------- */
+
+/* Median time of `reps` runs of fn(arg) in microseconds (events on the context's stream: NULL). */
+typedef kva_status (*bench_fn)(void *arg);
+static double time_us(bench_fn fn, void *arg, int reps) {
+    cudaEvent_t e0, e1;
+    cudaEventCreate(&e0);
+    cudaEventCreate(&e1);
+    double t[64];
+    if (reps > 64) reps = 64;
+    for (int i = 0; i < 3; ++i) fn(arg);
+    for (int i = 0; i < reps; ++i) {
+        cudaEventRecord(e0, NULL);
+        fn(arg);
+        cudaEventRecord(e1, NULL);
+        cudaEventSynchronize(e1);
+        float ms = 0;
+        cudaEventElapsedTime(&ms, e0, e1);
+        t[i] = ms * 1e3;
+    }
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    for (int i = 1; i < reps; ++i)
+        for (int j = i; j > 0 && t[j] < t[j - 1]; --j) {
+            const double x = t[j];
+            t[j] = t[j - 1];
+            t[j - 1] = x;
+        }
+    return t[reps / 2];
+}
+
+typedef struct bench_decode {
+    kva_context *ctx;
+    kva_plan plan;
+    kva_attn_params p;
+    kva_tensor q, o;
+    kva_kv_pages pages;
+} bench_decode;
+static kva_status run_decode(void *arg) {
+    bench_decode *b = (bench_decode *)arg;
+    return kva_decode_run(b->ctx, &b->plan, &b->p, b->q, &b->pages, b->o, NULL);
+}
+typedef struct bench_prefill {
+    kva_context *ctx;
+    kva_plan plan;
+    kva_attn_params p;
+    kva_tensor q, k, v, o;
+} bench_prefill;
+static kva_status run_prefill(void *arg) {
+    bench_prefill *b = (bench_prefill *)arg;
+    return kva_prefill_run_ragged(b->ctx, &b->plan, &b->p, b->q, b->k, b->v, b->o, NULL);
+}
+
+/* The four attention settings compared: plain, ALiBi variant, built-in soft cap, snippet. */
+static void set_mode(kva_attn_params *p, int mode, kva_variant *alibi, void *slopes, kva_variant *snippet, void *cap) {
+    p->variant = NULL;
+    p->score_mod_user = NULL;
+    p->logits_soft_cap = 0.0f;
+    if (mode == 1) { p->variant = alibi; p->score_mod_user = slopes; }
+    if (mode == 2) p->logits_soft_cap = 50.0f;
+    if (mode == 3) { p->variant = snippet; p->score_mod_user = cap; }
+}
+
+KVA_TEST(cuda_variant_bench) {
+    if (quick()) {
+        kva_test_skip("KVA_TEST_QUICK");
+        return;
+    }
+    kva_context *ctx = cuda_test_context();
+    if (!ctx) return;
+    use_test_cache();
+    const int32_t Hq = 32, Hk = 8, D = 128, ps = 16;
+    const kva_dtype dt = KVA_BF16;
+    const kva_variant_options opt = {0, 1u << KVA_BF16, D};
+    kva_variant *alibi = NULL, *snippet = NULL;
+    void *slopes = NULL, *cap = NULL, *pool = NULL, *q = NULL, *o = NULL, *k = NULL, *v = NULL;
+    kva_workspace ws = {0};
+    int32_t *indptr = NULL, *indices = NULL, *last = NULL;
+    REQUIRE_OK(kva_variant_create_alibi(ctx, &opt, &alibi));
+    REQUIRE_OK(kva_variant_create(ctx, KVA_EX_SOURCE_SOFTCAP, "softcap", &opt, &snippet));
+    float host_slopes[32], host_cap = 50.0f;
+    kva_alibi_slopes(Hq, host_slopes);
+    slopes = cuda_test_upload(ctx, host_slopes, sizeof host_slopes);
+    cap = cuda_test_upload(ctx, &host_cap, sizeof host_cap);
+
+    /* decode: B x 4096 keys, pages in order; the pool holds a constant (timing only) */
+    const int32_t L = 4096, maxB = 64, pages_per = L / ps, npages = maxB * pages_per;
+    const size_t page_elems = (size_t)ps * Hk * D;
+    const size_t pool_bytes = (size_t)npages * 2 * page_elems * 2;
+    CHECK_OK(kva_malloc(ctx, pool_bytes, &pool));
+    CHECK_OK(kva_malloc(ctx, (size_t)maxB * Hq * D * 2, &q));
+    CHECK_OK(kva_malloc(ctx, (size_t)maxB * Hq * D * 2, &o));
+    if (!pool || !q || !o || !slopes || !cap) goto out;
+    cudaMemset(pool, 0x3c, pool_bytes);
+    cudaMemset(q, 0x3c, (size_t)maxB * Hq * D * 2);
+    indptr = kva_test_alloc(sizeof(int32_t) * (maxB + 1));
+    indices = kva_test_alloc(sizeof(int32_t) * npages);
+    last = kva_test_alloc(sizeof(int32_t) * maxB);
+    for (int32_t i = 0; i < npages; ++i) indices[i] = i;
+    for (int32_t b = 0; b <= maxB; ++b) indptr[b] = b * pages_per;
+    for (int32_t b = 0; b < maxB; ++b) last[b] = ps;
+    {
+        kva_plan_limits lim = {maxB, npages, 0, 0, Hq, Hk, D, ps, 0};
+        CHECK_OK(kva_decode_workspace_size(ctx, &lim, &ws.device_bytes, &ws.host_bytes));
+        CHECK_OK(kva_malloc(ctx, ws.device_bytes, &ws.device));
+        CHECK_OK(kva_host_alloc(ctx, ws.host_bytes, &ws.host));
+        const int32_t batches[2] = {8, 64};
+        for (int bi = 0; bi < 2; ++bi) {
+            bench_decode bd;
+            bd.ctx = ctx;
+            kva_page_table t = {batches[bi], indptr, indices, last};
+            CHECK_OK(kva_decode_plan(ctx, &lim, &t, npages, NULL, ws, &bd.plan));
+            bd.p = kva_attn_params_default(Hq, Hk, D);
+            bd.q = kva_tensor_nhd(q, dt, Hq, D);
+            bd.o = kva_tensor_nhd(o, dt, Hq, D);
+            bd.pages = kva_kv_pages_interleaved(pool, dt, npages, ps, Hk, D, KVA_LAYOUT_NHD);
+            double us[4];
+            for (int m = 0; m < 4; ++m) {
+                set_mode(&bd.p, m, alibi, slopes, snippet, cap);
+                CHECK_OK(run_decode(&bd));
+                us[m] = time_us(run_decode, &bd, 30);
+            }
+            printf("    decode 32/8 d128 bf16 %dx%d: plain %.1f us, alibi %.1f us (%+.1f%%), softcap built-in %.1f us, "
+                   "snippet %.1f us (%+.1f%%)\n",
+                   batches[bi], L, us[0], us[1], 100.0 * (us[1] / us[0] - 1), us[2], us[3], 100.0 * (us[3] / us[2] - 1));
+        }
+        kva_free(ctx, ws.device);
+        kva_host_free(ctx, ws.host);
+        memset(&ws, 0, sizeof ws);
+    }
+    kva_free(ctx, pool);
+    pool = NULL;
+    kva_free(ctx, q);
+    kva_free(ctx, o);
+    q = o = NULL;
+
+    /* prefill: 1 x 16384 causal, ragged */
+    {
+        const int32_t S = 16384;
+        const size_t qb = (size_t)S * Hq * D * 2, kb = (size_t)S * Hk * D * 2;
+        CHECK_OK(kva_malloc(ctx, qb, &q));
+        CHECK_OK(kva_malloc(ctx, qb, &o));
+        CHECK_OK(kva_malloc(ctx, kb, &k));
+        CHECK_OK(kva_malloc(ctx, kb, &v));
+        if (!q || !o || !k || !v) goto out;
+        cudaMemset(q, 0x3c, qb);
+        cudaMemset(k, 0x3c, kb);
+        cudaMemset(v, 0x3c, kb);
+        const int32_t qo_indptr[2] = {0, S}, kv_indptr[2] = {0, S};
+        kva_plan_limits lim = {1, 0, S, S, Hq, Hk, D, 0, 0};
+        CHECK_OK(kva_prefill_workspace_size(ctx, &lim, &ws.device_bytes, &ws.host_bytes));
+        CHECK_OK(kva_malloc(ctx, ws.device_bytes, &ws.device));
+        CHECK_OK(kva_host_alloc(ctx, ws.host_bytes, &ws.host));
+        bench_prefill bp;
+        bp.ctx = ctx;
+        CHECK_OK(kva_prefill_plan(ctx, &lim, 1, qo_indptr, kv_indptr, NULL, 0, NULL, ws, &bp.plan));
+        bp.p = kva_attn_params_default(Hq, Hk, D);
+        bp.p.causal = 1;
+        bp.q = kva_tensor_nhd(q, dt, Hq, D);
+        bp.o = kva_tensor_nhd(o, dt, Hq, D);
+        bp.k = kva_tensor_nhd(k, dt, Hk, D);
+        bp.v = kva_tensor_nhd(v, dt, Hk, D);
+        double us[4];
+        for (int m = 0; m < 4; ++m) {
+            set_mode(&bp.p, m, alibi, slopes, snippet, cap);
+            CHECK_OK(run_prefill(&bp));
+            us[m] = time_us(run_prefill, &bp, 10);
+        }
+        const double flop = 4.0 * S * (double)S / 2 * Hq * D;
+        printf("    prefill 32/8 d128 bf16 1x%d causal: plain %.0f us (%.0f TFLOP/s), alibi %.0f us (%+.1f%%), softcap "
+               "built-in %.0f us, snippet %.0f us (%+.1f%%)\n",
+               S, us[0], flop / us[0] * 1e-6, us[1], 100.0 * (us[1] / us[0] - 1), us[2], us[3],
+               100.0 * (us[3] / us[2] - 1));
+    }
+out:
+    free(indptr);
+    free(indices);
+    free(last);
+    if (ws.device) kva_free(ctx, ws.device);
+    if (ws.host) kva_host_free(ctx, ws.host);
+    kva_free(ctx, pool);
+    kva_free(ctx, q);
+    kva_free(ctx, o);
+    kva_free(ctx, k);
+    kva_free(ctx, v);
+    kva_free(ctx, slopes);
+    kva_free(ctx, cap);
+    kva_variant_destroy(alibi);
+    kva_variant_destroy(snippet);
+    kva_context_destroy(ctx);
+}
+
+#else
+KVA_TEST(cuda_variant_decode) { kva_test_skip("no CUDA device"); }
+KVA_TEST(cuda_variant_prefill_paged) { kva_test_skip("no CUDA device"); }
+KVA_TEST(cuda_variant_prefill_ragged) { kva_test_skip("no CUDA device"); }
+KVA_TEST(cuda_variant_prefill_mma) { kva_test_skip("no CUDA device"); }
+KVA_TEST(cuda_variant_prefill_wgmma) { kva_test_skip("no CUDA device"); }
+KVA_TEST(cuda_variant_graph_replay) { kva_test_skip("no CUDA device"); }
+KVA_TEST(cuda_variant_errors) { kva_test_skip("no CUDA device"); }
+KVA_TEST(cuda_variant_cache) { kva_test_skip("no CUDA device"); }
+KVA_TEST(cuda_variant_bench) { kva_test_skip("no CUDA device"); }
+#endif
