@@ -704,7 +704,7 @@ out:
     else unsetenv("XDG_CACHE_HOME");
     char cmd[256];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    (void)system(cmd);
+    if (system(cmd) != 0) fprintf(stderr, "    (could not remove %s)\n", dir);
 }
 
 /* ---- bench ------------------------------------------------------------------------------------- */
