@@ -15,7 +15,7 @@
 #   6. a summary, printed last.
 # Full logs go to $OUT (default ./gpu-check-out). Knobs: GPU_CHECK_SOAK=S adds a soak of S seconds
 # (kvattn run --duration, prefix sharing on; host and device memory must stay flat),
-# GPU_CHECK_E2E=0 skips the kvattn check/run steps, GPU_CHECK_SANITIZE=0 skips step 3,
+# GPU_CHECK_E2E=0 skips the kvattn check/run steps, GPU_CHECK_VARIANTS=0 the cuda_variant tests, GPU_CHECK_SANITIZE=0 skips step 3,
 # GPU_CHECK_PYTHON=0 skips step 4, GPU_CHECK_BENCH=0 skips step 5, GPU_CHECK_BENCH_ARGS passes
 # options to bench_torch.py (e.g. "--quick --shapes 1x8192,64x4096", "--prefill-only",
 # "--decode-only"), GPU_CHECK_TESTS selects tests (default "cuda", which includes cuda_prefill*).
@@ -73,7 +73,12 @@ run_tests() { # name, log, command...
 # not the machine's whole allowance.
 TLIM=${GPU_CHECK_TEST_TIMEOUT:-900}
 # KVA_PREFILL_TMA_STRICT=1: the Hopper prefill path may not fall back to the wgmma kernel.
-run_tests "tests" tests.log env KVA_PREFILL_TMA_STRICT=1 timeout "$TLIM" "./$BUILD/kvattn_tests" $TESTS
+run_tests "tests" tests.log env KVA_PREFILL_TMA_STRICT=1 timeout "$TLIM" "./$BUILD/kvattn_tests" $TESTS -cuda_variant
+# Variants (NVRTC at run time; the prefill sweeps drive the float64 reference through a C
+# callback and take minutes), under their own limit.
+[ "${GPU_CHECK_VARIANTS:-1}" != 0 ] && run_tests "tests (variants)" tests-variants.log env KVA_PREFILL_TMA_STRICT=1 timeout "${GPU_CHECK_VARIANT_TIMEOUT:-900}" \
+    "./$BUILD/kvattn_tests" cuda_variant
+grep -E "^    (decode|prefill|first use)" "$OUT/tests-variants.log" || true
 # The prefill sweep again on the wgmma kernel (the Hopper fallback) and on the mma.sync kernels.
 run_tests "tests (prefill, wgmma path)" tests-wgmma.log env KVA_PREFILL_PATH=wgmma timeout "$TLIM" \
     "./$BUILD/kvattn_tests" cuda_prefill cuda_score_range

@@ -71,10 +71,18 @@ int main(int argc, char **argv) {
     qsort(tests, (size_t)num_tests, sizeof tests[0], cmp_tests);
     int passed = 0, failed = 0, skipped = 0;
     for (int i = 0; i < num_tests; ++i) {
+        /* arguments select tests whose names contain them; "-x" leaves out those containing x */
         if (argc > 1) {
-            int match = 0;
-            for (int a = 1; a < argc; ++a) match |= strstr(tests[i].name, argv[a]) != NULL;
-            if (!match) continue;
+            int match = 0, selecting = 0, excluded = 0;
+            for (int a = 1; a < argc; ++a) {
+                if (argv[a][0] == '-') {
+                    excluded |= strstr(tests[i].name, argv[a] + 1) != NULL;
+                } else {
+                    selecting = 1;
+                    match |= strstr(tests[i].name, argv[a]) != NULL;
+                }
+            }
+            if (excluded || (selecting && !match)) continue;
         }
         kva_test_failures = 0;
         kva_test_skipped = 0;
