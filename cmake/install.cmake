@@ -41,7 +41,7 @@ install(FILES ${CMAKE_CURRENT_BINARY_DIR}/kvattnConfig.cmake
 # and (CUDA builds) the static CUDA runtime and the C++ runtime its host code uses.
 set(KVA_PC_LIBS_PRIVATE "-fopenmp -lpthread -lm")
 if(KVA_HAVE_CUDA)
-  string(APPEND KVA_PC_LIBS_PRIVATE " -L${CUDAToolkit_LIBRARY_DIR} -lcudart_static -lnvrtc -ldl -lrt -lstdc++")
+  string(APPEND KVA_PC_LIBS_PRIVATE " -L${CUDAToolkit_LIBRARY_DIR} -lcudart_static -ldl -lrt -lstdc++")
 endif()
 configure_file(cmake/kvattn.pc.in ${CMAKE_CURRENT_BINARY_DIR}/kvattn.pc @ONLY)
 install(FILES ${CMAKE_CURRENT_BINARY_DIR}/kvattn.pc

@@ -305,11 +305,14 @@ typedef struct kva_variant_options {
  * compiler, architecture and library (version and kernel sources). A cache entry that is
  * unreadable, corrupt (checksum) or stale (another key) is rebuilt, never trusted; a failing
  * cache write only costs the next process a compile. No CUDA toolkit is needed: the kernel
- * sources are part of the library and NVRTC (libnvrtc) is its only compiler.
+ * sources are part of the library and NVRTC (libnvrtc) is its only compiler. libnvrtc is opened
+ * on the first call (libnvrtc.so.<CUDA major>, libnvrtc.so, then the build toolkit's directory;
+ * the environment variable KVA_NVRTC_LIBRARY names another file), so the library itself loads
+ * and runs everything else on machines without it.
  * @return KVA_OK; KVA_ERR_INVALID_ARG for NULL source or out, a function name that is not a C
  *         identifier, bad options, or a source that does not compile (kva_last_error() then
  *         holds NVRTC's log); KVA_ERR_UNSUPPORTED on a CPU context (use kva_attn_params.score_mod
- *         there); KVA_ERR_NOT_BUILT without the
+ *         there) or when libnvrtc cannot be opened (the message says which file and why); KVA_ERR_NOT_BUILT without the
  *         CUDA backend; KVA_ERR_DEVICE when the device refuses the compiled code. On failure
  *         nothing is created and the context is unchanged (*out = NULL); only valid disk-cache
  *         entries of modules that did compile may remain. */

@@ -80,6 +80,7 @@ KVA_TEST(variant_alibi_helpers) {
 }
 
 #ifdef KVA_HAVE_CUDA
+#include "../src/cuda/nvrtc_loader.h"
 
 KVA_TEST(variant_module_selection) {
     kva__vmod_id ids[32];
@@ -312,6 +313,20 @@ KVA_TEST(variant_compile_examples) {
         CHECK_MSG(st == KVA_OK, "%s: %s", ex[i].fn, kva_last_error());
         if (st == KVA_OK) kva__vmod_images_free(img, 2);
     }
+}
+
+/* libnvrtc is opened on first use: a missing file or one without NVRTC's functions is refused
+ * with a reason (kva_variant_create then returns KVA_ERR_UNSUPPORTED with it), the real one opens. */
+KVA_TEST(variant_compile_nvrtc_loader) {
+    kva__nvrtc_api api;
+    char why[1024] = "";
+    CHECK(!kva__nvrtc_open("/nonexistent/libnvrtc.so", &api, why, sizeof why));
+    CHECK(strstr(why, "could not be loaded") != NULL);
+    CHECK(!kva__nvrtc_open("libm.so.6", &api, why, sizeof why));
+    CHECK(strstr(why, "lacks an NVRTC function") != NULL);
+    CHECK(kva__nvrtc_missing() == NULL); /* this build's libnvrtc */
+    int maj = 0, mn = 0;
+    CHECK(kva__nvrtc()->Version(&maj, &mn) == NVRTC_SUCCESS && maj > 0);
 }
 
 #endif /* KVA_HAVE_CUDA */

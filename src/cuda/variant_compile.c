@@ -19,7 +19,7 @@
 #include "variant.h"
 #include "../common/internal.h"
 
-#include <nvrtc.h>
+#include "nvrtc_loader.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -290,6 +290,9 @@ void kva__vmod_images_free(kva__vmod_image *images, int n) {
 kva_status kva__variant_build(const char *api, const char *source, const char *function,
                               const kva__vmod_id *ids, int n, int arch, const char *cache_dir,
                               kva__vmod_image *images, kva_variant_stats *stats) {
+    const char *missing = kva__nvrtc_missing();
+    if (missing)
+        return kva__fail(KVA_ERR_UNSUPPORTED, "%s: variants are compiled with NVRTC, and %s", api, missing);
     const double t0 = now_ms();
     kva_status *st = (kva_status *)calloc((size_t)(n > 0 ? n : 1), sizeof *st);
     char **errs = (char **)calloc((size_t)(n > 0 ? n : 1), sizeof *errs);
