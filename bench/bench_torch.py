@@ -352,7 +352,10 @@ def run_decode_models(args, info, ceiling):
     l2 = info["l2_bytes"]
     iters = 30 if args.quick else 100
     rows, ragged = [], []
+    only = set(args.models.split(",")) if args.models else None
     for (label, hq, hk, d) in MODEL_SHAPES:
+        if only is not None and label not in only:
+            continue
         for (B, L) in MODEL_BATCHES:
             kv_bytes = B * L * hk * d * 2 * 2
             nsets = decode_sets(kv_bytes, l2)
@@ -1202,6 +1205,8 @@ def main():
     ap.add_argument("--variants", action="store_true", help="decode: also time other split choices")
     ap.add_argument("--no-models", action="store_true",
                     help="decode: skip the model-shape and ragged-batch tables")
+    ap.add_argument("--models", default=None,
+                    help="decode: only these model-shape rows, e.g. Falcon-7B,Llama-3-8B")
     ap.add_argument("--seqs", default=None,
                     help="prefill sequence lengths (16384 tokens per batch), default 512,2048,8192,16384")
     ap.add_argument("--prefill-sets", default=None,
@@ -1226,7 +1231,7 @@ def main():
         dec = run_decode(args, info)
         # the decode results stay at the top level, as before ("rows", "ceiling_gbs", ...)
         out.update({k: v for k, v in dec.items()})
-        if not args.no_models and not args.shapes:
+        if not args.no_models and (not args.shapes or args.models):
             print(flush=True)
             models = run_decode_models(args, info, dec["ceiling_gbs"])
             out["decode_models"] = models

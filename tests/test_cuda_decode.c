@@ -90,6 +90,10 @@ static void run_case(kva_context *ctx, kva_rng *rng, const decode_case *c, const
     if (c->plan_mode == 2) opt.fixed_chunk_size = 37;
     if (c->plan_mode == 3) opt.fixed_chunk_size = c->fixed_chunk;
     kva_plan plan;
+    if (getenv("KVA_TEST_TRACE"))
+        printf("    run: %s D=%d page=%d batch=%d heads=%d/%d %s %s plan_mode=%d\n", kva_dtype_name(c->dtype), D,
+               c->page_size, B, Hq, Hk, cuda_test_layout_name(c->layout), variant_name(c->variant), c->plan_mode);
+    fflush(stdout);
     kva_status st = kva_decode_plan(ctx, &lim, &pb.table, pb.num_pages, &opt, w.ws, &plan);
     if (st == KVA_ERR_WORKSPACE_TOO_SMALL && c->plan_mode == 2) {
         /* More fixed chunks than the workspace holds (it is sized for the device's budget):
@@ -290,12 +294,31 @@ out:
     kva_context_destroy(ctx);
 }
 
-/* GQA groups above 16 are served in sub-groups of <= 16 query heads (one unit each); groups up to
- * 16 keep one unit. Split (fused merge over all sub-groups of a KV head) and unsplit plans,
- * padded and built head dims. */
+/* GQA groups above 16: on a device with the warp-specialised prefill kernel, groups of 17..128
+ * heads at head dims 64/128/256 (bf16, f16) run the decode plan on it (the whole group in one
+ * 128-row tile, the prefill merge); otherwise, and under KVA_DECODE_GROUP_PATH=subgroups, they are
+ * served in sub-groups of <= 16 query heads (one unit each). Groups up to 16 keep one unit. Split
+ * (fused merge over all sub-groups of a KV head) and unsplit plans, padded and built head dims,
+ * both paths. */
+static void large_groups(kva_context *ctx);
+
 KVA_TEST(cuda_decode_large_groups_match_reference) {
     kva_context *ctx = cuda_test_context();
     if (!ctx) return;
+    large_groups(ctx);
+    kva_context_destroy(ctx);
+}
+
+KVA_TEST(cuda_decode_large_groups_subgroup_path_matches_reference) {
+    kva_context *ctx = cuda_test_context();
+    if (!ctx) return;
+    setenv("KVA_DECODE_GROUP_PATH", "subgroups", 1);
+    large_groups(ctx);
+    unsetenv("KVA_DECODE_GROUP_PATH");
+    kva_context_destroy(ctx);
+}
+
+static void large_groups(kva_context *ctx) {
     kva_rng rng;
     kva_rng_seed(&rng, kva_test_seed());
     static const int32_t groups[][2] = {{1, 1},  {3, 1},  {7, 2},  {16, 1}, {17, 1},  {48, 1},
@@ -329,9 +352,14 @@ KVA_TEST(cuda_decode_large_groups_match_reference) {
         run_case(ctx, &rng, &c, lens);
         decode_case d = {KVA_F32, 128, 16, 3, 64, 1, CUDA_TEST_HND, 0, 0, 0, true, KVA_DECODE_PARTIAL_ROWMAX, 0};
         run_case(ctx, &rng, &d, lens);
+        decode_case e = {KVA_F16, 128, 16, 3, 96, 2, CUDA_TEST_NHD, 0, 2, 0, true, KVA_DECODE_PARTIAL_ROWMAX, 0};
+        run_case(ctx, &rng, &e, lens);
+        /* a request split into more chunks than the decode kernel's merge tree's first level */
+        decode_case f = {KVA_BF16, 128, 3, 3, 48, 1, CUDA_TEST_HND, 0, 1, 3, true, KVA_DECODE_PARTIAL_ROWMAX, 128};
+        run_case(ctx, &rng, &f, lens);
     }
 out:
-    kva_context_destroy(ctx);
+    return;
 }
 
 /* Seed 002's global-rowmax algorithm on CUDA: pass 1 writes each chunk's row max and the last

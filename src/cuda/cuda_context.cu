@@ -67,6 +67,12 @@ bool kva__decode_kernel_for(const kva_context *ctx, kva_dtype dtype, int head_di
     choice->nt = nt;
     choice->sub = sub;
     choice->nsub = nsub;
+    /* KVA_DECODE_GROUP_PATH=subgroups keeps the sub-group kernel (tests, comparisons) */
+    const char *force = getenv("KVA_DECODE_GROUP_PATH");
+    choice->via_prefill = priv && priv->prefill_path == KVA__PREFILL_HOPPER && gr == 0 && nsub > 1 &&
+                          group <= KVA__PREFILL_ROWS_LARGE && dtype != KVA_F32 &&
+                          (head_dim == 64 || head_dim == 128 || head_dim == 256) &&
+                          !(force && strcmp(force, "subgroups") == 0);
     return true;
 }
 
@@ -366,6 +372,16 @@ extern "C" kva_status kva__cuda_split_policy(const kva_context *ctx, const kva_p
      * Residency beyond that still helps unsplit batches, whose next blocks start while others
      * stream. */
     if (per_sm > 2) per_sm = 2;
+    if (ch.via_prefill) {
+        /* the prefill kernel: one persistent block per SM walks the chunks; two chunks per SM
+         * balance uneven ones, and a chunk is at least one 128-key tile */
+        policy->max_blocks = (int64_t)(ctx->num_sms > 0 ? ctx->num_sms : 1) * 2;
+        policy->min_chunk = 128;
+        policy->qo_tile = 1;
+        policy->merge_tree = 0; /* the prefill merge: one warp per row reads every state */
+        return KVA_OK;
+    }
+    policy->merge_tree = 1;
     policy->max_blocks = (int64_t)(ctx->num_sms > 0 ? ctx->num_sms : 1) * per_sm;
     /* The planner counts (work item x KV head) blocks; a group of more than 16 heads makes nsub
      * units of each, so fewer work items fill the device. */

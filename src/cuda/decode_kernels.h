@@ -81,6 +81,11 @@ typedef struct kva__decode_choice {
     int built_dim;      /* the D it was built for (>= head_dim; the rest is zero-filled) */
     int nt;             /* 8-head N tiles per unit (1 or 2) */
     int sub, nsub;      /* query heads per unit, units per (work item, KV head) */
+    int via_prefill;    /* 1: the group is too large for one decode unit and the device has the
+                         * warp-specialised prefill kernel, whose 128-row tile holds the whole
+                         * group: run the decode plan on it (kva__cuda_decode_as_prefill), so each
+                         * chunk's K/V is read once instead of once per sub-group. fn is still
+                         * the sub-group kernel (a variant without that prefill build uses it). */
 } kva__decode_choice;
 
 /* THE decode kernel chooser: the launch (decode_launch.cu), the "supported?" answer of limits
@@ -90,5 +95,10 @@ typedef struct kva__decode_choice {
  * false (choice untouched) when no kernel serves the shape. ctx may be NULL (occupancy 1). */
 bool kva__decode_kernel_for(const kva_context *ctx, kva_dtype dtype, int head_dim, int group, int gr,
                             kva__decode_choice *choice);
+
+/* A partial-rowmax decode plan run on the warp-specialised prefill kernel (prefill_launch.cu):
+ * one query token per request, the plan's chunks as work items, then the prefill merge. */
+kva_status kva__cuda_decode_as_prefill(kva_context *ctx, const kva_plan *plan, const kva_attn_params *params,
+                                       kva_tensor q, const kva_kv_pages *pages, kva_tensor o, float *lse);
 
 #endif /* KVA_CUDA_DECODE_KERNELS_H */

@@ -31,6 +31,10 @@ extern "C" kva_status kva__cuda_decode_run(kva_context *ctx, const kva_plan *pla
                          "kva_decode_run: %s with head_dim %d, GQA group %d has no CUDA decode kernel "
                          "(head_dim: multiples of 16 in 32..256)",
                          kva_dtype_name(pages->dtype), D, group);
+    /* a large group on the prefill kernel, unless a variant lacks that build of it */
+    if (ch.via_prefill && !gr &&
+        (!params->variant || kva__variant_prefill_fn(params->variant, pages->dtype, D, KVA__VMOD_PF_TMA)))
+        return kva__cuda_decode_as_prefill(ctx, plan, params, q, pages, o, lse);
     int per_sm = ch.blocks_per_sm;
     if (params->variant) {
         /* the variant's build of the same kernel: same geometry, its own occupancy */

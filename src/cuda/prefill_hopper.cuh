@@ -52,8 +52,9 @@ struct kva__hopper_geom {
     static constexpr int CPR = D / 8;               /* 16-byte chunks per row */
     static constexpr int Q_BYTES = ROWS * D * 2;
     static constexpr int TILE_BYTES = BN * D * 2;
-    /* registers per thread after reallocation (128 * producer + 256 * consumer <= 64K): the
-     * producer's loop fits in 72 without spilling; d256's O (128 floats) needs 224 */
+    /* registers per thread after reallocation: 128 * producer + 256 * consumer may not exceed
+     * what the launch gave the block (384 x 168 = 64512; a larger request never completes). The
+     * producer's loop fits in 72 without spilling; d256's O (128 floats) needs 224, leaving 56 */
     static constexpr int PRODUCER_REGS = D >= 256 ? 56 : 72;
     static constexpr int CONSUMER_REGS = D >= 256 ? 224 : 216;
     static constexpr int BAR_BYTES = 8 * (4 * STAGES + 1); /* full/empty K/V per stage + the tail */

@@ -140,9 +140,15 @@ __device__ __forceinline__ bool kva__pf_load_item(const kva__prefill_args &a, in
         it.key_end = r0.z;
         it.kv_len = r0.w;
         it.kv_beg = r1.x;
-        it.q_row0 = r1.y;
-        it.q_tokens = r1.z;
-        it.q_pos0 = r1.w;
+        if (a.decode_records) { /* (the rest of a decode record is its merge range) */
+            it.q_row0 = it.b;
+            it.q_tokens = 1;
+            it.q_pos0 = it.kv_len - 1;
+        } else {
+            it.q_row0 = r1.y;
+            it.q_tokens = r1.z;
+            it.q_pos0 = r1.w;
+        }
     } else {
         it.b = 0;
         it.key_beg = 0;

@@ -39,6 +39,8 @@ typedef struct kva__prefill_args {
     int32_t num_work;             /* >= 0: work items (non-graph plans, dense); -1: read the header */
     int32_t qo_tile;              /* query tokens per work item */
     int32_t dense_qo_len, dense_kv_len; /* dense calls (records == NULL) */
+    int32_t decode_records;       /* 1: records of a decode plan (one query token per request:
+                                   * row = request, position = kv_len - 1; workspace_layout.h) */
     float *partial_o;             /* f32 [work][rows_per_work][D] split partial outputs */
     float *partial_lse;           /* f32 [work][rows_per_work] */
     int64_t rows_per_work;        /* largest qo_tile * num_qo_heads */
@@ -127,6 +129,7 @@ typedef struct kva__prefill_merge_args {
     const float *partial_o, *partial_lse;
     int64_t rows_per_work;
     int32_t num_qo_heads, head_dim, qo_tile; /* the plan's query tile */
+    int32_t decode_records;        /* 1: a decode plan's records (query row = request) */
 } kva__prefill_merge_args;
 
 const void *kva__prefill_merge_kernel_for(kva_dtype dtype);

@@ -10,6 +10,7 @@
  * read from the workspace's device part, so a captured run replays after re-planning.
  */
 #include "cuda_common.cuh"
+#include "decode_kernels.h"
 #include "prefill_kernels.h"
 #include "variant.h"
 
@@ -259,6 +260,55 @@ static kva_status launch_prefill(kva_context *ctx, const char *call, kva_dtype d
     return launch(ctx, &w, grid_x, heads, a);
 }
 
+/* Paged K/V: the pool's pointers and strides, the plan's page ids, key -> page as a
+ * multiply-shift. */
+static void fill_pages(kva__prefill_args *a, const kva_kv_pages *pages, const int32_t *page_indices_dev) {
+    a->k = pages->k_data;
+    a->v = pages->v_data;
+    a->k_st = a->v_st = pages->stride_token;
+    a->k_sh = a->v_sh = pages->stride_head;
+    a->page_stride = pages->stride_page;
+    a->page_indices = page_indices_dev;
+    a->page_size = pages->page_size;
+    /* key / page_size as a multiply-shift (exact for keys < 2^31): the smallest l with
+     * page_size <= 2^l, m = ceil(2^(31+l) / page_size) */
+    int l = 0;
+    while ((1ll << l) < (long long)pages->page_size) ++l;
+    a->page_div_s = 31 + l;
+    a->page_div_m = ((1ull << a->page_div_s) + (uint64_t)pages->page_size - 1) / (uint64_t)pages->page_size;
+}
+
+/* The merge of split work items, when the plan may have split (a graph plan always launches it:
+ * the kernel reads the split flag of the plan it replays with). */
+static kva_status launch_merge(kva_context *ctx, const kva_plan *plan, const kva_attn_params *params, kva_dtype dt,
+                               kva_tensor o, float *lse, const kva__prefill_args *a) {
+    if (!plan->split_kv && !(plan->flags & KVA_PLAN_GRAPH)) return KVA_OK;
+    const kva__plan_header *h = kva__plan_header_of(plan->workspace.host);
+    unsigned char *dev = (unsigned char *)plan->workspace.device;
+    const kva__plan_header *hdr_dev = (const kva__plan_header *)dev;
+    kva__prefill_merge_args m;
+    m.o = o.data;
+    m.o_st = o.stride_token;
+    m.o_sh = o.stride_head;
+    m.lse = lse;
+    m.records = a->records;
+    m.group_indptr = kva__plan_ints(dev) + h->off_group_indptr;
+    m.num_groups_dev = &hdr_dev->num_groups;
+    m.split_dev = &hdr_dev->split_kv;
+    m.partial_o = a->partial_o;
+    m.partial_lse = a->partial_lse;
+    m.rows_per_work = h->rows_per_work;
+    m.num_qo_heads = params->num_qo_heads;
+    m.head_dim = params->head_dim;
+    m.qo_tile = plan->qo_tile_size;
+    m.decode_records = a->decode_records;
+    const void *fn = kva__prefill_merge_kernel_for(dt);
+    void *args[] = {&m};
+    const unsigned blocks = (unsigned)(ctx->num_sms > 0 ? ctx->num_sms : 1) * 4;
+    KVA_CUDA_TRY(cudaLaunchKernel(fn, dim3(blocks), dim3(256), args, 0, kva__stream(ctx)));
+    return KVA_OK;
+}
+
 extern "C" kva_status kva__cuda_prefill_run(kva_context *ctx, const kva_plan *plan,
                                             const kva_attn_params *params, kva_tensor q, kva_tensor k,
                                             kva_tensor v, const kva_kv_pages *pages, kva_tensor o,
@@ -290,19 +340,7 @@ extern "C" kva_status kva__cuda_prefill_run(kva_context *ctx, const kva_plan *pl
     a.o_st = o.stride_token;
     a.o_sh = o.stride_head;
     if (pages) {
-        a.k = pages->k_data;
-        a.v = pages->v_data;
-        a.k_st = a.v_st = pages->stride_token;
-        a.k_sh = a.v_sh = pages->stride_head;
-        a.page_stride = pages->stride_page;
-        a.page_indices = ints_dev + h->off_page_indices;
-        a.page_size = pages->page_size;
-        /* key / page_size as a multiply-shift (exact for keys < 2^31): the smallest l with
-         * page_size <= 2^l, m = ceil(2^(31+l) / page_size) */
-        int l = 0;
-        while ((1ll << l) < (long long)pages->page_size) ++l;
-        a.page_div_s = 31 + l;
-        a.page_div_m = ((1ull << a.page_div_s) + (uint64_t)pages->page_size - 1) / (uint64_t)pages->page_size;
+        fill_pages(&a, pages, ints_dev + h->off_page_indices);
     } else {
         a.k = k.data;
         a.v = v.data;
@@ -327,28 +365,50 @@ extern "C" kva_status kva__cuda_prefill_run(kva_context *ctx, const kva_plan *pl
     KVA_TRY(launch_prefill(ctx, "prefill run", dt, params->head_dim, &kern, plan->padded_work,
                            params->num_kv_heads, &a, pages, params->variant));
 
-    if (plan->split_kv || graph) {
-        kva__prefill_merge_args m;
-        m.o = o.data;
-        m.o_st = o.stride_token;
-        m.o_sh = o.stride_head;
-        m.lse = lse;
-        m.records = a.records;
-        m.group_indptr = ints_dev + h->off_group_indptr;
-        m.num_groups_dev = &hdr_dev->num_groups;
-        m.split_dev = &hdr_dev->split_kv;
-        m.partial_o = a.partial_o;
-        m.partial_lse = a.partial_lse;
-        m.rows_per_work = h->rows_per_work;
-        m.num_qo_heads = params->num_qo_heads;
-        m.head_dim = params->head_dim;
-        m.qo_tile = plan->qo_tile_size;
-        const void *fn = kva__prefill_merge_kernel_for(dt);
-        void *args[] = {&m};
-        const unsigned blocks = (unsigned)(ctx->num_sms > 0 ? ctx->num_sms : 1) * 4;
-        KVA_CUDA_TRY(cudaLaunchKernel(fn, dim3(blocks), dim3(256), args, 0, kva__stream(ctx)));
-    }
-    return KVA_OK;
+    return launch_merge(ctx, plan, params, dt, o, lse, &a);
+}
+
+kva_status kva__cuda_decode_as_prefill(kva_context *ctx, const kva_plan *plan,
+                                       const kva_attn_params *params, kva_tensor q,
+                                       const kva_kv_pages *pages, kva_tensor o, float *lse) {
+    const kva_dtype dt = pages->dtype;
+    const int g = params->num_qo_heads / params->num_kv_heads;
+    kva__prefill_choice kern;
+    const kva__prefill_target target = kva__cuda_prefill_target(ctx);
+    if (!kva__prefill_choose(dt, params->head_dim, KVA__PREFILL_ROWS_LARGE, &target, &kern) || !kern.tma ||
+        kern.rows < g)
+        return kva__fail(KVA_ERR_UNSUPPORTED, "kva_decode_run: no 128-row prefill kernel for %s, head_dim %d",
+                         kva_dtype_name(dt), params->head_dim);
+    KVA_TRY(use_variant("kva_decode_run", params, dt, &kern));
+    KVA_TRY(kva__cuda_use_device(ctx));
+
+    const kva__plan_header *h = kva__plan_header_of(plan->workspace.host);
+    unsigned char *dev = (unsigned char *)plan->workspace.device;
+    const int32_t *ints_dev = kva__plan_ints(dev);
+    const kva__plan_header *hdr_dev = (const kva__plan_header *)dev;
+    kva__prefill_args a;
+    memset(&a, 0, sizeof a);
+    a.q = q.data;
+    a.q_st = q.stride_token;
+    a.q_sh = q.stride_head;
+    a.o = o.data;
+    a.o_st = o.stride_token;
+    a.o_sh = o.stride_head;
+    fill_pages(&a, pages, ints_dev + h->off_page_indices);
+    a.lse = lse;
+    a.records = (const int4 *)(ints_dev + h->off_unit_records);
+    a.decode_records = 1;
+    a.num_work_dev = &hdr_dev->num_work;
+    a.num_work = (plan->flags & KVA_PLAN_GRAPH) ? -1 : plan->num_work;
+    a.qo_tile = 1;
+    a.partial_o = (float *)(dev + h->off_partial_o);
+    a.partial_lse = (float *)(dev + h->off_partial_lse);
+    a.rows_per_work = h->rows_per_work; /* num_qo_heads: the decode layout's partial rows */
+    fill_variant(&a, params);
+    a.causal = 0; /* the one query sits at the last key: nothing to mask */
+    KVA_TRY(launch_prefill(ctx, "kva_decode_run", dt, params->head_dim, &kern, plan->padded_work,
+                           params->num_kv_heads, &a, pages, params->variant));
+    return launch_merge(ctx, plan, params, dt, o, lse, &a);
 }
 
 extern "C" kva_status kva__cuda_attention(kva_context *ctx, const kva_attn_params *params,

@@ -28,9 +28,14 @@ __global__ void __launch_bounds__(32 * KVA__PM_WARPS) kva__prefill_merge_kernel(
         const int t = rem / Hq, qh = rem - t * Hq;
         const int w0 = __ldg(a.group_indptr + grp), n = __ldg(a.group_indptr + grp + 1) - w0;
         if (n <= 1) continue;
-        const int4 r1 = __ldg(a.records + 2 * w0 + 1);
-        if (t >= r1.z) continue; /* KVA__PR_Q_TOKENS */
-        const int64_t q_row = r1.y + t; /* KVA__PR_Q_ROW0 */
+        int64_t q_row;
+        if (a.decode_records) { /* one query token, row = request (KVA__UR_REQUEST) */
+            q_row = __ldg(a.records + 2 * w0).x;
+        } else {
+            const int4 r1 = __ldg(a.records + 2 * w0 + 1);
+            if (t >= r1.z) continue; /* KVA__PR_Q_TOKENS */
+            q_row = r1.y + t;        /* KVA__PR_Q_ROW0 */
+        }
         const int64_t prow = (int64_t)w0 * a.rows_per_work + (int64_t)t * Hq + qh;
         const int64_t sstride = a.rows_per_work; /* between the group's consecutive work items */
         float mx = -INFINITY;
@@ -46,15 +51,16 @@ __global__ void __launch_bounds__(32 * KVA__PM_WARPS) kva__prefill_merge_kernel(
         const float m_use = mx == -INFINITY ? 0.0f : mx;
         /* (__fmul_rn: rounded as in the max, never fused into exp2's argument -- an unrounded
          * product differs from a huge max by more than exp2 can take) */
-        {
-            for (int s = 0; s < n; ++s) {
-                const float wgt = exp2f(__fmul_rn(__ldcg(a.partial_lse + prow + s * sstride), LOG2E) - m_use);
-                sum += wgt;
-                const float *src = a.partial_o + (prow + s * sstride) * D;
+        /* (unrolled: the loads of several states are in flight at once; a decode request may
+         * have dozens of states) */
+#pragma unroll 4
+        for (int s = 0; s < n; ++s) {
+            const float wgt = exp2f(__fmul_rn(__ldcg(a.partial_lse + prow + s * sstride), LOG2E) - m_use);
+            sum += wgt;
+            const float *src = a.partial_o + (prow + s * sstride) * D;
 #pragma unroll
-                for (int e = 0; e < 8; ++e)
-                    if (lane + 32 * e < D) acc[e] = fmaf(wgt, __ldcg(src + lane + 32 * e), acc[e]);
-            }
+            for (int e = 0; e < 8; ++e)
+                if (lane + 32 * e < D) acc[e] = fmaf(wgt, __ldcg(src + lane + 32 * e), acc[e]);
         }
         const float inv = kva__softmax_inv(sum);
         T *dst = (T *)a.o + q_row * a.o_st + (int64_t)qh * a.o_sh;

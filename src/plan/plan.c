@@ -254,8 +254,7 @@ static kva_status make_plan(kva_context *ctx, const kva_plan_limits *limits, con
         p.sm_blocks = ctx->device == KVA_DEVICE_CUDA && ctx->num_sms > 0
                           ? (int32_t)(L.policy.max_blocks / ctx->num_sms) : 1;
         /* CUDA partial-rowmax decode merges long requests as a tree (workspace_layout.h) */
-        p.merge_run = ctx->device == KVA_DEVICE_CUDA && opt.algo == KVA_DECODE_PARTIAL_ROWMAX
-                          ? KVA__MERGE_RUN : 0;
+        p.merge_run = L.policy.merge_tree && opt.algo == KVA_DECODE_PARTIAL_ROWMAX ? KVA__MERGE_RUN : 0;
         /* scratch for the longest-first order: the unit records, written after flattening
          * (8 ints per work item >= 3 per request) */
         int64_t *sort_keys = (int64_t *)(void *)(ints + h->off_unit_records);

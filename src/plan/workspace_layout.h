@@ -33,6 +33,8 @@ typedef struct kva__split_policy {
     int32_t qo_tile;       /* prefill query tokens per work item (the largest tile) */
     int32_t qo_tile_min;   /* 0, or a smaller tile a plan may pick for batches of short query
                               runs (CUDA: a 64-row kernel instead of the 128-row one) */
+    int32_t merge_tree;    /* decode: 1 if split requests merge as a tree of KVA__MERGE_RUN runs
+                              (the CUDA decode kernel), 0 if one merger reads every state */
 } kva__split_policy;
 
 /* Plan facts the kernels read; first bytes of the host and the device part. 64 bytes aligned. */
