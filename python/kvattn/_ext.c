@@ -1505,6 +1505,13 @@ static PyObject *variant_new(PyTypeObject *tp, PyObject *args, PyObject *kw) {
         }
         if (rc == 1) {
             self->data = self->own_data;
+        } else if (!is_plain_int(data) && !is_torch_tensor(data) && !PyObject_HasAttr(data, s_dlpack)) {
+            PyErr_Format(PyExc_TypeError,
+                         "data: expected bytes or a host array (copied to the device), a CUDA array "
+                         "(referenced) or an int device address, got %S",
+                         (PyObject *)Py_TYPE(data));
+            Py_DECREF(self);
+            return NULL;
         } else {
             void *stream;
             if (slot_stream(s, Py_None, &stream) < 0 ||
