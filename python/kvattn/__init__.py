@@ -20,6 +20,8 @@ Entry points:
     BatchPrefillWrapper                  the same for prefill (ragged K/V or paged)
     merge_states, block_table_to_csr     building blocks
     PagedKVCache, attention_with_kv_cache   the cache manager and attention on top of it
+    Variant, alibi_slopes                GPU score modifiers (CUDA C compiled at run time): the
+                                         variant= / variant_data= keywords of the calls above
     KvattnError (.status, .status_name, .message), NoSpaceError
 
 Positions: a request with n queries and m keys has its queries at m-n .. m-1 (bottom-right
@@ -29,12 +31,14 @@ aligned, as in chunked prefill and decode); `causal` masks keys after a query's 
 from . import _ext
 from ._arrays import dtype_name, empty_like, framework, host_ints, last_int, max_plus_one, parse_device, where
 from ._ext import KvattnError, KVPages, NoSpaceError
+from ._variant import Variant, alibi_slopes
+from ._variant import variant_args as _variant_args
 
 __version__ = _ext.__version__
 __all__ = [
     "attention", "attention_varlen", "BatchDecodeWrapper", "BatchPrefillWrapper", "merge_states",
     "block_table_to_csr", "PagedKVCache", "attention_with_kv_cache", "KVPages", "KvattnError",
-    "NoSpaceError", "cuda_available", "set_num_threads", "device_info",
+    "NoSpaceError", "cuda_available", "set_num_threads", "device_info", "Variant", "alibi_slopes",
 ]
 
 _DTYPE_CODE = {"float32": _ext.F32, "float16": _ext.F16, "bfloat16": _ext.BF16}
@@ -78,7 +82,7 @@ def _dims(x, name, ndim):
 # ---------------------------------------------------------------------------------------------
 
 def attention(q, k, v, causal=False, sm_scale=None, window_left=-1, soft_cap=0.0, return_lse=False,
-              out=None, planned=True, stream=None):
+              out=None, planned=True, stream=None, variant=None, variant_data=None):
     """Attention of one sequence, or of a batch of equal-length sequences, without a cache.
 
     q: [Lq, Hq, D] or [B, Lq, Hq, D];  k, v: [Lk, Hk, D] or [B, Lk, Hk, D]  (flash-attn layout).
@@ -90,14 +94,18 @@ def attention(q, k, v, causal=False, sm_scale=None, window_left=-1, soft_cap=0.0
     that fills the GPU better; a temporary workspace, see attention_varlen). False calls the C
     library's kva_attention once per sequence: no plan, no workspace, no split of the keys (the
     dense kernel; what bench/bench_torch.py's "dense" column times).
+    variant: a kvattn.Variant (CUDA arrays only) applied to every score; variant_data: its caller
+    data for this call (a CUDA array or an int device address; None: the Variant's own data).
+    Positions inside each sequence as in causal; a 4-D batch passes the same data to every b.
     """
     if not planned:
-        return _attention_dense(q, k, v, causal, sm_scale, window_left, soft_cap, return_lse, out, stream)
+        return _attention_dense(q, k, v, causal, sm_scale, window_left, soft_cap, return_lse, out, stream,
+                                variant, variant_data)
     qs = _shape(q, "q")
     if len(qs) == 3:
         return attention_varlen(q, k, v, None, None, causal=causal, sm_scale=sm_scale,
                                 window_left=window_left, soft_cap=soft_cap, return_lse=return_lse, out=out,
-                                stream=stream)
+                                stream=stream, variant=variant, variant_data=variant_data)
     if len(qs) != 4:
         raise ValueError("q: expected [Lq, Hq, D] or [B, Lq, Hq, D], got %s" % (qs,))
     B, Lq, Hq, D = qs
@@ -109,18 +117,20 @@ def attention(q, k, v, causal=False, sm_scale=None, window_left=-1, soft_cap=0.0
                            v.reshape(B * Lk, ks[2], ks[3]), cu_q, cu_k, causal=causal,
                            sm_scale=sm_scale, window_left=window_left, soft_cap=soft_cap,
                            return_lse=return_lse, out=None if out is None else out.reshape(B * Lq, Hq, D),
-                           stream=stream)
+                           stream=stream, variant=variant, variant_data=variant_data)
     if return_lse:
         o, lse = res
         return o.reshape(B, Lq, Hq, D), lse.reshape(B, Lq, Hq)
     return res.reshape(B, Lq, Hq, D)
 
 
-def _attention_dense(q, k, v, causal, sm_scale, window_left, soft_cap, return_lse, out, stream):
+def _attention_dense(q, k, v, causal, sm_scale, window_left, soft_cap, return_lse, out, stream, variant=None,
+                     variant_data=None):
     """attention(planned=False): kva_attention per sequence (3-D q, or each b of a 4-D batch)."""
     qs = _shape(q, "q")
     if len(qs) not in (3, 4):
         raise ValueError("q: expected [Lq, Hq, D] or [B, Lq, Hq, D], got %s" % (qs,))
+    variant, variant_data = _variant_args(variant, variant_data, where(q), qs[-2])
     _dims(k, "k", len(qs))
     _dims(v, "v", len(qs))
     fin = fin_l = _same
@@ -130,7 +140,7 @@ def _attention_dense(q, k, v, causal, sm_scale, window_left, soft_cap, return_ls
     if return_lse:
         lse, fin_l = empty_like(q, qs[:-1], "float32")
     kw = dict(causal=bool(causal), sm_scale=_scale(sm_scale), window_left=int(window_left),
-              soft_cap=float(soft_cap), stream=stream)
+              soft_cap=float(soft_cap), stream=stream, variant=variant, variant_data=variant_data)
     if len(qs) == 3:
         _ext.attention(q, k, v, out, lse, **kw)
     else:
@@ -140,7 +150,7 @@ def _attention_dense(q, k, v, causal, sm_scale, window_left, soft_cap, return_ls
 
 
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False, sm_scale=None, window_left=-1,
-                     soft_cap=0.0, return_lse=False, out=None, stream=None):
+                     soft_cap=0.0, return_lse=False, out=None, stream=None, variant=None, variant_data=None):
     """Attention of a ragged batch (cu_seqlens style, as flash-attn's varlen functions).
 
     q: [T, Hq, D] with request b's queries in rows cu_seqlens_q[b] .. cu_seqlens_q[b+1]-1;
@@ -148,6 +158,8 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False, sm_scale
     array; None means one request holding every row). Returns out [T, Hq, D] (and lse [T, Hq]).
     Plans into a temporary workspace (on CUDA: allocated, and waited for before it is freed, on
     every call): for repeated calls use BatchPrefillWrapper, which keeps its workspace.
+    variant, variant_data: a kvattn.Variant and its caller data, as in attention() (positions
+    are per request: each request's keys start at 0).
     """
     T, Hq, D = _dims(q, "q", 3)
     S, Hk, _ = _dims(k, "k", 3)
@@ -158,9 +170,11 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False, sm_scale
     cu_q, cu_k = host_ints(cu_seqlens_q), host_ints(cu_seqlens_k)
     batch = len(cu_q) - 1
     dev = where(q)
+    variant, variant_data = _variant_args(variant, variant_data, dev, Hq)
     ws = _ext.Workspace(dev[0], dev[1], _ext.WS_PREFILL, max(batch, 1), 0, max(S, 1), max(T, 1), Hq, Hk, D, 0)
     ws.plan_prefill(cu_q, cu_k, None, None, None, 1, Hq, Hk, D, 0, causal=bool(causal),
-                    sm_scale=_scale(sm_scale), window_left=int(window_left), soft_cap=float(soft_cap))
+                    sm_scale=_scale(sm_scale), window_left=int(window_left), soft_cap=float(soft_cap),
+                    variant=variant, variant_data=variant_data)
     o, fin = (out, _same) if out is not None else empty_like(q, (T, Hq, D))
     lse, fin_l = empty_like(q, (T, Hq), "float32") if return_lse else (None, None)
     ws.prefill_run(q, k, v, o, lse, stream=stream)
@@ -272,13 +286,19 @@ class BatchDecodeWrapper(_Planned):
 
     def plan(self, indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size,
              num_pages=None, sm_scale=None, window_left=-1, logits_soft_cap=0.0, kv_layout=None,
-             no_split=False, fixed_chunk_size=0, algorithm="partial_rowmax", stream=None):
+             no_split=False, fixed_chunk_size=0, algorithm="partial_rowmax", stream=None, variant=None,
+             variant_data=None):
         """Plans a decode step. indptr [B+1], indices [indptr[B]], last_page_len [B] (1..page_size,
         ignored for requests with no pages): request b's keys fill pages indices[indptr[b]:
         indptr[b+1]] in order. num_pages: pool size the pages are checked against (default:
         max(indices) + 1). algorithm: 'partial_rowmax' (default) or 'global_rowmax' (CPU and CUDA decode).
         On CUDA the plan is uploaded on `stream` (default: torch's current stream): run on the
-        same stream, or order the streams yourself."""
+        same stream, or order the streams yourself.
+        variant: a kvattn.Variant of the wrapper's CUDA device, applied by every run of this plan;
+        variant_data: its caller data (a CUDA array or an int device address; None: the Variant's
+        own). The wrapper keeps both alive until the next plan(); run(variant_data=) replaces the
+        data for one run (decode's query of request b sits at position kv_len(b) - 1)."""
+        variant, variant_data = _variant_args(variant, variant_data, self._dev, num_qo_heads)
         indptr, indices, last_page_len = host_ints(indptr), host_ints(indices), host_ints(last_page_len)
         batch = len(indptr) - 1
         total = last_int(indptr)
@@ -293,10 +313,12 @@ class BatchDecodeWrapper(_Planned):
                              head_dim, page_size, sm_scale=_scale(sm_scale), window_left=int(window_left),
                              soft_cap=float(logits_soft_cap), hnd=self._hnd, no_split=bool(no_split),
                              graph=self._graph, fixed_chunk=int(fixed_chunk_size),
-                             algo=1 if algorithm == "global_rowmax" else 0, stream=stream)
+                             algo=1 if algorithm == "global_rowmax" else 0, stream=stream, variant=variant,
+                             variant_data=variant_data)
         self._shape = (batch, num_qo_heads, head_dim)
 
-    def _plan_cache(self, cache, seq_ids, num_qo_heads, sm_scale=None, window_left=-1, logits_soft_cap=0.0):
+    def _plan_cache(self, cache, seq_ids, num_qo_heads, sm_scale=None, window_left=-1, logits_soft_cap=0.0,
+                    variant=None, variant_data=None):
         c = cache._cfg
         n = len(seq_ids)
         self._need({"max_batch": n, "max_total_pages": cache._table_pages(seq_ids), "max_total_kv": 0, "max_total_qo": 0,
@@ -305,20 +327,24 @@ class BatchDecodeWrapper(_Planned):
         self._ws.plan_decode(seq_ids, None, None, c["num_pages"], num_qo_heads, c["num_kv_heads"],
                              c["head_dim"], c["page_size"], sm_scale=_scale(sm_scale),
                              window_left=int(window_left), soft_cap=float(logits_soft_cap),
-                             graph=self._graph, cache=cache._c)
+                             graph=self._graph, cache=cache._c, variant=variant, variant_data=variant_data)
         self._shape = (n, num_qo_heads, c["head_dim"])
 
-    def run(self, q, paged_kv, out=None, lse=None, return_lse=False, stream=None):
+    def run(self, q, paged_kv, out=None, lse=None, return_lse=False, stream=None, variant_data=None):
         """q [B, Hq, D] -> out [B, Hq, D] (and lse float32 [B, Hq] with return_lse or lse=).
         paged_kv: (k_pages, v_pages), an interleaved [P, 2, ...] array, or a KVPages object
-        (fastest: the pool is read once). out/lse: preallocated outputs (CUDA graphs)."""
+        (fastest: the pool is read once). out/lse: preallocated outputs (CUDA graphs).
+        variant_data: caller data of the plan's variant for this run only (e.g. per layer)."""
         if out is not None and not return_lse:  # the fast path: nothing to allocate
-            self._ws.decode_run(q, paged_kv, out, lse, stream)
+            if variant_data is None:
+                self._ws.decode_run(q, paged_kv, out, lse, stream)
+            else:
+                self._ws.decode_run(q, paged_kv, out, lse, stream, variant_data)
             return out if lse is None else (out, lse)
         if self._shape is None:
             raise RuntimeError("run() before a successful plan()")
         out, fin, lse, fin_l = self._outputs(q, out, lse, return_lse, *self._shape)
-        self._ws.decode_run(q, _pool_pages(paged_kv), out, lse, stream)
+        self._ws.decode_run(q, _pool_pages(paged_kv), out, lse, stream, variant_data)
         return (fin(out), fin_l(lse)) if lse is not None else fin(out)
 
     def time_c_call(self, q, paged_kv, out, iters=1000):
@@ -356,10 +382,13 @@ class BatchPrefillWrapper(_Planned):
     def plan(self, qo_indptr, kv_indptr, num_qo_heads, num_kv_heads, head_dim, page_size=0,
              paged_kv_indptr=None, paged_kv_indices=None, paged_kv_last_page_len=None, num_pages=None,
              causal=False, sm_scale=None, window_left=-1, logits_soft_cap=0.0, kv_layout=None,
-             no_split=False, fixed_chunk_size=0, stream=None):
+             no_split=False, fixed_chunk_size=0, stream=None, variant=None, variant_data=None):
         """Plans a prefill batch. qo_indptr [B+1]: request b's queries are rows qo_indptr[b] ..
         of q. Keys: kv_indptr [B+1] (ragged k/v rows), or None and the paged table
-        (paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len, page_size)."""
+        (paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len, page_size).
+        variant, variant_data: a kvattn.Variant and its caller data, as in
+        BatchDecodeWrapper.plan (positions per request: keys from 0, queries bottom-right)."""
+        variant, variant_data = _variant_args(variant, variant_data, self._dev, num_qo_heads)
         qo = host_ints(qo_indptr)
         batch = len(qo) - 1
         total_qo = last_int(qo)
@@ -384,11 +413,11 @@ class BatchPrefillWrapper(_Planned):
                               page_size if paged else 0, causal=bool(causal), sm_scale=_scale(sm_scale),
                               window_left=int(window_left), soft_cap=float(logits_soft_cap), hnd=self._hnd,
                               no_split=bool(no_split), graph=self._graph, fixed_chunk=int(fixed_chunk_size),
-                              stream=stream)
+                              stream=stream, variant=variant, variant_data=variant_data)
         self._shape = (total_qo, num_qo_heads, head_dim)
 
     def _plan_cache(self, cache, seq_ids, qo_indptr, num_qo_heads, causal=True, sm_scale=None,
-                    window_left=-1, logits_soft_cap=0.0):
+                    window_left=-1, logits_soft_cap=0.0, variant=None, variant_data=None):
         c = cache._cfg
         total_qo = last_int(qo_indptr)
         self._need({"max_batch": len(seq_ids), "max_total_qo": total_qo, "max_total_kv": 0,
@@ -398,16 +427,17 @@ class BatchPrefillWrapper(_Planned):
                               c["num_kv_heads"], c["head_dim"], c["page_size"], causal=bool(causal),
                               sm_scale=_scale(sm_scale), window_left=int(window_left),
                               soft_cap=float(logits_soft_cap), graph=self._graph, cache=cache._c,
-                              seq_ids=seq_ids)
+                              seq_ids=seq_ids, variant=variant, variant_data=variant_data)
         self._shape = (total_qo, num_qo_heads, c["head_dim"])
 
-    def run(self, q, k, v=None, out=None, lse=None, return_lse=False, stream=None):
+    def run(self, q, k, v=None, out=None, lse=None, return_lse=False, stream=None, variant_data=None):
         """Ragged plan: run(q [T, Hq, D], k [S, Hk, D], v [S, Hk, D]). Paged plan: run(q, paged_kv)
-        with paged_kv as in BatchDecodeWrapper.run. Returns out [T, Hq, D] (and lse [T, Hq])."""
+        with paged_kv as in BatchDecodeWrapper.run. Returns out [T, Hq, D] (and lse [T, Hq]).
+        variant_data: caller data of the plan's variant for this run only."""
         if self._shape is None:
             raise RuntimeError("run() before a successful plan()")
         out, fin, lse, fin_l = self._outputs(q, out, lse, return_lse, *self._shape)
-        self._ws.prefill_run(q, _pool_pages(k), v, out, lse, stream)
+        self._ws.prefill_run(q, _pool_pages(k), v, out, lse, stream, variant_data)
         return (fin(out), fin_l(lse)) if (return_lse or lse is not None) else fin(out)
 
 
@@ -563,7 +593,8 @@ class PagedKVCache:
 
 
 def attention_with_kv_cache(q, k_new, v_new, cache, seq_ids, layer=0, num_new=None, reserve=None,
-                            causal=True, sm_scale=None, window_left=-1, soft_cap=0.0, return_lse=False):
+                            causal=True, sm_scale=None, window_left=-1, soft_cap=0.0, return_lse=False,
+                            variant=None, variant_data=None):
     """Appends new tokens' K/V to the cache, then attends the new queries to everything cached.
 
     q: [T, Hq, D] rows grouped by sequence in seq_ids order, or [B, n, Hq, D] (n new tokens per
@@ -572,6 +603,8 @@ def attention_with_kv_cache(q, k_new, v_new, cache, seq_ids, layer=0, num_new=No
     before appending (default: only when layer == 0; later layers of the same step reuse the
     slots). Decode steps (all num_new == 1) use the decode kernels, others chunked prefill;
     the plan is made once per step and reused by every layer. Returns out shaped like q.
+    variant, variant_data: a kvattn.Variant of the cache's CUDA device and its caller data for
+    this call (positions are those of each sequence: 0 .. seq_len-1), as in attention().
     """
     shape4 = None
     if len(q.shape) == 4:
@@ -587,30 +620,33 @@ def attention_with_kv_cache(q, k_new, v_new, cache, seq_ids, layer=0, num_new=No
         num_new = [1] * len(seq_ids)
     num_new = [int(x) for x in num_new]
     Hq = q.shape[1]
+    _variant_args(variant, variant_data, parse_device(cache.device), Hq)  # checked before anything changes
     if reserve is None:
         reserve = layer == 0
     if reserve:
         cache.reserve(seq_ids, num_new)
     cache.append(layer, seq_ids, num_new, k_new, v_new)
-    key = (cache._version, tuple(seq_ids), tuple(num_new), Hq, causal, sm_scale, window_left, soft_cap)
+    key = (cache._version, tuple(seq_ids), tuple(num_new), Hq, causal, sm_scale, window_left, soft_cap, variant)
+    ext_variant = None if variant is None else variant._v
     decode = all(x == 1 for x in num_new)
     if cache._step_key != key:
         if decode:
             if cache._decode is None:
                 cache._decode = BatchDecodeWrapper(cache.device, kv_layout=cache.layout)
-            cache._decode._plan_cache(cache, seq_ids, Hq, sm_scale, window_left, soft_cap)
+            cache._decode._plan_cache(cache, seq_ids, Hq, sm_scale, window_left, soft_cap, ext_variant)
         else:
             if cache._prefill is None:
                 cache._prefill = BatchPrefillWrapper(cache.device, kv_layout=cache.layout)
             qo = [0]
             for x in num_new:
                 qo.append(qo[-1] + x)
-            cache._prefill._plan_cache(cache, seq_ids, qo, Hq, causal, sm_scale, window_left, soft_cap)
+            cache._prefill._plan_cache(cache, seq_ids, qo, Hq, causal, sm_scale, window_left, soft_cap,
+                                       ext_variant)
         cache._step_key = key
     if decode:
-        res = cache._decode.run(q, cache.layer(layer), return_lse=return_lse)
+        res = cache._decode.run(q, cache.layer(layer), return_lse=return_lse, variant_data=variant_data)
     else:
-        res = cache._prefill.run(q, cache.layer(layer), return_lse=return_lse)
+        res = cache._prefill.run(q, cache.layer(layer), return_lse=return_lse, variant_data=variant_data)
     if shape4 is not None:
         if return_lse:
             return res[0].reshape(shape4), res[1].reshape(shape4[:3])

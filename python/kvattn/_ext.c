@@ -1298,6 +1298,318 @@ static PyType_Slot cache_slots[] = {
 static PyType_Spec cache_spec = {"kvattn._ext.Cache", sizeof(CacheObject), 0, Py_TPFLAGS_DEFAULT, cache_slots};
 
 /* ------------------------------------------------------------------------------------------ */
+/* Variant: a kva_variant (GPU score modifier compiled with NVRTC) and its default caller data  */
+/* ------------------------------------------------------------------------------------------ */
+
+/* The context of a variant is one of this module's per-device contexts, which live until the
+ * process ends; `slot` is that reference (the library also keeps a context alive while a
+ * variant of it exists). `data` is the score_mod_user a call gets when it names no other:
+ * device memory owned here (a copy of host data), a caller's CUDA array kept alive by
+ * `data_obj`, a raw address, or NULL. */
+typedef struct {
+    PyObject_HEAD
+    kva_variant *v;
+    ctx_slot *slot;
+    void *data;
+    void *own_data;     /* kva_malloc'd copy of host data, freed on dealloc */
+    size_t data_bytes;  /* bytes of own_data or of a CUDA array given as data (0: unknown) */
+    PyObject *data_obj; /* the CUDA array `data` points into, or NULL */
+} VariantObject;
+
+static PyTypeObject *VariantType;
+
+static void variant_dealloc(PyObject *o) {
+    VariantObject *v = (VariantObject *)o;
+    /* A run enqueued with this variant may still be in flight. Kernels launched before keep
+     * running: the compiled modules belong to the context until it is freed (never, here), and
+     * cudaFree (kva_free) waits for the device before it releases the copied data. */
+    kva_variant_destroy(v->v);
+    if (v->own_data) kva_free(v->slot->ctx, v->own_data);
+    Py_CLEAR(v->data_obj);
+    generic_dealloc(o);
+}
+
+static int is_plain_int(PyObject *o) { return PyLong_Check(o) && !PyBool_Check(o); }
+
+/* A device address for score_mod_user from `o` for a call on CUDA slot s: an int (an address
+ * in device memory, taken as given) or a CUDA array on s's device (its data pointer; the caller
+ * keeps the array alive while runs that use it are in flight). `stream` is the call's stream
+ * (handed to __dlpack__). */
+static int device_data_ptr(PyObject *o, const ctx_slot *s, void *stream, const char *name, void **out,
+                           size_t *bytes) {
+    if (bytes) *bytes = 0;
+    if (is_plain_int(o)) {
+        *out = PyLong_AsVoidPtr(o);
+        return PyErr_Occurred() ? -1 : 0;
+    }
+    if (!is_torch_tensor(o) && !PyObject_HasAttr(o, s_dlpack)) {
+        PyErr_Format(PyExc_TypeError,
+                     "%s: expected a CUDA array (torch, CuPy, JAX, ...) or an int device address, got %S", name,
+                     (PyObject *)Py_TYPE(o));
+        return -1;
+    }
+    call_state cs = {.have_stream = 1, .stream = stream};
+    view v;
+    if (view_get(o, &v, &cs, name) < 0) return -1;
+    if (v.dev != KVA_DEVICE_CUDA || v.dev_id != s->device_id) {
+        view_release(&v);
+        if (v.dev == KVA_DEVICE_CPU)
+            PyErr_Format(PyExc_ValueError,
+                         "%s: an array in host memory; the variant reads device memory of cuda:%d "
+                         "(pass a CUDA array or an int device address)",
+                         name, s->device_id);
+        else
+            PyErr_Format(PyExc_ValueError, "%s: an array on cuda:%d; this call runs on cuda:%d", name, v.dev_id,
+                         s->device_id);
+        return -1;
+    }
+    *out = v.data;
+    if (bytes && v.el != EL_OTHER) {
+        size_t n = 1;
+        for (int i = 0; i < v.ndim; ++i) n *= (size_t)v.shape[i];
+        *bytes = n * (size_t)el_size(v.el);
+    }
+    view_release(&v);
+    return 0;
+}
+
+/* Copies host data (bytes, or a contiguous host array of a known dtype) into new device memory
+ * of slot s: *out (NULL for 0 bytes). Returns 1 if `o` was host data, 0 if it is something else
+ * (nothing done), -1 on error. */
+static int copy_host_data(PyObject *o, ctx_slot *s, void **out, size_t *bytes) {
+    const char *src = NULL;
+    size_t n = 0;
+    view v;
+    int have_view = 0;
+    if (PyBytes_Check(o)) {
+        char *p;
+        Py_ssize_t len;
+        if (PyBytes_AsStringAndSize(o, &p, &len) < 0) return -1;
+        src = p;
+        n = (size_t)len;
+    } else if (is_torch_tensor(o) || PyObject_HasAttr(o, s_dlpack)) {
+        call_state cs = {0};
+        if (view_get(o, &v, &cs, "data") < 0) return -1;
+        if (v.dev != KVA_DEVICE_CPU) {
+            view_release(&v);
+            return 0;
+        }
+        have_view = 1;
+        if (v.el == EL_OTHER) {
+            view_release(&v);
+            PyErr_SetString(PyExc_TypeError, "data: host arrays of float32, float16, bfloat16, int32 or int64 "
+                                             "are copied to the device; pass bytes for other layouts");
+            return -1;
+        }
+        int64_t run = 1;
+        for (int i = v.ndim - 1; i >= 0; --i) {
+            if (v.shape[i] > 1 && v.strides[i] != run) {
+                view_release(&v);
+                PyErr_SetString(PyExc_ValueError, "data: a host array must be contiguous to be copied");
+                return -1;
+            }
+            run *= v.shape[i];
+        }
+        src = v.data;
+        n = (size_t)run * (size_t)el_size(v.el);
+    } else {
+        return 0;
+    }
+    *out = NULL;
+    *bytes = n;
+    kva_status st = KVA_OK;
+    if (n) {
+        void *stream;
+        if (slot_stream(s, Py_None, &stream) < 0) {
+            if (have_view) view_release(&v);
+            return -1;
+        }
+        kva_context_set_stream(s->ctx, stream);
+        st = kva_malloc(s->ctx, n, out);
+        if (st == KVA_OK) st = kva_memcpy(s->ctx, *out, src, n, KVA_COPY_HOST_TO_DEVICE); /* waits */
+        if (st != KVA_OK && *out) {
+            kva_free(s->ctx, *out);
+            *out = NULL;
+        }
+    }
+    if (have_view) view_release(&v);
+    if (st != KVA_OK) {
+        raise_status(st, kva_last_error());
+        return -1;
+    }
+    return 1;
+}
+
+/* Variant(device_type, device_id, source, function, kinds=0, dtypes=0, head_dim=0, data=None):
+ * kva_variant_create, or kva_variant_create_alibi when source is None. data: the default caller
+ * data (None; bytes or a host array: copied to the device; a CUDA array: referenced; an int
+ * device address). Compiles while holding the GIL: CUDA contexts serve one thread at a time and
+ * this binding serialises CUDA calls with the GIL. */
+static PyObject *variant_new(PyTypeObject *tp, PyObject *args, PyObject *kw) {
+    static char *kws[] = {"device_type", "device_id", "source", "function", "kinds", "dtypes", "head_dim", "data",
+                          NULL};
+    PyObject *dt, *src_o, *fn_o = Py_None, *data = Py_None;
+    int dev_id;
+    unsigned int kinds = 0, dtypes = 0;
+    int head_dim = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OiO|OIIiO", kws, &dt, &dev_id, &src_o, &fn_o, &kinds, &dtypes,
+                                     &head_dim, &data))
+        return NULL;
+    PyObject *src_b = NULL, *fn_b = NULL; /* UTF-8 bytes of source and function */
+    if (src_o != Py_None) {
+        if (!PyUnicode_Check(src_o) || !PyUnicode_Check(fn_o)) {
+            PyErr_SetString(PyExc_TypeError, "Variant: source and function must be str");
+            return NULL;
+        }
+        src_b = PyUnicode_AsUTF8String(src_o);
+        fn_b = src_b ? PyUnicode_AsUTF8String(fn_o) : NULL;
+        if (!fn_b) {
+            Py_XDECREF(src_b);
+            return NULL;
+        }
+        if ((size_t)PyBytes_Size(src_b) != strlen(PyBytes_AsString(src_b)) ||
+            (size_t)PyBytes_Size(fn_b) != strlen(PyBytes_AsString(fn_b))) {
+            Py_DECREF(src_b);
+            Py_DECREF(fn_b);
+            PyErr_SetString(PyExc_ValueError, "Variant: source or function contains a NUL character");
+            return NULL;
+        }
+    }
+    kva_device_type dev;
+    ctx_slot *s = NULL;
+    VariantObject *self = NULL;
+    if (parse_device(dt, dev_id, &dev) == 0 && (s = get_slot(dev, dev_id)) != NULL)
+        self = (VariantObject *)alloc_instance(tp);
+    if (!self) {
+        Py_XDECREF(src_b);
+        Py_XDECREF(fn_b);
+        return NULL;
+    }
+    self->slot = s;
+    kva_variant_options opt = {kinds, dtypes, head_dim};
+    kva_status st = src_b ? kva_variant_create(s->ctx, PyBytes_AsString(src_b), PyBytes_AsString(fn_b), &opt,
+                                               &self->v)
+                          : kva_variant_create_alibi(s->ctx, &opt, &self->v);
+    Py_XDECREF(src_b);
+    Py_XDECREF(fn_b);
+    if (st != KVA_OK) {
+        raise_status(st, kva_last_error());
+        Py_DECREF(self);
+        return NULL;
+    }
+    if (data != Py_None) {
+        int rc = copy_host_data(data, s, &self->own_data, &self->data_bytes);
+        if (rc < 0) {
+            Py_DECREF(self);
+            return NULL;
+        }
+        if (rc == 1) {
+            self->data = self->own_data;
+        } else if (!is_plain_int(data) && !is_torch_tensor(data) && !PyObject_HasAttr(data, s_dlpack)) {
+            PyErr_Format(PyExc_TypeError,
+                         "data: expected bytes or a host array (copied to the device), a CUDA array "
+                         "(referenced) or an int device address, got %S",
+                         (PyObject *)Py_TYPE(data));
+            Py_DECREF(self);
+            return NULL;
+        } else {
+            void *stream;
+            if (slot_stream(s, Py_None, &stream) < 0 ||
+                device_data_ptr(data, s, stream, "data", &self->data, &self->data_bytes) < 0) {
+                Py_DECREF(self);
+                return NULL;
+            }
+            if (!is_plain_int(data)) {
+                Py_INCREF(data);
+                self->data_obj = data;
+            }
+        }
+    }
+    return (PyObject *)self;
+}
+
+static PyObject *variant_stats(PyObject *o, PyObject *unused) {
+    (void)unused;
+    kva_variant_stats s;
+    kva_status st = kva_variant_get_stats(((VariantObject *)o)->v, &s);
+    if (st != KVA_OK) return raise_status(st, kva_last_error());
+    return Py_BuildValue("{s:i,s:i,s:i,s:i,s:d,s:d}", "modules", s.modules, "compiled", s.compiled, "disk_hits",
+                         s.disk_hits, "context_hits", s.context_hits, "compile_ms", s.compile_ms, "total_ms",
+                         s.total_ms);
+}
+
+static PyObject *variant_data_ptr_get(PyObject *o, void *c) {
+    (void)c;
+    return PyLong_FromVoidPtr(((VariantObject *)o)->data);
+}
+
+static PyObject *variant_data_bytes_get(PyObject *o, void *c) {
+    (void)c;
+    return PyLong_FromSize_t(((VariantObject *)o)->data_bytes);
+}
+
+static PyObject *variant_device_id_get(PyObject *o, void *c) {
+    (void)c;
+    return PyLong_FromLong(((VariantObject *)o)->slot->device_id);
+}
+
+static PyMethodDef variant_methods[] = {{"stats", variant_stats, METH_NOARGS, NULL}, {NULL, NULL, 0, NULL}};
+static PyGetSetDef variant_getset[] = {
+    {"data_ptr", variant_data_ptr_get, NULL, "int: the default caller data's device address (0: none)", NULL},
+    {"data_bytes", variant_data_bytes_get, NULL, "int: its size in bytes when known (copied data, arrays), else 0",
+     NULL},
+    {"device_id", variant_device_id_get, NULL, "int: the CUDA device it was compiled for", NULL},
+    {NULL, NULL, NULL, NULL, NULL}};
+static PyType_Slot variant_slots[] = {
+    {Py_tp_new, variant_new},
+    {Py_tp_dealloc, variant_dealloc},
+    {Py_tp_methods, variant_methods},
+    {Py_tp_getset, variant_getset},
+    {Py_tp_doc, "Low-level kva_variant handle; use kvattn.Variant."},
+    {0, NULL}};
+static PyType_Spec variant_spec = {"kvattn._ext.Variant", sizeof(VariantObject), 0, Py_TPFLAGS_DEFAULT,
+                                   variant_slots};
+
+/* params->variant and ->score_mod_user from a call's variant= and variant_data= on slot s (the
+ * call's context) with the call's stream. variant None: no variant (variant_data must be None
+ * too). variant_data None: the variant's default data. */
+static int apply_variant(const ctx_slot *s, void *stream, PyObject *variant, PyObject *data,
+                         kva_attn_params *params) {
+    if (!variant || variant == Py_None) {
+        if (data && data != Py_None) {
+            PyErr_SetString(PyExc_ValueError, "variant_data= given without variant=");
+            return -1;
+        }
+        return 0;
+    }
+    if (Py_TYPE(variant) != VariantType) {
+        PyErr_Format(PyExc_TypeError, "variant: expected a kvattn.Variant, got %S", (PyObject *)Py_TYPE(variant));
+        return -1;
+    }
+    const VariantObject *v = (const VariantObject *)variant;
+    if (s->type != KVA_DEVICE_CUDA) {
+        PyErr_Format(PyExc_ValueError,
+                     "variant: a kvattn.Variant runs on CUDA (this one on cuda:%d) but this call runs on the CPU; "
+                     "CPU calls take only the built-in causal, window_left and soft_cap",
+                     v->slot->device_id);
+        return -1;
+    }
+    if (v->slot != s) {
+        PyErr_Format(PyExc_ValueError, "variant: compiled for cuda:%d but this call runs on cuda:%d",
+                     v->slot->device_id, s->device_id);
+        return -1;
+    }
+    params->variant = v->v;
+    params->score_mod_user = v->data;
+    if (data && data != Py_None) {
+        void *p;
+        if (device_data_ptr(data, s, stream, "variant_data", &p, NULL) < 0) return -1;
+        params->score_mod_user = p;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------------------------------ */
 /* Workspace: owns a kva_workspace and the plan made into it                                    */
 /* ------------------------------------------------------------------------------------------ */
 
@@ -1316,6 +1628,8 @@ typedef struct {
     int64_t total_qo; /* rows of q the plan expects */
     int64_t total_kv; /* ragged prefill: rows of k/v */
     void *last_stream; /* CUDA: the stream of the latest plan or run (waited for on dealloc) */
+    PyObject *variant_obj;      /* the plan's kvattn._ext.Variant (params.variant), or NULL */
+    PyObject *variant_data_obj; /* the CUDA array params.score_mod_user points into, or NULL */
 } WorkspaceObject;
 
 static PyTypeObject *WorkspaceType;
@@ -1330,6 +1644,8 @@ static void workspace_dealloc(PyObject *o) {
         kva_free(w->slot->ctx, w->ws.device);
         kva_host_free(w->slot->ctx, w->ws.host);
     }
+    Py_CLEAR(w->variant_obj); /* after the wait: no run of this workspace uses them any more */
+    Py_CLEAR(w->variant_data_obj);
     generic_dealloc(o);
 }
 
@@ -1389,20 +1705,54 @@ static int set_params(WorkspaceObject *w, int hq, int hk, int d, double sm_scale
     return 0;
 }
 
+/* After a successful plan: the variant of `vp` (checked by apply_variant before planning) joins
+ * the plan's params, and the workspace keeps the variant and its data array alive for as long as
+ * the plan may run (CUDA graphs replay it). */
+static void workspace_set_variant(WorkspaceObject *w, const kva_attn_params *vp, PyObject *variant, PyObject *data) {
+    PyObject *old_v = w->variant_obj, *old_d = w->variant_data_obj;
+    w->params.variant = vp->variant;
+    w->params.score_mod_user = vp->score_mod_user;
+    w->variant_obj = NULL;
+    w->variant_data_obj = NULL;
+    if (vp->variant) {
+        Py_INCREF(variant);
+        w->variant_obj = variant;
+        if (data && data != Py_None && !is_plain_int(data)) {
+            Py_INCREF(data);
+            w->variant_data_obj = data;
+        }
+    }
+    Py_XDECREF(old_v);
+    Py_XDECREF(old_d);
+}
+
+/* A run's params: the plan's, with score_mod_user replaced when the run passes variant_data. */
+static int run_params(WorkspaceObject *w, PyObject *data, void *stream, kva_attn_params *p) {
+    *p = w->params;
+    if (data == Py_None) return 0;
+    if (!p->variant) {
+        PyErr_SetString(PyExc_ValueError, "variant_data= given to run() but the plan has no variant");
+        return -1;
+    }
+    return device_data_ptr(data, w->slot, stream, "variant_data", &p->score_mod_user, NULL);
+}
+
 /* plan_decode(indptr, indices, last_page_len, num_pages, num_qo_heads, num_kv_heads, head_dim,
  *             page_size, sm_scale, window_left, soft_cap, hnd, no_split, graph, fixed_chunk, algo)
  * or with cache=, seq_ids= instead of the three arrays. */
 static PyObject *workspace_plan_decode(PyObject *o, PyObject *args, PyObject *kw) {
     static char *kws[] = {"indptr", "indices", "last_page_len", "num_pages", "num_qo_heads", "num_kv_heads",
                           "head_dim", "page_size", "sm_scale", "window_left", "soft_cap", "hnd",
-                          "no_split", "graph", "fixed_chunk", "algo", "cache", "stream", NULL};
+                          "no_split", "graph", "fixed_chunk", "algo", "cache", "stream", "variant",
+                          "variant_data", NULL};
     WorkspaceObject *w = (WorkspaceObject *)o;
-    PyObject *indptr_o, *indices_o, *last_o, *cache_o = Py_None, *stream = Py_None;
+    PyObject *indptr_o, *indices_o, *last_o, *cache_o = Py_None, *stream = Py_None, *variant = Py_None,
+             *vdata = Py_None;
     int num_pages, hq, hk, d, ps, window = -1, hnd = 0, no_split = 0, graph = 0, fixed = 0, algo = 0;
     double sm = 0, cap = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOiiiii|didpppiiOO", kws, &indptr_o, &indices_o, &last_o,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOiiiii|didpppiiOOOO", kws, &indptr_o, &indices_o, &last_o,
                                      &num_pages, &hq, &hk, &d, &ps, &sm, &window, &cap, &hnd, &no_split,
-                                     &graph, &fixed, &algo, &cache_o, &stream))
+                                     &graph, &fixed, &algo, &cache_o, &stream, &variant, &vdata))
         return NULL;
     if (w->kind != WS_DECODE) {
         PyErr_SetString(PyExc_TypeError, "plan_decode on a prefill workspace");
@@ -1443,6 +1793,8 @@ static PyObject *workspace_plan_decode(PyObject *o, PyObject *args, PyObject *kw
     kva_status st;
     void *pstream;
     if (slot_stream(w->slot, stream, &pstream) < 0) goto fail;
+    kva_attn_params vp = {0};
+    if (apply_variant(w->slot, pstream, variant, vdata, &vp) < 0) goto fail;
     w->planned = 0;
     w->last_stream = pstream;
     SLOT_CALL(w->slot, pstream, st, kva_decode_plan(w->slot->ctx, &lim, &t, num_pages, &opt, w->ws, &w->plan));
@@ -1451,6 +1803,7 @@ static PyObject *workspace_plan_decode(PyObject *o, PyObject *args, PyObject *kw
     i32_free(&c);
     if (st != KVA_OK) return raise_status(st, kva_last_error());
     set_params(w, hq, hk, d, sm, 0, window, cap);
+    workspace_set_variant(w, &vp, variant, vdata);
     w->hnd = hnd;
     w->planned = 1;
     w->total_qo = t.batch_size;
@@ -1467,15 +1820,16 @@ static PyObject *workspace_plan_prefill(PyObject *o, PyObject *args, PyObject *k
     static char *kws[] = {"qo_indptr", "kv_indptr", "indptr", "indices", "last_page_len", "num_pages",
                           "num_qo_heads", "num_kv_heads", "head_dim", "page_size", "causal", "sm_scale",
                           "window_left", "soft_cap", "hnd", "no_split", "graph", "fixed_chunk", "cache",
-                          "seq_ids", "stream", NULL};
+                          "seq_ids", "stream", "variant", "variant_data", NULL};
     WorkspaceObject *w = (WorkspaceObject *)o;
     PyObject *qo_o, *kv_o, *indptr_o, *indices_o, *last_o, *cache_o = Py_None, *ids_o = Py_None,
-             *stream = Py_None;
+             *stream = Py_None, *variant = Py_None, *vdata = Py_None;
     int num_pages, hq, hk, d, ps, causal = 0, window = -1, hnd = 0, no_split = 0, graph = 0, fixed = 0;
     double sm = 0, cap = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOiiiii|pdidpppiOOO", kws, &qo_o, &kv_o, &indptr_o, &indices_o,
-                                     &last_o, &num_pages, &hq, &hk, &d, &ps, &causal, &sm, &window, &cap, &hnd,
-                                     &no_split, &graph, &fixed, &cache_o, &ids_o, &stream))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOiiiii|pdidpppiOOOOO", kws, &qo_o, &kv_o, &indptr_o,
+                                     &indices_o, &last_o, &num_pages, &hq, &hk, &d, &ps, &causal, &sm, &window,
+                                     &cap, &hnd, &no_split, &graph, &fixed, &cache_o, &ids_o, &stream, &variant,
+                                     &vdata))
         return NULL;
     if (w->kind != WS_PREFILL) {
         PyErr_SetString(PyExc_TypeError, "plan_prefill on a decode workspace");
@@ -1535,6 +1889,8 @@ static PyObject *workspace_plan_prefill(PyObject *o, PyObject *args, PyObject *k
     kva_status st;
     void *pstream;
     if (slot_stream(w->slot, stream, &pstream) < 0) goto fail;
+    kva_attn_params vp = {0};
+    if (apply_variant(w->slot, pstream, variant, vdata, &vp) < 0) goto fail;
     w->planned = 0;
     w->last_stream = pstream;
     SLOT_CALL(w->slot, pstream, st,
@@ -1549,6 +1905,7 @@ static PyObject *workspace_plan_prefill(PyObject *o, PyObject *args, PyObject *k
     i32_free(&c);
     if (st != KVA_OK) return raise_status(st, kva_last_error());
     set_params(w, hq, hk, d, sm, causal, window, cap);
+    workspace_set_variant(w, &vp, variant, vdata);
     w->hnd = hnd;
     w->planned = tp ? 3 : 2;
     Py_RETURN_NONE;
@@ -1603,10 +1960,10 @@ static int run_qo(WorkspaceObject *w, PyObject *q, PyObject *out, PyObject *lse,
 }
 
 static PyObject *workspace_decode_run(PyObject *o, PyObject *args, PyObject *kw) {
-    static char *kws[] = {"q", "paged_kv", "out", "lse", "stream", NULL};
+    static char *kws[] = {"q", "paged_kv", "out", "lse", "stream", "variant_data", NULL};
     WorkspaceObject *w = (WorkspaceObject *)o;
-    PyObject *q, *kv, *out, *lse = Py_None, *stream = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|OO", kws, &q, &kv, &out, &lse, &stream)) return NULL;
+    PyObject *q, *kv, *out, *lse = Py_None, *stream = Py_None, *vdata = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|OOO", kws, &q, &kv, &out, &lse, &stream, &vdata)) return NULL;
     if (w->planned != 1) {
         PyErr_SetString(PyExc_RuntimeError, "run() before a successful plan()");
         return NULL;
@@ -1615,10 +1972,11 @@ static PyObject *workspace_decode_run(PyObject *o, PyObject *args, PyObject *kw)
     r.cs.stream_arg = stream;
     PyObject *res = NULL;
     if (run_qo(w, q, out, lse, &r) < 0 || get_pages(kv, w->hnd, &r.cs, &r.pages) < 0) goto done;
+    kva_attn_params p;
+    if (run_params(w, vdata, r.cs.stream, &p) < 0) goto done;
     kva_status st;
     w->last_stream = r.cs.stream;
-    SLOT_CALL(w->slot, r.cs.stream, st,
-              kva_decode_run(w->slot->ctx, &w->plan, &w->params, r.qt, &r.pages, r.ot, r.lse));
+    SLOT_CALL(w->slot, r.cs.stream, st, kva_decode_run(w->slot->ctx, &w->plan, &p, r.qt, &r.pages, r.ot, r.lse));
     if (st != KVA_OK) {
         raise_status(st, kva_last_error());
         goto done;
@@ -1631,10 +1989,11 @@ done:
 }
 
 static PyObject *workspace_prefill_run(PyObject *o, PyObject *args, PyObject *kw) {
-    static char *kws[] = {"q", "k", "v", "out", "lse", "stream", NULL};
+    static char *kws[] = {"q", "k", "v", "out", "lse", "stream", "variant_data", NULL};
     WorkspaceObject *w = (WorkspaceObject *)o;
-    PyObject *q, *k, *v, *out, *lse = Py_None, *stream = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOO|OO", kws, &q, &k, &v, &out, &lse, &stream)) return NULL;
+    PyObject *q, *k, *v, *out, *lse = Py_None, *stream = Py_None, *vdata = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOO|OOO", kws, &q, &k, &v, &out, &lse, &stream, &vdata))
+        return NULL;
     if (w->planned != 2 && w->planned != 3) {
         PyErr_SetString(PyExc_RuntimeError, "run() before a successful plan()");
         return NULL;
@@ -1643,6 +2002,8 @@ static PyObject *workspace_prefill_run(PyObject *o, PyObject *args, PyObject *kw
     r.cs.stream_arg = stream;
     PyObject *res = NULL;
     if (run_qo(w, q, out, lse, &r) < 0) goto done;
+    kva_attn_params p;
+    if (run_params(w, vdata, r.cs.stream, &p) < 0) goto done;
     kva_status st;
     w->last_stream = r.cs.stream;
     if (w->planned == 3) {
@@ -1652,18 +2013,17 @@ static PyObject *workspace_prefill_run(PyObject *o, PyObject *args, PyObject *kw
         }
         if (get_pages(k, w->hnd, &r.cs, &r.pages) < 0) goto done;
         SLOT_CALL(w->slot, r.cs.stream, st,
-                  kva_prefill_run_paged(w->slot->ctx, &w->plan, &w->params, r.qt, &r.pages, r.ot, r.lse));
+                  kva_prefill_run_paged(w->slot->ctx, &w->plan, &p, r.qt, &r.pages, r.ot, r.lse));
     } else {
-        const kva_attn_params *p = &w->params;
         if (view_get(k, &r.k, &r.cs, "k") < 0) goto done;
         r.nk = 1;
         if (view_get(v, &r.v, &r.cs, "v") < 0) goto done;
         r.nv = 1;
-        if (as_kva_tensor(&r.k, "k", w->total_kv, p->num_kv_heads, p->head_dim, r.q.el, &r.kt) < 0 ||
-            as_kva_tensor(&r.v, "v", w->total_kv, p->num_kv_heads, p->head_dim, r.q.el, &r.vt) < 0)
+        if (as_kva_tensor(&r.k, "k", w->total_kv, p.num_kv_heads, p.head_dim, r.q.el, &r.kt) < 0 ||
+            as_kva_tensor(&r.v, "v", w->total_kv, p.num_kv_heads, p.head_dim, r.q.el, &r.vt) < 0)
             goto done;
         SLOT_CALL(w->slot, r.cs.stream, st,
-                  kva_prefill_run_ragged(w->slot->ctx, &w->plan, &w->params, r.qt, r.kt, r.vt, r.ot, r.lse));
+                  kva_prefill_run_ragged(w->slot->ctx, &w->plan, &p, r.qt, r.kt, r.vt, r.ot, r.lse));
     }
     if (st != KVA_OK) {
         raise_status(st, kva_last_error());
@@ -1823,12 +2183,12 @@ done:
 static PyObject *ext_attention(PyObject *m, PyObject *args, PyObject *kw) {
     (void)m;
     static char *kws[] = {"q", "k", "v", "out", "lse", "causal", "sm_scale", "window_left", "soft_cap",
-                          "stream", NULL};
-    PyObject *q_o, *k_o, *v_o, *o_o, *l_o = Py_None, *stream = Py_None;
+                          "stream", "variant", "variant_data", NULL};
+    PyObject *q_o, *k_o, *v_o, *o_o, *l_o = Py_None, *stream = Py_None, *variant = Py_None, *vdata = Py_None;
     int causal = 0, window = -1;
     double sm = 0, cap = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOO|OpdidO", kws, &q_o, &k_o, &v_o, &o_o, &l_o, &causal, &sm,
-                                     &window, &cap, &stream))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOO|OpdidOOO", kws, &q_o, &k_o, &v_o, &o_o, &l_o, &causal, &sm,
+                                     &window, &cap, &stream, &variant, &vdata))
         return NULL;
     run_args r = {0};
     r.cs.stream_arg = stream;
@@ -1866,6 +2226,7 @@ static PyObject *ext_attention(PyObject *m, PyObject *args, PyObject *kw) {
     p.causal = causal;
     p.window_left = window;
     p.logits_soft_cap = (float)cap;
+    if (apply_variant(s, r.cs.stream, variant, vdata, &p) < 0) goto done;
     kva_status st;
     SLOT_CALL(s, r.cs.stream, st,
               kva_attention(s->ctx, &p, (int32_t)lq, (int32_t)lk, r.qt, r.kt, r.vt, r.ot, r.lse));
@@ -2028,6 +2389,39 @@ static PyObject *ext_array_info(PyObject *m, PyObject *arg) {
     return Py_BuildValue("(iisNN)", (int)v.dev, v.dev_id, el_name(v.el), shape, strides);
 }
 
+/* alibi_slopes(n) -> [float] (kva_alibi_slopes) */
+static PyObject *ext_alibi_slopes(PyObject *m, PyObject *arg) {
+    (void)m;
+    long n = PyLong_AsLong(arg);
+    if (n == -1 && PyErr_Occurred()) return NULL;
+    if (n < 1 || n > 65536) {
+        PyErr_SetString(PyExc_ValueError, "alibi_slopes: num_heads must be in 1..65536");
+        return NULL;
+    }
+    float *sl = malloc(sizeof(float) * (size_t)n);
+    if (!sl) return PyErr_NoMemory();
+    kva_alibi_slopes((int32_t)n, sl);
+    PyObject *l = PyList_New(n);
+    for (long i = 0; l && i < n; ++i) {
+        PyObject *x = PyFloat_FromDouble(sl[i]);
+        if (!x) {
+            Py_CLEAR(l);
+            break;
+        }
+        PyList_SetItem(l, i, x);
+    }
+    free(sl);
+    return l;
+}
+
+static PyObject *ext_alibi_source(PyObject *m, PyObject *unused) {
+    (void)m;
+    (void)unused;
+    const char *src = kva_variant_alibi_source();
+    if (!src) Py_RETURN_NONE;
+    return PyUnicode_FromString(src);
+}
+
 static PyMethodDef ext_methods[] = {
     {"merge_states", (PyCFunction)(void (*)(void))ext_merge_states, METH_VARARGS | METH_KEYWORDS, NULL},
     {"attention", (PyCFunction)(void (*)(void))ext_attention, METH_VARARGS | METH_KEYWORDS, NULL},
@@ -2036,6 +2430,8 @@ static PyMethodDef ext_methods[] = {
     {"set_num_threads", ext_set_num_threads, METH_O, NULL},
     {"device_info", ext_device_info, METH_VARARGS, NULL},
     {"array_info", ext_array_info, METH_O, NULL},
+    {"alibi_slopes", ext_alibi_slopes, METH_O, NULL},
+    {"alibi_source", ext_alibi_source, METH_NOARGS, NULL},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef ext_module = {PyModuleDef_HEAD_INIT, "_ext",
@@ -2083,13 +2479,18 @@ PyMODINIT_FUNC PyInit__ext(void) {
     CacheType = (PyTypeObject *)PyType_FromSpec(&cache_spec);
     WorkspaceType = (PyTypeObject *)PyType_FromSpec(&workspace_spec);
     PoolViewType = (PyTypeObject *)PyType_FromSpec(&poolview_spec);
-    if (!KVPagesType || !CacheType || !WorkspaceType || !PoolViewType) return NULL;
+    VariantType = (PyTypeObject *)PyType_FromSpec(&variant_spec);
+    if (!KVPagesType || !CacheType || !WorkspaceType || !PoolViewType || !VariantType) return NULL;
     Py_INCREF(KVPagesType);
     Py_INCREF(CacheType);
     Py_INCREF(WorkspaceType);
     PyModule_AddObject(m, "KVPages", (PyObject *)KVPagesType);
     PyModule_AddObject(m, "Cache", (PyObject *)CacheType);
     PyModule_AddObject(m, "Workspace", (PyObject *)WorkspaceType);
+    Py_INCREF(VariantType);
+    PyModule_AddObject(m, "Variant", (PyObject *)VariantType);
+    PyModule_AddIntConstant(m, "VARIANT_DECODE", KVA_VARIANT_DECODE);
+    PyModule_AddIntConstant(m, "VARIANT_PREFILL", KVA_VARIANT_PREFILL);
     PyModule_AddIntConstant(m, "DEVICE_CPU", KVA_DEVICE_CPU);
     PyModule_AddIntConstant(m, "DEVICE_CUDA", KVA_DEVICE_CUDA);
     PyModule_AddIntConstant(m, "F32", KVA_F32);

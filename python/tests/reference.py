@@ -4,9 +4,11 @@ import math
 import numpy as np
 
 
-def attention_ref(q, k, v, causal=False, sm_scale=None, window_left=-1, soft_cap=0.0):
+def attention_ref(q, k, v, causal=False, sm_scale=None, window_left=-1, soft_cap=0.0, score_mod=None):
     """q [Lq, Hq, D], k/v [Lk, Hk, D] -> (o [Lq, Hq, D] float64, lse [Lq, Hq]); queries aligned
-    bottom-right (query i at position Lk - Lq + i)."""
+    bottom-right (query i at position Lk - Lq + i). score_mod(s, q_pos, kv_pos, head): the
+    modifier of a variant, vectorised (s [Lq, Lk] of one query head, q_pos [Lq, 1], kv_pos
+    [1, Lk]), applied after the soft cap and before the masks, as the library does."""
     q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
     Lq, Hq, D = q.shape
     Lk, Hk, _ = k.shape
@@ -25,6 +27,8 @@ def attention_ref(q, k, v, causal=False, sm_scale=None, window_left=-1, soft_cap
         s = q[:, h] @ k[:, h // g].T * scale
         if soft_cap > 0:
             s = soft_cap * np.tanh(s / soft_cap)
+        if score_mod is not None:
+            s = score_mod(s, qpos, kpos, h)
         s = np.where(mask, -np.inf, s)
         m = s.max(axis=1, keepdims=True)
         ok = np.isfinite(m[:, 0])
