@@ -22,9 +22,10 @@
  *     consumers (warpgroups 1 and 2, 216 registers; 224 at d256): 64 rows each. Per key tile j:
  *               S_j = Q K_j^T (wgmma from shared memory) is issued together with
  *               O += P_{j-1} V_{j-1} (P from registers); the softmax of S_j runs while the
- *               tensor cores finish P V; then O is rescaled and P_j packed. The two consumers
- *               issue independently (a strict turn order, "ping-pong", is a build option
- *               measured slower), so one's softmax overlaps the other's matrix products.
+ *               tensor cores finish P V; then O is rescaled and P_j packed. At d = 128 the two
+ *               consumers take turns issuing ("ping-pong"), elsewhere they issue independently
+ *               (what measured faster for each); either way one's softmax overlaps the other's
+ *               matrix products.
  *   out   = as prefill_kernel.cuh: O / l and LSE, or f32 partials for a split work item.
  *
  * Per key tile and block: bytes = 2 * BN * D * 2 from L2/DRAM (64 KB at D = 128, BN = 128);
@@ -58,6 +59,12 @@ struct kva__hopper_geom {
     static constexpr int PRODUCER_REGS = D >= 256 ? 56 : 72;
     static constexpr int CONSUMER_REGS = D >= 256 ? 224 : 216;
     static constexpr int BAR_BYTES = 8 * (4 * STAGES + 1); /* full/empty K/V per stage + the tail */
+    /* the consumers take turns issuing (see the consumer loop); -DKVA__HP_PINGPONG=0/1 forces it */
+#ifdef KVA__HP_PINGPONG
+    static constexpr bool PINGPONG = KVA__HP_PINGPONG;
+#else
+    static constexpr bool PINGPONG = D == 128;
+#endif
     static constexpr int SMEM = 1024 + Q_BYTES + STAGES * 2 * TILE_BYTES + BAR_BYTES;
 };
 
@@ -244,20 +251,21 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
     const int lane = ct & 31, wq = wt >> 5;   /* warp in my warpgroup */
     const int row_base = cw * 64 + wq * 16;
 
-    /* Ping-pong (built with -DKVA__HP_PINGPONG): I issue after my barrier completes, then let
-     * the other warpgroup go. Off by default: on an H100 it measured 3-7% slower than letting
-     * both warpgroups issue freely (bench/NOTES.md, v6.3), whose softmaxes already interleave
-     * with the other's matrix products through the hardware's own scheduling. Every
-     * work item takes as many turns from each warpgroup (n_tiles + 1), so the turns run on
-     * across items; warpgroup 0 goes first and takes warpgroup 1's last pass at the end */
+    /* Ping-pong (G::PINGPONG): I issue after my barrier completes, then let the other
+     * warpgroup go, so that the two warpgroups' matrix products alternate and one's softmax runs
+     * under the other's. Measured on an H200 (bench/NOTES.md, v6.5): +4-7% on d = 128 rows of
+     * 512-2048 tokens and level at 16k, but 2-5% slower at d = 64 and d = 256 over 16k, where
+     * letting both issue freely (their softmaxes interleave through the hardware's own
+     * scheduling) is better. Every work item takes as many turns from each warpgroup
+     * (n_tiles + 1), so the turns run on across items; warpgroup 0 goes first and takes
+     * warpgroup 1's last pass at the end */
     const int my_turn = 3 + cw, other_turn = 3 + (cw ^ 1);
-#ifdef KVA__HP_PINGPONG
-    auto turn_wait = [&]() { kva__bar_sync(my_turn, 256); };
-    auto turn_pass = [&]() { kva__bar_arrive(other_turn, 256); };
-#else
-    auto turn_wait = [&]() { (void)my_turn; };
-    auto turn_pass = [&]() { (void)other_turn; };
-#endif
+    auto turn_wait = [&]() {
+        if constexpr (G::PINGPONG) kva__bar_sync(my_turn, 256);
+    };
+    auto turn_pass = [&]() {
+        if constexpr (G::PINGPONG) kva__bar_arrive(other_turn, 256);
+    };
     auto release = [&](uint32_t bar) {
         if (lane == 0) kva__mbar_arrive(bar);
     };
