@@ -132,7 +132,8 @@ typedef struct kva__prefill_merge_args {
     int32_t decode_records;        /* 1: a decode plan's records (query row = request) */
 } kva__prefill_merge_args;
 
-const void *kva__prefill_merge_kernel_for(kva_dtype dtype);
+/* wide: one block per row (decode plans: few rows, many states each), else one warp per row */
+const void *kva__prefill_merge_kernel_for(kva_dtype dtype, bool wide);
 
 /* The context's target (cuda_context.cu). */
 kva__prefill_target kva__cuda_prefill_target(const kva_context *ctx);

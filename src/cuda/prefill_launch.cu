@@ -302,9 +302,12 @@ static kva_status launch_merge(kva_context *ctx, const kva_plan *plan, const kva
     m.head_dim = params->head_dim;
     m.qo_tile = plan->qo_tile_size;
     m.decode_records = a->decode_records;
-    const void *fn = kva__prefill_merge_kernel_for(dt);
+    /* (a performance choice only: both kernels merge any plan, e.g. a graph's next one) */
+    const bool wide = a->decode_records != 0 && h->num_work >= 8 * (int64_t)h->num_groups;
+    const void *fn = kva__prefill_merge_kernel_for(dt, wide);
     void *args[] = {&m};
-    const unsigned blocks = (unsigned)(ctx->num_sms > 0 ? ctx->num_sms : 1) * 4;
+    /* wide: a block per row, as many as there are rows of one KV head's requests at most */
+    const unsigned blocks = (unsigned)(ctx->num_sms > 0 ? ctx->num_sms : 1) * (wide ? 8 : 4);
     KVA_CUDA_TRY(cudaLaunchKernel(fn, dim3(blocks), dim3(256), args, 0, kva__stream(ctx)));
     return KVA_OK;
 }
