@@ -63,7 +63,9 @@ struct kva__hopper_geom {
 #ifdef KVA__HP_PINGPONG
     static constexpr bool PINGPONG = KVA__HP_PINGPONG;
 #else
-    static constexpr bool PINGPONG = D == 128;
+    /* (not with a variant's score modifier: its per-score work on the turn-holder's critical
+     * path made ALiBi 13% slower at d = 128) */
+    static constexpr bool PINGPONG = D == 128 && !KVA__HAS_SCORE_MOD;
 #endif
     static constexpr int SMEM = 1024 + Q_BYTES + STAGES * 2 * TILE_BYTES + BAR_BYTES;
 };
