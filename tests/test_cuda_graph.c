@@ -3,7 +3,8 @@
  * correctly after re-planning (host only) into the same workspace for other batches: smaller,
  * with empty requests, longer or shorter, split or not. Each replay's output is poisoned first
  * and compared against the float64 reference. Also with the global-rowmax algorithm (two
- * launches in the graph) and with a GQA group of 48 at head dim 80 (sub-groups, padded dim).
+ * launches in the graph), with a GQA group of 48 at head dim 80 (sub-groups, padded dim) and of
+ * 71 at head dim 64 (on Hopper: the prefill kernel and the prefill merge).
  */
 #include "harness.h"
 #include "test_cuda_util.h"
@@ -159,9 +160,13 @@ out:
 KVA_TEST(cuda_graph_replay_after_replanning) { graph_replay(KVA_DECODE_PARTIAL_ROWMAX, 32, 8, 128); }
 KVA_TEST(cuda_graph_replay_global_rowmax) { graph_replay(KVA_DECODE_GLOBAL_ROWMAX, 32, 8, 128); }
 KVA_TEST(cuda_graph_replay_group48_d80) { graph_replay(KVA_DECODE_PARTIAL_ROWMAX, 48, 1, 80); }
+/* a group above 16 at a prefill head dim: on Hopper the decode plan runs on the prefill kernel
+ * and the prefill merge (both read the plan's counts from the workspace when replayed) */
+KVA_TEST(cuda_graph_replay_group71_d64) { graph_replay(KVA_DECODE_PARTIAL_ROWMAX, 71, 1, 64); }
 
 #else
 KVA_TEST(cuda_graph_replay_after_replanning) { kva_test_skip("no CUDA device"); }
 KVA_TEST(cuda_graph_replay_global_rowmax) { kva_test_skip("no CUDA device"); }
 KVA_TEST(cuda_graph_replay_group48_d80) { kva_test_skip("no CUDA device"); }
+KVA_TEST(cuda_graph_replay_group71_d64) { kva_test_skip("no CUDA device"); }
 #endif
