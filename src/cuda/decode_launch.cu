@@ -31,11 +31,16 @@ extern "C" kva_status kva__cuda_decode_run(kva_context *ctx, const kva_plan *pla
                          "kva_decode_run: %s with head_dim %d, GQA group %d has no CUDA decode kernel "
                          "(head_dim: multiples of 16 in 32..256)",
                          kva_dtype_name(pages->dtype), D, group);
-    /* a large group on the prefill kernel, unless a variant lacks that build of it */
-    if (ch.via_prefill && !gr &&
+    /* A large group on the prefill kernel. A variant must have been built for decode (as for
+     * any group: which kernel serves the group is ours to choose, not the caller's) and, to take
+     * this path, for the TMA prefill kernel too; else the sub-group kernel runs it. */
+    int per_sm = ch.blocks_per_sm;
+    const bool variant_decode =
+        !params->variant || kva__variant_decode_fn(params->variant, pages->dtype, ch.built_dim, ch.nt, gr, &per_sm);
+    if (ch.via_prefill && !gr && variant_decode &&
         (!params->variant || kva__variant_prefill_fn(params->variant, pages->dtype, D, KVA__VMOD_PF_TMA)))
         return kva__cuda_decode_as_prefill(ctx, plan, params, q, pages, o, lse);
-    int per_sm = ch.blocks_per_sm;
+    per_sm = ch.blocks_per_sm;
     if (params->variant) {
         /* the variant's build of the same kernel: same geometry, its own occupancy */
         ch.fn = kva__variant_decode_fn(params->variant, pages->dtype, ch.built_dim, ch.nt, gr, &per_sm);

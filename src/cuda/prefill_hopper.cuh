@@ -497,6 +497,7 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
          * Q K^T has completed) and written as whole 16-byte chunks of each row. Needs 16-byte
          * aligned rows of o (else the direct stores below). Paired H200 runs: d128 and d256 rows
          * +1-3%, d64 3-6% slower (16k causal), so d64 stores directly. */
+        static_assert(sizeof(T) == 2, "the Hopper kernel is built for 16-bit elements");
         const bool staged = D >= 128 && !split && (((unsigned long long)a.o | (unsigned long long)(a.o_st * 2) | (unsigned long long)(a.o_sh * 2)) & 15) == 0;
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
@@ -512,7 +513,8 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
                 for (int dt = 0; dt < DT; ++dt)
                     asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(q_s + kva__pf_tile_off<D * 2, ROWS, true>(r, dt) +
                                                                     (uint32_t)(d0 * 2)),
-                                 "r"(kva__pack2<T>(o_acc[dt][2 * h] * inv, o_acc[dt][2 * h + 1] * inv)));
+                                 "r"(kva__pack2<T>(o_acc[dt][2 * h] * inv, o_acc[dt][2 * h + 1] * inv))
+                                 : "memory");
             }
             if (r >= rows) continue;
             const int t = r / g, qh = kh * g + (r - t * g);
@@ -546,7 +548,8 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
                 uint4 v;
                 asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
                              : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                             : "r"(q_s + kva__pf_tile_off<D * 2, ROWS, true>(r, c)));
+                             : "r"(q_s + kva__pf_tile_off<D * 2, ROWS, true>(r, c))
+                             : "memory");
                 *reinterpret_cast<uint4 *>((T *)a.o + (int64_t)(it.q_row0 + t) * a.o_st + (int64_t)qh * a.o_sh + c * 8) = v;
             }
             kva__bar_sync(1 + cw, 128); /* (the next item's Q lands here) */
