@@ -67,7 +67,16 @@ struct kva__hopper_geom {
      * path made ALiBi 13% slower at d = 128) */
     static constexpr bool PINGPONG = D == 128 && !KVA__HAS_SCORE_MOD;
 #endif
-    static constexpr int SMEM = 1024 + Q_BYTES + STAGES * 2 * TILE_BYTES + BAR_BYTES;
+    /* the next work item's S_0 issued with this item's last P V, its Q loaded during this item
+     * into a second buffer (see the consumer's tail): where a second Q fits (d <= 128);
+     * -DKVA__HP_XITEM=0/1 forces it */
+#ifdef KVA__HP_XITEM
+    static constexpr bool XITEM = KVA__HP_XITEM && D <= 128;
+#else
+    static constexpr bool XITEM = D == 64;
+#endif
+    static constexpr int Q_BUFS = XITEM ? 2 : 1;
+    static constexpr int SMEM = 1024 + Q_BUFS * Q_BYTES + STAGES * 2 * TILE_BYTES + BAR_BYTES;
 };
 
 /* Where a key tile's rows come from. Row r of the tile's shared-memory stage holds key kb + r;
@@ -115,6 +124,30 @@ __device__ __forceinline__ bool kva__hp_work_at(const kva__prefill_args &a, int 
     return true;
 }
 
+/* 2^x for x <= 0 on the FMA and integer pipes instead of the MUFU unit (whose 16 results per
+ * clock and SM bound the softmax; one in KVA__HP_EXP_FMA(D) of a row's exponentials takes
+ * this path): floor(x) by a rounding-down add of 1.5 * 2^23, 2^frac by a cubic fitted
+ * for the relative error (at most 9e-5, below bf16's and f16's rounding of P), the exponent added
+ * as an integer. Below 2^-126 (masked scores, -inf) it returns 0; NaN stays NaN. */
+__device__ __forceinline__ float kva__hp_exp2_fma(float x) {
+    const float t = __fadd_rd(x, 12582912.0f);
+    const float f = x - (t - 12582912.0f);
+    float p = fmaf(0.07706641f, f, 0.2276457f);
+    p = fmaf(p, f, 0.69511662f);
+    p = fmaf(p, f, 1.0f);
+    const float r = __int_as_float(__float_as_int(p) + (__float_as_int(t) << 23));
+    return x < -126.0f ? 0.0f : r;
+}
+/* Measured on an H200 (bench/NOTES.md, v6.13): one in 4 at d = 64 (+10% on 512-token rows,
+ * level at 16k); 10-15% slower at d = 128 and 256, where the MUFU unit is not what the softmax
+ * waits on. */
+/* (-DKVA__HP_EXP_FMA_EVERY=N forces one in N at every head dim, 0 none) */
+#ifdef KVA__HP_EXP_FMA_EVERY
+#define KVA__HP_EXP_FMA(D) (KVA__HP_EXP_FMA_EVERY)
+#else
+#define KVA__HP_EXP_FMA(D) ((D) == 64 ? 4 : 0)
+#endif
+
 /* max (MAX) or sum of t[0..N) as a tree of depth log2 N (N a power of two) */
 template <int N, bool MAX>
 __device__ __forceinline__ float kva__hp_tree(float *t) {
@@ -145,7 +178,7 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
 
     const uint32_t smem_raw = kva__smem_addr(smem);
     const uint32_t q_s = (smem_raw + 1023u) & ~1023u;
-    const uint32_t kv_s = q_s + G::Q_BYTES;
+    const uint32_t kv_s = q_s + G::Q_BUFS * G::Q_BYTES;
     auto k_stage = [&](int s) { return kv_s + (uint32_t)(s * 2 * G::TILE_BYTES); };
     auto v_stage = [&](int s) { return kv_s + (uint32_t)(s * 2 * G::TILE_BYTES + G::TILE_BYTES); };
     const uint32_t bars = kv_s + G::STAGES * 2 * G::TILE_BYTES;
@@ -258,9 +291,10 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
      * under the other's. Measured on an H200 (bench/NOTES.md, v6.5): +4-7% on d = 128 rows of
      * 512-2048 tokens and level at 16k, but 2-5% slower at d = 64 and d = 256 over 16k, where
      * letting both issue freely (their softmaxes interleave through the hardware's own
-     * scheduling) is better. Every work item takes as many turns from each warpgroup
-     * (n_tiles + 1), so the turns run on across items; warpgroup 0 goes first and takes
-     * warpgroup 1's last pass at the end */
+     * scheduling) is better. Both warpgroups walk the same items and take the same number of
+     * turns per item (one per tile, plus one for an S_0 the previous item's tail did not
+     * issue), so the turns run on across items; warpgroup 0 goes first and takes warpgroup 1's
+     * last pass at the end */
     const int my_turn = 3 + cw, other_turn = 3 + (cw ^ 1);
     auto turn_wait = [&]() {
         if constexpr (G::PINGPONG) kva__bar_sync(my_turn, 256);
@@ -274,210 +308,281 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
     const bool capped = a.cap_log2 > 0.0f;
     /* with a variant (KVA__HAS_SCORE_MOD) scores reach the softmax in natural-log units */
     const float mul = KVA__HAS_SCORE_MOD ? KVA__PF_LOG2E : capped ? 1.0f : a.scale_log2;
-    const uint32_t q_wg = q_s + (uint32_t)cw * 64 * 128;
     if (cw == 1) turn_pass();
-    uint32_t gt = 0; /* tiles consumed so far */
-    for (int L = blockIdx.x; kva__hp_work_at<BN>(a, L, box, wk); L += gridDim.x) {
-        const kva__pf_item &it = wk.it;
-        const int kh = wk.kh, lo = wk.lo, hi = wk.hi, lo_al = wk.lo_al, n_tiles = wk.n_tiles;
-        const int q_last = it.q_pos0 + it.q_tokens - 1;
-        const int rows = it.q_tokens * g;
-        /* ---- my warpgroup's 64 Q rows -> shared (rows past the tile are zero) ---- */
-        {
-            const T *qb = (const T *)a.q;
-#pragma unroll 4
-            for (int j = 0; j < 64 * CPR / 128; ++j) {
-                const int i = wt + j * 128, r = cw * 64 + i / CPR, c = i % CPR;
-                const bool ok = r < rows;
-                const int t = ok ? r / g : 0, hh = ok ? r - t * g : 0;
-                const T *src = qb + (int64_t)(it.q_row0 + t) * a.q_st + (int64_t)(kh * g + hh) * a.q_sh + c * 8;
-                kva__pf_cp16(q_s + kva__pf_tile_off<D * 2, ROWS, true>(r, c), ok ? (const void *)src : a.q, ok);
-            }
-            kva__cp_async_commit();
-            kva__cp_async_wait<0>();
-            kva__fence_proxy_async();
-            kva__bar_sync(1 + cw, 128);
-        }
 
-        float o_acc[DT][4];
-#pragma unroll
-        for (int dt = 0; dt < DT; ++dt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) o_acc[dt][e] = 0.0f;
-        float m_st[2] = {-INFINITY, -INFINITY}, l_st[2] = {0.0f, 0.0f};
-        /* query positions of my two rows */
-        int qp[2];
-#pragma unroll
-        for (int h = 0; h < 2; ++h) qp[h] = it.q_pos0 + (row_base + (lane >> 2) + 8 * h) / g;
-        /* the keys each row's mask lets through (before the block's own range): [qlo, qhi) */
-        int qlo[2], qhi[2];
+    /* Q buffers: with G::XITEM the next work item's Q lands in the other buffer during this
+     * item, so the next item's first Q K^T can be issued together with this item's last P V
+     * (below) instead of after this item's epilogue. */
+    auto q_buf = [&](int b) { return q_s + (uint32_t)(b * G::Q_BYTES); };
+    /* my warpgroup's 64 Q rows of work item w -> buffer b (rows past the item are zero) */
+    auto load_q = [&](const kva__hp_work &w, int b) {
+        const T *qb = (const T *)a.q;
+        const int rows_w = w.it.q_tokens * g;
+#pragma unroll 4
+        for (int j = 0; j < 64 * CPR / 128; ++j) {
+            const int i = wt + j * 128, r = cw * 64 + i / CPR, c = i % CPR;
+            const bool ok = r < rows_w;
+            const int t = ok ? r / g : 0, hh = ok ? r - t * g : 0;
+            const T *src = qb + (int64_t)(w.it.q_row0 + t) * a.q_st + (int64_t)(w.kh * g + hh) * a.q_sh + c * 8;
+            kva__pf_cp16(q_buf(b) + kva__pf_tile_off<D * 2, ROWS, true>(r, c), ok ? (const void *)src : a.q, ok);
+        }
+        kva__cp_async_commit();
+    };
+    /* every Q copy of mine landed and visible to my warpgroup's wgmma */
+    auto q_ready = [&]() {
+        kva__cp_async_wait<0>();
+        kva__fence_proxy_async();
+        kva__bar_sync(1 + cw, 128);
+    };
+
+    /* the item whose scores the softmax works on; its row positions and mask ranges */
+    int q_last = 0, rows = 0, qlo[2], qhi[2];
+    auto item_setup = [&]() {
+        q_last = wk.it.q_pos0 + wk.it.q_tokens - 1;
+        rows = wk.it.q_tokens * g;
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-            /* (literals: the run-time compiler of variants has no <stdint.h> limits) */
-            const int64_t wl = a.window_left >= 0 ? (int64_t)qp[h] - a.window_left : -2147483647 - 1;
+            const int qp = wk.it.q_pos0 + (row_base + (lane >> 2) + 8 * h) / g;
+            /* the keys row h's mask lets through (before the block's own range): [qlo, qhi)
+             * (literals: the run-time compiler of variants has no <stdint.h> limits) */
+            const int64_t wl = a.window_left >= 0 ? (int64_t)qp - a.window_left : -2147483647 - 1;
             qlo[h] = (int)(wl > -2147483647 - 1 ? wl : -2147483647 - 1);
-            qhi[h] = a.causal ? qp[h] + 1 : 2147483647;
+            qhi[h] = a.causal ? qp + 1 : 2147483647;
         }
+    };
 
-        float sc[NT][4];
-        uint32_t pa[BN / 16][4];
-
-        auto issue_qk = [&](int s) {
-            const uint32_t ks = k_stage(s);
-            kva__wgmma_fence();
+    float o_acc[DT][4];
 #pragma unroll
-            for (int kd = 0; kd < D / 16; ++kd) {
-                const uint32_t blk = (uint32_t)(kd >> 2);
-                const uint64_t da = kva__wgmma_desc(q_wg + blk * ROWS * 128 + (kd & 3) * 32, 16, 1024);
-                const uint64_t db = kva__wgmma_desc(ks + blk * BN * 128 + (kd & 3) * 32, 16, 1024);
-                kva__wgmma_ss<T, BN>(&sc[0][0], da, db, kd > 0);
-            }
-            kva__wgmma_commit();
-        };
-        auto issue_pv = [&](int s) {
-            const uint32_t vs = v_stage(s);
-            kva__wgmma_fence();
+    for (int dt = 0; dt < DT; ++dt)
 #pragma unroll
-            for (int kk = 0; kk < BN / 16; ++kk) {
-                const uint64_t db = kva__wgmma_desc(vs + kk * 16 * 128, KVA__PF_V_LBO(BN), KVA__PF_V_SBO(BN));
-                kva__wgmma_rs<T, D>(&o_acc[0][0], pa[kk], db);
-            }
-            kva__wgmma_commit();
-        };
+        for (int e = 0; e < 4; ++e) o_acc[dt][e] = 0.0f;
+    float m_st[2] = {-INFINITY, -INFINITY}, l_st[2] = {0.0f, 0.0f};
+    float sc[NT][4];
+    uint32_t pa[BN / 16][4];
 
-        /* mask + online softmax of tile j in sc (log2 units); returns per-row alpha */
-        auto softmax = [&](int j, float alpha_r[2]) -> bool {
-            const kva__hp_tile t = kva__hp_tile_of<BN>(j, lo, lo_al, hi, paged);
-            const bool need_mask = t.kb + BN > hi || t.kb < t.kmin || (a.causal && t.kb + BN - 1 > it.q_pos0) ||
-                                   (a.window_left >= 0 && (int64_t)t.kb < (int64_t)q_last - a.window_left);
-            /* an overflowed dot product: capped (tanh saturates, as in the float64 reference), or
-             * NaN without a cap -- never a mask (as prefill_kernel.cuh) */
-            if (capped) {
+    /* wgmma descriptors: my warpgroup's Q rows in buffer b, stage 0's K and V (a stage s is
+     * s * 2 * TILE_BYTES further on); each wgmma's operand is an offset from these */
+    const uint64_t k_desc0 = kva__wgmma_desc(k_stage(0), 16, 1024);
+    const uint64_t v_desc0 = kva__wgmma_desc(v_stage(0), KVA__PF_V_LBO(BN), KVA__PF_V_SBO(BN));
+    auto q_desc = [&](int b) { return kva__wgmma_desc(q_buf(b) + (uint32_t)cw * 64 * 128, 16, 1024); };
+    auto issue_qk = [&](int s, uint64_t qd) {
+        const uint64_t kd0 = kva__wgmma_desc_add(k_desc0, (uint32_t)(s * 2 * G::TILE_BYTES));
+        kva__wgmma_fence();
+#pragma unroll
+        for (int kd = 0; kd < D / 16; ++kd) {
+            const uint32_t blk = (uint32_t)(kd >> 2);
+            const uint64_t da = kva__wgmma_desc_add(qd, blk * ROWS * 128 + (kd & 3) * 32);
+            const uint64_t db = kva__wgmma_desc_add(kd0, blk * BN * 128 + (kd & 3) * 32);
+            kva__wgmma_ss<T, BN>(&sc[0][0], da, db, kd > 0);
+        }
+        kva__wgmma_commit();
+    };
+    auto issue_pv = [&](int s) {
+        const uint64_t vd0 = kva__wgmma_desc_add(v_desc0, (uint32_t)(s * 2 * G::TILE_BYTES));
+        kva__wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; ++kk) {
+            const uint64_t db = kva__wgmma_desc_add(vd0, kk * 16 * 128);
+            kva__wgmma_rs<T, D>(&o_acc[0][0], pa[kk], db);
+        }
+        kva__wgmma_commit();
+    };
+
+    /* mask + online softmax of tile j of wk in sc (log2 units); returns per-row alpha */
+    auto softmax = [&](int j, float alpha_r[2]) -> bool {
+        const int lo = wk.lo, hi = wk.hi;
+        const kva__hp_tile t = kva__hp_tile_of<BN>(j, lo, wk.lo_al, hi, paged);
+        const bool need_mask = t.kb + BN > hi || t.kb < t.kmin || (a.causal && t.kb + BN - 1 > wk.it.q_pos0) ||
+                               (a.window_left >= 0 && (int64_t)t.kb < (int64_t)q_last - a.window_left);
+        /* an overflowed dot product: capped (tanh saturates, as in the float64 reference), or
+         * NaN without a cap -- never a mask (as prefill_kernel.cuh) */
+        if (capped) {
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) sc[nt][e] = a.cap_log2 * kva__pf_tanh(sc[nt][e] * a.cap_inv_scale);
+        }
+        if (need_mask) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                /* the keys row h may see, [k_lo, k_hi): one unsigned compare per score */
+                const int k_lo = max(t.kmin, qlo[h]);
+                const int k_hi = max(k_lo, min(hi, qhi[h]));
+                const uint32_t span = (uint32_t)(k_hi - k_lo);
+                const int key0 = t.kb + 2 * (lane & 3) - k_lo;
 #pragma unroll
                 for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-                    for (int e = 0; e < 4; ++e) sc[nt][e] = a.cap_log2 * kva__pf_tanh(sc[nt][e] * a.cap_inv_scale);
+                    for (int e = 2 * h; e < 2 * h + 2; ++e) {
+                        float x = sc[nt][e];
+                        if (!capped && x == -INFINITY) x = NAN;
+                        if ((uint32_t)(key0 + nt * 8 + (e & 1)) >= span) x = -INFINITY;
+                        sc[nt][e] = x;
+                    }
             }
-            if (need_mask) {
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    /* the keys row h may see, [k_lo, k_hi): one unsigned compare per score */
-                    const int k_lo = max(t.kmin, qlo[h]);
-                    const int k_hi = max(k_lo, min(hi, qhi[h]));
-                    const uint32_t span = (uint32_t)(k_hi - k_lo);
-                    const int key0 = t.kb + 2 * (lane & 3) - k_lo;
-#pragma unroll
-                    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-                        for (int e = 2 * h; e < 2 * h + 2; ++e) {
-                            float x = sc[nt][e];
-                            if (!capped && x == -INFINITY) x = NAN;
-                            if ((uint32_t)(key0 + nt * 8 + (e & 1)) >= span) x = -INFINITY;
-                            sc[nt][e] = x;
-                        }
-                }
-            }
-            if constexpr (KVA__HAS_SCORE_MOD) /* a variant's modifier (prefill_kernel.cuh) */
-                kva__pf_apply_score_mod<1, NT>(a, &sc, need_mask, capped, t.kb, it.q_pos0, q_last,
-                                               row_base + (lane >> 2), rows, kh, g, lane);
+        }
+        if constexpr (KVA__HAS_SCORE_MOD) /* a variant's modifier (prefill_kernel.cuh) */
+            kva__pf_apply_score_mod<1, NT>(a, &sc, need_mask, capped, t.kb, wk.it.q_pos0, q_last,
+                                           row_base + (lane >> 2), rows, wk.kh, g, lane);
 #ifdef KVA__HP_NO_SOFTMAX /* experiment: the matrix products and the pipeline alone */
-            return false;
+        return false;
 #endif
-            bool rescale = false;
+        bool rescale = false;
 #pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                /* max and sum as trees: a chain of NT dependent instructions per row would put
-                 * its latency on the critical path (the softmax runs alone on its warp) */
-                float t[NT];
+        for (int h = 0; h < 2; ++h) {
+            /* max and sum as trees: a chain of NT dependent instructions per row would put
+             * its latency on the critical path (the softmax runs alone on its warp) */
+            float tr[NT];
 #pragma unroll
-                for (int nt = 0; nt < NT; ++nt) t[nt] = fmaxf(sc[nt][2 * h], sc[nt][2 * h + 1]);
-                float mx = kva__hp_tree<NT, true>(t);
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-                float ms = __fmul_rn(mx, mul);
-                /* as prefill_kernel.cuh: a row whose visible scores all left f32 range keeps
-                 * -FLT_MAX as its max, which the epilogue turns into NaN */
-                if (ms == -INFINITY && (mx != -INFINITY || (!KVA__HAS_SCORE_MOD && !need_mask)))
-                    ms = -3.402823466e38f;
-                const float m_new = fmaxf(m_st[h], ms);
-                const float m_use = m_new == -INFINITY ? 0.0f : m_new;
-                const float alpha = exp2f(m_st[h] - m_use);
-                m_st[h] = m_new;
+            for (int nt = 0; nt < NT; ++nt) tr[nt] = fmaxf(sc[nt][2 * h], sc[nt][2 * h + 1]);
+            float mx = kva__hp_tree<NT, true>(tr);
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            float ms = __fmul_rn(mx, mul);
+            /* as prefill_kernel.cuh: a row whose visible scores all left f32 range keeps
+             * -FLT_MAX as its max, which the epilogue turns into NaN */
+            if (ms == -INFINITY && (mx != -INFINITY || (!KVA__HAS_SCORE_MOD && !need_mask)))
+                ms = -3.402823466e38f;
+            const float m_new = fmaxf(m_st[h], ms);
+            const float m_use = m_new == -INFINITY ? 0.0f : m_new;
+            const float alpha = exp2f(m_st[h] - m_use);
+            m_st[h] = m_new;
 #pragma unroll
-                for (int nt = 0; nt < NT; ++nt) {
-                    const float p0 = exp2f(fmaf(sc[nt][2 * h], mul, -m_use));
-                    const float p1 = exp2f(fmaf(sc[nt][2 * h + 1], mul, -m_use));
-                    sc[nt][2 * h] = p0;
-                    sc[nt][2 * h + 1] = p1;
-                    t[nt] = p0 + p1;
-                }
-                l_st[h] = l_st[h] * alpha + kva__hp_tree<NT, false>(t);
-                alpha_r[h] = alpha;
-                rescale |= alpha != 1.0f;
+            for (int nt = 0; nt < NT; ++nt) {
+                const float x0 = fmaf(sc[nt][2 * h], mul, -m_use), x1 = fmaf(sc[nt][2 * h + 1], mul, -m_use);
+                constexpr int EXP_FMA = KVA__HP_EXP_FMA(D);
+                const bool fma_pipe = EXP_FMA > 0 && nt % (EXP_FMA > 0 ? EXP_FMA : 1) == 0;
+                const float p0 = fma_pipe ? kva__hp_exp2_fma(x0) : exp2f(x0);
+                const float p1 = fma_pipe ? kva__hp_exp2_fma(x1) : exp2f(x1);
+                sc[nt][2 * h] = p0;
+                sc[nt][2 * h + 1] = p1;
+                tr[nt] = p0 + p1;
             }
-            return __any_sync(0xffffffffu, rescale);
-        };
-        auto pack_p = [&]() {
+            l_st[h] = l_st[h] * alpha + kva__hp_tree<NT, false>(tr);
+            alpha_r[h] = alpha;
+            rescale |= alpha != 1.0f;
+        }
+        return __any_sync(0xffffffffu, rescale);
+    };
+    auto pack_p = [&]() {
 #pragma unroll
-            for (int kk = 0; kk < BN / 16; ++kk) {
-                pa[kk][0] = kva__pack2<T>(sc[2 * kk][0], sc[2 * kk][1]);
-                pa[kk][1] = kva__pack2<T>(sc[2 * kk][2], sc[2 * kk][3]);
-                pa[kk][2] = kva__pack2<T>(sc[2 * kk + 1][0], sc[2 * kk + 1][1]);
-                pa[kk][3] = kva__pack2<T>(sc[2 * kk + 1][2], sc[2 * kk + 1][3]);
-            }
-        };
+        for (int kk = 0; kk < BN / 16; ++kk) {
+            pa[kk][0] = kva__pack2<T>(sc[2 * kk][0], sc[2 * kk][1]);
+            pa[kk][1] = kva__pack2<T>(sc[2 * kk][2], sc[2 * kk][3]);
+            pa[kk][2] = kva__pack2<T>(sc[2 * kk + 1][0], sc[2 * kk + 1][1]);
+            pa[kk][3] = kva__pack2<T>(sc[2 * kk + 1][2], sc[2 * kk + 1][3]);
+        }
+    };
+    /* S_0 = Q K_0^T of wk alone (its first tile, at global tile index gt), softmax, P */
+    auto first_tile = [&](uint32_t gt0, int b) {
+        const int s0 = (int)(gt0 % G::STAGES);
+        kva__mbar_wait(full_k(s0), (gt0 / G::STAGES) & 1u);
+        turn_wait();
+        issue_qk(s0, q_desc(b));
+        turn_pass();
+        kva__wgmma_wait<0>();
+        kva__pf_fence_regs<NT * 4>(&sc[0][0]);
+        release(empty_k(s0));
+        float alpha_r[2];
+        (void)softmax(0, alpha_r); /* O is zero: nothing to rescale */
+        pack_p();
+    };
 
-        if (n_tiles > 0) {
-            /* tile 0: S_0 alone */
-            const int s0 = (int)(gt % G::STAGES);
-            kva__mbar_wait(full_k(s0), (gt / G::STAGES) & 1u);
+    uint32_t gt = 0; /* tiles consumed so far */
+    int qb = 0;      /* the buffer holding wk's Q */
+    int L = blockIdx.x;
+    kva__hp_work nx; /* G::XITEM: the next work item, whose Q is on its way to buffer qb ^ 1 */
+    bool have = kva__hp_work_at<BN>(a, L, box, wk), have_nx = false;
+    if (have) {
+        load_q(wk, 0);
+        if constexpr (G::XITEM) {
+            have_nx = kva__hp_work_at<BN>(a, L + gridDim.x, box, nx);
+            if (have_nx) load_q(nx, 1);
+        }
+    }
+    bool s0_done = false; /* wk's first tile already went through the softmax (the last item's tail) */
+    while (have) {
+        const int n_tiles = wk.n_tiles;
+        const uint64_t qd = q_desc(qb);
+        if (!s0_done) {
+            item_setup();
+            q_ready();
+            if (n_tiles > 0) first_tile(gt, qb);
+        }
+        for (int j = 1; j < n_tiles; ++j) {
+            const int s = (int)((gt + j) % G::STAGES), sp = (int)((gt + j - 1) % G::STAGES);
+            kva__mbar_wait(full_k(s), ((gt + j) / G::STAGES) & 1u);
+            kva__mbar_wait(full_v(sp), ((gt + j - 1) / G::STAGES) & 1u);
             turn_wait();
-            issue_qk(s0);
+            issue_qk(s, qd);
+            kva__pf_fence_regs<DT * 4>(&o_acc[0][0]);
+            issue_pv(sp);
             turn_pass();
-            kva__wgmma_wait<0>();
+            kva__wgmma_wait<1>(); /* S_j landed; P V still running */
             kva__pf_fence_regs<NT * 4>(&sc[0][0]);
-            release(empty_k(s0));
-            {
-                float alpha_r[2];
-                (void)softmax(0, alpha_r); /* O is zero: nothing to rescale */
+            release(empty_k(s));
+            float alpha_r[2];
+            const bool rescale = softmax(j, alpha_r);
+            /* pin the softmax before the wait: left alone, the compiler sinks half of it below
+             * the wait for P V, which then stalls the warp with half the work still to do */
+            kva__pf_fence_regs<NT * 4>(&sc[0][0]);
+            kva__pf_fence_regs<2>(l_st);
+            kva__pf_fence_regs<2>(alpha_r);
+            kva__wgmma_wait<0>();
+            kva__pf_fence_regs<DT * 4>(&o_acc[0][0]);
+            kva__pf_fence_regs_u<BN / 4>(&pa[0][0]);
+            release(empty_v(sp));
+            if (rescale) {
+#pragma unroll
+                for (int dt = 0; dt < DT; ++dt) {
+                    o_acc[dt][0] *= alpha_r[0];
+                    o_acc[dt][1] *= alpha_r[0];
+                    o_acc[dt][2] *= alpha_r[1];
+                    o_acc[dt][3] *= alpha_r[1];
+                }
             }
             pack_p();
-            for (int j = 1; j < n_tiles; ++j) {
-                const int s = (int)((gt + j) % G::STAGES), sp = (int)((gt + j - 1) % G::STAGES);
-                kva__mbar_wait(full_k(s), ((gt + j) / G::STAGES) & 1u);
-                kva__mbar_wait(full_v(sp), ((gt + j - 1) / G::STAGES) & 1u);
-                turn_wait();
-                issue_qk(s);
-                kva__pf_fence_regs<DT * 4>(&o_acc[0][0]);
-                issue_pv(sp);
-                turn_pass();
-                kva__wgmma_wait<1>(); /* S_j landed; P V still running */
-                kva__pf_fence_regs<NT * 4>(&sc[0][0]);
-                release(empty_k(s));
-                float alpha_r[2];
-                const bool rescale = softmax(j, alpha_r);
-                /* pin the softmax before the wait: left alone, the compiler sinks half of it below
-                 * the wait for P V, which then stalls the warp with half the work still to do */
-                kva__pf_fence_regs<NT * 4>(&sc[0][0]);
-                kva__pf_fence_regs<2>(l_st);
-                kva__pf_fence_regs<2>(alpha_r);
-                kva__wgmma_wait<0>();
-                kva__pf_fence_regs<DT * 4>(&o_acc[0][0]);
-                kva__pf_fence_regs_u<BN / 4>(&pa[0][0]);
-                release(empty_v(sp));
-                if (rescale) {
+        }
+
+        /* ---- the tail: this item's last P V, with (G::XITEM) the next item's S_0 ---- */
+        const kva__pf_item it = wk.it; /* (the epilogue's copy: wk may move on below) */
+        const int kh = wk.kh, rows_o = rows;
+        const bool nx_s0 = G::XITEM && have_nx && nx.n_tiles > 0 && n_tiles > 0;
+        const uint32_t gn = gt + (uint32_t)n_tiles; /* the next item's first tile */
+        const int sl = (int)((gn - 1) % G::STAGES), sn = (int)(gn % G::STAGES);
+        float m_o[2] = {m_st[0], m_st[1]}, l_o[2] = {l_st[0], l_st[1]};
+        /* (two straight paths: the compiler serialises every wgmma when a conditional read of
+         * sc may sit between an issue and its wait) */
+        if (nx_s0) {
+            kva__mbar_wait(full_v(sl), ((gn - 1) / G::STAGES) & 1u);
+            q_ready();
+            kva__mbar_wait(full_k(sn), (gn / G::STAGES) & 1u);
+            turn_wait();
+            issue_qk(sn, q_desc(qb ^ 1));
+            kva__pf_fence_regs<DT * 4>(&o_acc[0][0]);
+            issue_pv(sl);
+            turn_pass();
+            /* the next item's S_0 landed, P V still runs: its softmax under this P V */
+            kva__wgmma_wait<1>();
+            kva__pf_fence_regs<NT * 4>(&sc[0][0]);
+            release(empty_k(sn));
+            wk = nx;
+            item_setup();
 #pragma unroll
-                    for (int dt = 0; dt < DT; ++dt) {
-                        o_acc[dt][0] *= alpha_r[0];
-                        o_acc[dt][1] *= alpha_r[0];
-                        o_acc[dt][2] *= alpha_r[1];
-                        o_acc[dt][3] *= alpha_r[1];
-                    }
-                }
-                pack_p();
+            for (int h = 0; h < 2; ++h) {
+                m_st[h] = -INFINITY;
+                l_st[h] = 0.0f;
             }
-            const int sl = (int)((gt + n_tiles - 1) % G::STAGES);
-            kva__mbar_wait(full_v(sl), ((gt + n_tiles - 1) / G::STAGES) & 1u);
+            float alpha_r[2];
+            (void)softmax(0, alpha_r); /* its O starts at zero: nothing to rescale */
+            kva__pf_fence_regs<NT * 4>(&sc[0][0]);
+            kva__pf_fence_regs<2>(l_st);
+            kva__wgmma_wait<0>();
+            kva__pf_fence_regs<DT * 4>(&o_acc[0][0]);
+            kva__pf_fence_regs_u<BN / 4>(&pa[0][0]);
+            release(empty_v(sl));
+        } else if (n_tiles > 0) {
+            kva__mbar_wait(full_v(sl), ((gn - 1) / G::STAGES) & 1u);
             turn_wait();
             kva__pf_fence_regs<DT * 4>(&o_acc[0][0]);
             issue_pv(sl);
@@ -491,34 +596,35 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
         /* ---- epilogue: normalise, write o + lse, or the partial state ---- */
         const bool split = it.key_beg > 0 || it.key_end < it.kv_len;
         const int Hq = a.num_qo_heads;
+        const uint32_t q_o = q_buf(qb); /* this item's Q rows: free since its last Q K^T */
         /* O through shared memory: each thread's 4-byte pieces of 8 rows made every store
          * instruction touch 8 rows, and the item's store phase took ~3000 cycles (a clock64 trace
-         * of 32 x 512 on an H200: 12% of an item); staged in my warpgroup's Q rows (free: its last
-         * Q K^T has completed) and written as whole 16-byte chunks of each row. Needs 16-byte
-         * aligned rows of o (else the direct stores below). Paired H200 runs: d128 and d256 rows
-         * +1-3%, d64 3-6% slower (16k causal), so d64 stores directly. */
+         * of 32 x 512 on an H200: 12% of an item); staged in my warpgroup's Q rows and written as
+         * whole 16-byte chunks of each row. Needs 16-byte aligned rows of o (else the direct
+         * stores below). Paired H200 runs: d128 and d256 rows +1-3%, d64 3-6% slower (16k
+         * causal), so d64 stores directly. */
         static_assert(sizeof(T) == 2, "the Hopper kernel is built for 16-bit elements");
         const bool staged = D >= 128 && !split && (((unsigned long long)a.o | (unsigned long long)(a.o_st * 2) | (unsigned long long)(a.o_sh * 2)) & 15) == 0;
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-            float l = l_st[h];
+            float l = l_o[h];
             l += __shfl_xor_sync(0xffffffffu, l, 1);
             l += __shfl_xor_sync(0xffffffffu, l, 2);
             const int r = row_base + (lane >> 2) + 8 * h;
-            if (!(fabsf(m_st[h]) < 268435456.0f) && m_st[h] != -INFINITY) l = NAN;
+            if (!(fabsf(m_o[h]) < 268435456.0f) && m_o[h] != -INFINITY) l = NAN;
             const float inv = kva__softmax_inv(l);
             const int d0 = 2 * (lane & 3);
             if (staged) {
 #pragma unroll
                 for (int dt = 0; dt < DT; ++dt)
-                    asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(q_s + kva__pf_tile_off<D * 2, ROWS, true>(r, dt) +
+                    asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(q_o + kva__pf_tile_off<D * 2, ROWS, true>(r, dt) +
                                                                     (uint32_t)(d0 * 2)),
                                  "r"(kva__pack2<T>(o_acc[dt][2 * h] * inv, o_acc[dt][2 * h + 1] * inv))
                                  : "memory");
             }
-            if (r >= rows) continue;
+            if (r >= rows_o) continue;
             const int t = r / g, qh = kh * g + (r - t * g);
-            const float lse = kva__softmax_lse(m_st[h], l);
+            const float lse = kva__softmax_lse(m_o[h], l);
             if (staged) {
                 if (a.lse && (lane & 3) == 0) a.lse[(int64_t)(it.q_row0 + t) * Hq + qh] = lse;
             } else if (!split) {
@@ -543,18 +649,46 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
 #pragma unroll 4
             for (int j = 0; j < 64 * CPR / 128; ++j) {
                 const int i = wt + j * 128, r = cw * 64 + i / CPR, c = i % CPR;
-                if (r >= rows) continue;
+                if (r >= rows_o) continue;
                 const int t = r / g, qh = kh * g + (r - t * g);
                 uint4 v;
                 asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
                              : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                             : "r"(q_s + kva__pf_tile_off<D * 2, ROWS, true>(r, c))
+                             : "r"(q_o + kva__pf_tile_off<D * 2, ROWS, true>(r, c))
                              : "memory");
                 *reinterpret_cast<uint4 *>((T *)a.o + (int64_t)(it.q_row0 + t) * a.o_st + (int64_t)qh * a.o_sh + c * 8) = v;
             }
-            kva__bar_sync(1 + cw, 128); /* (the next item's Q lands here) */
         }
-        gt += (uint32_t)n_tiles;
+        /* (every read of buffer qb is done before a Q copy lands there) */
+        kva__bar_sync(1 + cw, 128);
+#pragma unroll
+        for (int dt = 0; dt < DT; ++dt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) o_acc[dt][e] = 0.0f;
+        if (nx_s0) pack_p();
+        gt = gn;
+
+        /* ---- the next item ---- */
+        L += gridDim.x;
+        s0_done = nx_s0;
+        if constexpr (G::XITEM) {
+            have = have_nx;
+            if (!have) break;
+            if (!nx_s0) wk = nx;
+            qb ^= 1;
+            have_nx = kva__hp_work_at<BN>(a, L + gridDim.x, box, nx);
+            if (have_nx) load_q(nx, qb ^ 1);
+        } else {
+            have = kva__hp_work_at<BN>(a, L, box, wk);
+            if (have) load_q(wk, 0);
+        }
+        if (!s0_done) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                m_st[h] = -INFINITY;
+                l_st[h] = 0.0f;
+            }
+        }
     }
     if (cw == 0) turn_wait(); /* warpgroup 1's last pass */
 #endif

@@ -23,6 +23,15 @@ __device__ __forceinline__ uint64_t kva__wgmma_desc(uint32_t smem_addr, uint32_t
            ((uint64_t)(sbo >> 4) << 32) | (1ull << 62);
 }
 
+/* The same descriptor for an address `bytes` further on (bytes a multiple of 16, the address
+ * staying below 256 KB): one 32-bit add on the address field, so that a loop issuing many
+ * wgmma builds each operand's descriptor from one base instead of from scratch (the issue
+ * sequence sits on the critical path between two barriers). */
+__device__ __forceinline__ uint64_t kva__wgmma_desc_add(uint64_t desc, uint32_t bytes) {
+    const uint32_t lo = (uint32_t)desc + (bytes >> 4), hi = (uint32_t)(desc >> 32);
+    return ((uint64_t)hi << 32) | lo;
+}
+
 #if KVA__HAVE_WGMMA
 __device__ __forceinline__ void kva__wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void kva__wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
