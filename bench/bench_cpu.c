@@ -83,11 +83,16 @@ static void add_row(bench_state *b, const bench_row *r) {
     if (b->num_rows < (int)(sizeof b->rows / sizeof b->rows[0])) b->rows[b->num_rows++] = *r;
 }
 
-static void *alloc_big(size_t bytes) {
+/* Buffers the timed loops stream (K/V pools, the read-ceiling buffer) come from kva_malloc, as
+ * a caller's pools should: on the CPU it gives blocks of 2 MB or more huge pages, which decode
+ * from shuffled pages needs (kvattn.h, kva_malloc); the ceiling gets the same pages, so the
+ * fractions compare like with like. */
+static void *alloc_big(bench_state *b, size_t bytes) {
     void *p = NULL;
-    if (posix_memalign(&p, 4096, bytes) != 0) return NULL;
-    return p;
+    return kva_malloc(b->ctx, bytes, &p) == KVA_OK ? p : NULL;
 }
+
+static void free_big(bench_state *b, void *p) { kva_free(b->ctx, p); }
 
 /* ------------------------------------------------------------------------------------------ */
 /* Ceilings                                                                                     */
@@ -136,7 +141,7 @@ static double measure_read_bandwidth(bench_state *b, const kva_ceiling_probe *pr
                                      int reps, double *per_core_sum) {
     const size_t chunk = 16 * 64; /* floats per thread-slice granule: whole probe iterations */
     const size_t n = bytes / sizeof(float) / chunk * chunk;
-    float *buf = alloc_big(n * sizeof(float));
+    float *buf = alloc_big(b, n * sizeof(float));
     if (!buf) return 0;
     const int T = b->threads;
     const size_t granules = n / chunk;
@@ -175,7 +180,7 @@ static double measure_read_bandwidth(bench_state *b, const kva_ceiling_probe *pr
         if (r > 0 && sum / 1e9 > *per_core_sum) *per_core_sum = sum / 1e9;
     }
     (void)sink;
-    free(buf);
+    free_big(b, buf);
     return (double)(n * sizeof(float)) / min_of(times, reps) / 1e9;
 }
 
@@ -282,8 +287,8 @@ static int pool_create(bench_state *b, decode_pool *p, kva_dtype dtype, size_t k
     const size_t page_elems = (size_t)BENCH_PAGE * BENCH_KV_HEADS * BENCH_HEAD_DIM;
     p->dtype = dtype;
     p->num_pages = (int32_t)(kv_bytes / (2 * page_elems * es));
-    p->k = alloc_big((size_t)p->num_pages * page_elems * es);
-    p->v = alloc_big((size_t)p->num_pages * page_elems * es);
+    p->k = alloc_big(b, (size_t)p->num_pages * page_elems * es);
+    p->v = alloc_big(b, (size_t)p->num_pages * page_elems * es);
     p->perm = malloc(sizeof(int32_t) * (size_t)p->num_pages);
     if (!p->k || !p->v || !p->perm) return -1;
     fill_half_random(p->k, (size_t)p->num_pages * page_elems, dtype, 11, b->threads);
@@ -298,9 +303,9 @@ static int pool_create(bench_state *b, decode_pool *p, kva_dtype dtype, size_t k
     return 0;
 }
 
-static void pool_destroy(decode_pool *p) {
-    free(p->k);
-    free(p->v);
+static void pool_destroy(bench_state *b, decode_pool *p) {
+    free_big(b, p->k);
+    free_big(b, p->v);
     free(p->perm);
     memset(p, 0, sizeof *p);
 }
@@ -331,7 +336,7 @@ static double time_decode(bench_state *b, const decode_pool *pool, int32_t batch
     int32_t *indptr = malloc(sizeof(int32_t) * (size_t)(batch + 1));
     int32_t *last = malloc(sizeof(int32_t) * (size_t)batch);
     size_t qbytes = (size_t)batch * BENCH_HEADS * BENCH_HEAD_DIM * es;
-    void *q = alloc_big(qbytes), *o = alloc_big(qbytes);
+    void *q = alloc_big(b, qbytes), *o = alloc_big(b, qbytes);
     double *times = malloc(sizeof(double) * 4096);
     if (!indptr || !last || !q || !o || !times || alloc_workspace(b->ctx, &l, 1, &ws) != KVA_OK)
         goto done;
@@ -367,8 +372,8 @@ done:
     free_workspace(b->ctx, &ws);
     free(indptr);
     free(last);
-    free(q);
-    free(o);
+    free_big(b, q);
+    free_big(b, o);
     free(times);
     return result;
 }
@@ -407,7 +412,8 @@ static void bench_prefill(bench_state *b, kva_dtype dtype, int32_t n, int reps) 
     const size_t es = kva_dtype_size(dtype);
     const size_t qbytes = (size_t)n * BENCH_HEADS * BENCH_HEAD_DIM * es;
     const size_t kbytes = (size_t)n * BENCH_KV_HEADS * BENCH_HEAD_DIM * es;
-    void *q = alloc_big(qbytes), *o = alloc_big(qbytes), *k = alloc_big(kbytes), *v = alloc_big(kbytes);
+    void *q = alloc_big(b, qbytes), *o = alloc_big(b, qbytes), *k = alloc_big(b, kbytes),
+         *v = alloc_big(b, kbytes);
     kva_workspace ws = {0};
     kva_plan_limits l = {0};
     l.max_batch = 1;
@@ -473,10 +479,10 @@ done:
         add_row(b, &r);
     }
     free_workspace(b->ctx, &ws);
-    free(q);
-    free(o);
-    free(k);
-    free(v);
+    free_big(b, q);
+    free_big(b, o);
+    free_big(b, k);
+    free_big(b, v);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -580,7 +586,7 @@ int bench_cpu_main(kva_context *ctx, const bench_cpu_options *options) {
         memset(&pool, 0, sizeof pool);
         if (pool_create(&b, &pool, dtypes[d], pool_bytes) != 0) {
             fprintf(stderr, "  cannot allocate a %.0f MB pool\n", (double)pool_bytes / 1e6);
-            pool_destroy(&pool);
+            pool_destroy(&b, &pool);
             return 2;
         }
         bench_decode(&b, &pool, 1, 4096, KVA_DECODE_PARTIAL_ROWMAX, "decode");
@@ -593,7 +599,7 @@ int bench_cpu_main(kva_context *ctx, const bench_cpu_options *options) {
             bench_decode(&b, &pool, 32, 512, KVA_DECODE_PARTIAL_ROWMAX, "decode partial-rowmax");
             bench_decode(&b, &pool, 32, 512, KVA_DECODE_GLOBAL_ROWMAX, "decode global-rowmax");
         }
-        pool_destroy(&pool);
+        pool_destroy(&b, &pool);
     }
 
     printf("\nprefill: causal, one sequence, %d q / %d kv heads, d %d\n", BENCH_HEADS,

@@ -161,10 +161,9 @@ kva_status kva_malloc(kva_context *ctx, size_t bytes, void **ptr) {
     if (bytes > KVA__MAX_ALLOC)
         return kva__fail(KVA_ERR_OUT_OF_MEMORY, "kva_malloc: bytes = %zu is too large", bytes);
     if (ctx->device == KVA_DEVICE_CUDA) return kva__cuda_malloc(ctx, bytes, ptr);
-    if (posix_memalign(ptr, 64, bytes ? kva__align_up(bytes, 64) : 64) != 0) {
-        *ptr = NULL;
+    /* K/V pools come from here: large blocks get huge pages (host_memory.c says why) */
+    if ((*ptr = kva__host_memory_alloc(bytes)) == NULL)
         return kva__fail(KVA_ERR_OUT_OF_MEMORY, "kva_malloc: cannot allocate %zu bytes", bytes);
-    }
     return KVA_OK;
 }
 

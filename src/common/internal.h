@@ -97,6 +97,15 @@ static inline bool kva__dtype_valid(kva_dtype d) {
 /* Number of CPU cores available to this process (>= 1). */
 int kva__cpu_count(void);
 
+/* CPU device memory (host_memory.c): 64-byte aligned; blocks of KVA__HUGE_PAGE_BYTES or more
+ * are aligned to it and advised for transparent huge pages (Linux; KVA_HUGE_PAGES=0: not).
+ * Freed with free(). NULL when out of memory. */
+#define KVA__HUGE_PAGE_BYTES ((size_t)2 << 20)
+void *kva__host_memory_alloc(size_t bytes);
+/* madvise(MADV_HUGEPAGE) on the whole 2 MB frames inside [p, p + bytes): 0, or -1 when there is
+ * none, the call failed or the platform has no such advice (harmless: 4 KB pages stay). */
+int kva__advise_huge_pages(void *p, size_t bytes);
+
 #ifdef __cplusplus
 }
 #endif
