@@ -276,6 +276,17 @@ def test_decode(variants, name, dtype, algorithm):
         _check(o[b:b + 1], lse[b:b + 1], ro, rl, dtype, "decode %s %s %s b%d" % (name, dtype, algorithm, b))
 
 
+def prefill_cases(test):
+    """The cases of every prefill test: each example variant, f16 and bf16, causal or not (marks
+    applied as stacked decorators would be, so the test ids stay [causal-dtype-name])."""
+    for mark in (pytest.mark.parametrize("causal", [False, True]),
+                 pytest.mark.parametrize("dtype", ["float16", "bfloat16"]),
+                 pytest.mark.parametrize("name", ["alibi", "softcap", "doc_mask"]),
+                 needs_cuda):
+        test = mark(test)
+    return test
+
+
 def _prefill_problem(rng, dtype):
     qo, kv = [1, 77, 257], [64, 130, 257]  # queries <= keys, as chunked prefill
     q = _cuda(rng.standard_normal((sum(qo), HQ, D)), dtype)
@@ -295,10 +306,7 @@ def _prefill_ref(q, k, v, qi, ki, causal, mod):
     return np.concatenate(o), np.concatenate(l)
 
 
-@needs_cuda
-@pytest.mark.parametrize("name", ["alibi", "softcap", "doc_mask"])
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("causal", [False, True])
+@prefill_cases
 def test_prefill_ragged_and_dense(variants, name, dtype, causal):
     variant, data, mod = variants[name]
     rng = np.random.default_rng(12)
@@ -326,10 +334,7 @@ def test_prefill_ragged_and_dense(variants, name, dtype, causal):
         _check(o, lse, ro[sl_q], rl[sl_q], dtype, "attention planned=%s %s" % (planned, what))
 
 
-@needs_cuda
-@pytest.mark.parametrize("name", ["alibi", "softcap", "doc_mask"])
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("causal", [False, True])
+@prefill_cases
 def test_prefill_paged(variants, name, dtype, causal):
     variant, data, mod = variants[name]
     rng = np.random.default_rng(13)

@@ -278,6 +278,36 @@ static void fill_pages(kva__prefill_args *a, const kva_kv_pages *pages, const in
     a->page_div_m = ((1ull << a->page_div_s) + (uint64_t)pages->page_size - 1) / (uint64_t)pages->page_size;
 }
 
+/* What a plan run passes the kernel, whatever the plan's kind: q, o and lse; paged K/V when
+ * `pages` is given (ragged K/V are the caller's); the plan's records, page ids and partial-state
+ * buffers in the workspace's device part (rows_per_work: num_qo_heads for a decode plan, its
+ * partial rows); the work count, read from the device part under KVA_PLAN_GRAPH so that a
+ * captured run replays after re-planning; the variant. The query tile and the record layout are
+ * the caller's: they differ between prefill and decode plans. */
+static void fill_plan_args(kva__prefill_args *a, const kva_plan *plan, const kva_attn_params *params, kva_tensor q,
+                           const kva_kv_pages *pages, kva_tensor o, float *lse) {
+    const kva__plan_header *h = kva__plan_header_of(plan->workspace.host);
+    unsigned char *dev = (unsigned char *)plan->workspace.device;
+    const int32_t *ints_dev = kva__plan_ints(dev);
+    const kva__plan_header *hdr_dev = (const kva__plan_header *)dev;
+    memset(a, 0, sizeof *a);
+    a->q = q.data;
+    a->q_st = q.stride_token;
+    a->q_sh = q.stride_head;
+    a->o = o.data;
+    a->o_st = o.stride_token;
+    a->o_sh = o.stride_head;
+    if (pages) fill_pages(a, pages, ints_dev + h->off_page_indices);
+    a->lse = lse;
+    a->records = (const int4 *)(ints_dev + h->off_unit_records);
+    a->num_work_dev = &hdr_dev->num_work;
+    a->num_work = (plan->flags & KVA_PLAN_GRAPH) ? -1 : plan->num_work;
+    a->partial_o = (float *)(dev + h->off_partial_o);
+    a->partial_lse = (float *)(dev + h->off_partial_lse);
+    a->rows_per_work = h->rows_per_work;
+    fill_variant(a, params);
+}
+
 /* The merge of split work items, when the plan may have split (a graph plan always launches it:
  * the kernel reads the split flag of the plan it replays with). */
 static kva_status launch_merge(kva_context *ctx, const kva_plan *plan, const kva_attn_params *params, kva_dtype dt,
@@ -328,23 +358,9 @@ extern "C" kva_status kva__cuda_prefill_run(kva_context *ctx, const kva_plan *pl
     KVA_TRY(use_variant(kva__api(), params, dt, &kern));
     KVA_TRY(kva__cuda_use_device(ctx));
 
-    const kva__plan_header *h = kva__plan_header_of(plan->workspace.host);
-    unsigned char *dev = (unsigned char *)plan->workspace.device;
-    const int32_t *ints_dev = kva__plan_ints(dev);
-    const kva__plan_header *hdr_dev = (const kva__plan_header *)dev;
-    const bool graph = (plan->flags & KVA_PLAN_GRAPH) != 0;
-
     kva__prefill_args a;
-    memset(&a, 0, sizeof a);
-    a.q = q.data;
-    a.q_st = q.stride_token;
-    a.q_sh = q.stride_head;
-    a.o = o.data;
-    a.o_st = o.stride_token;
-    a.o_sh = o.stride_head;
-    if (pages) {
-        fill_pages(&a, pages, ints_dev + h->off_page_indices);
-    } else {
+    fill_plan_args(&a, plan, params, q, pages, o, lse);
+    if (!pages) {
         a.k = k.data;
         a.v = v.data;
         a.k_st = k.stride_token;
@@ -355,15 +371,7 @@ extern "C" kva_status kva__cuda_prefill_run(kva_context *ctx, const kva_plan *pl
     /* an empty tensor may have no data; the kernel uses k as a harmless zero-fill source */
     if (!a.k) a.k = a.q;
     if (!a.v) a.v = a.q;
-    a.lse = lse;
-    a.records = (const int4 *)(ints_dev + h->off_unit_records);
-    a.num_work_dev = &hdr_dev->num_work;
-    a.num_work = graph ? -1 : plan->num_work;
     a.qo_tile = plan->qo_tile_size;
-    a.partial_o = (float *)(dev + h->off_partial_o);
-    a.partial_lse = (float *)(dev + h->off_partial_lse);
-    a.rows_per_work = h->rows_per_work;
-    fill_variant(&a, params);
 
     KVA_TRY(launch_prefill(ctx, "prefill run", dt, params->head_dim, &kern, plan->padded_work,
                            params->num_kv_heads, &a, pages, params->variant));
@@ -385,29 +393,10 @@ kva_status kva__cuda_decode_as_prefill(kva_context *ctx, const kva_plan *plan,
     KVA_TRY(use_variant("kva_decode_run", params, dt, &kern));
     KVA_TRY(kva__cuda_use_device(ctx));
 
-    const kva__plan_header *h = kva__plan_header_of(plan->workspace.host);
-    unsigned char *dev = (unsigned char *)plan->workspace.device;
-    const int32_t *ints_dev = kva__plan_ints(dev);
-    const kva__plan_header *hdr_dev = (const kva__plan_header *)dev;
     kva__prefill_args a;
-    memset(&a, 0, sizeof a);
-    a.q = q.data;
-    a.q_st = q.stride_token;
-    a.q_sh = q.stride_head;
-    a.o = o.data;
-    a.o_st = o.stride_token;
-    a.o_sh = o.stride_head;
-    fill_pages(&a, pages, ints_dev + h->off_page_indices);
-    a.lse = lse;
-    a.records = (const int4 *)(ints_dev + h->off_unit_records);
+    fill_plan_args(&a, plan, params, q, pages, o, lse);
     a.decode_records = 1;
-    a.num_work_dev = &hdr_dev->num_work;
-    a.num_work = (plan->flags & KVA_PLAN_GRAPH) ? -1 : plan->num_work;
     a.qo_tile = 1;
-    a.partial_o = (float *)(dev + h->off_partial_o);
-    a.partial_lse = (float *)(dev + h->off_partial_lse);
-    a.rows_per_work = h->rows_per_work; /* num_qo_heads: the decode layout's partial rows */
-    fill_variant(&a, params);
     a.causal = 0; /* the one query sits at the last key: nothing to mask */
     KVA_TRY(launch_prefill(ctx, "kva_decode_run", dt, params->head_dim, &kern, plan->padded_work,
                            params->num_kv_heads, &a, pages, params->variant));
