@@ -25,7 +25,9 @@
  *               tensor cores finish P V; then O is rescaled and P_j packed. At d = 128 the two
  *               consumers take turns issuing ("ping-pong"), elsewhere they issue independently
  *               (what measured faster for each); either way one's softmax overlaps the other's
- *               matrix products.
+ *               matrix products. At d = 64 a work item's last P V is issued with the next
+ *               item's S_0 (its Q loaded into a second buffer during this item), and one in four
+ *               exponentials runs on the FMA pipe (kva__hp_exp2_fma).
  *   out   = as prefill_kernel.cuh: O / l and LSE, or f32 partials for a split work item.
  *
  * Per key tile and block: bytes = 2 * BN * D * 2 from L2/DRAM (64 KB at D = 128, BN = 128);
