@@ -22,8 +22,8 @@
  *     consumers (warpgroups 1 and 2, 216 registers; 224 at d256): 64 rows each. Per key tile j:
  *               S_j = Q K_j^T (wgmma from shared memory) is issued together with
  *               O += P_{j-1} V_{j-1} (P from registers); the softmax of S_j runs while the
- *               tensor cores finish P V; then O is rescaled and P_j packed. At d = 128 the two
- *               consumers take turns issuing ("ping-pong"), elsewhere they issue independently
+ *               tensor cores finish P V; then O is rescaled and P_j packed. At d <= 128 the two
+ *               consumers take turns issuing ("ping-pong"), at d256 they issue independently
  *               (what measured faster for each); either way one's softmax overlaps the other's
  *               matrix products. At d = 64 a work item's last P V is issued with the next
  *               item's S_0 (its Q loaded into a second buffer during this item), and one in four
@@ -67,7 +67,7 @@ struct kva__hopper_geom {
 #else
     /* (not with a variant's score modifier: its per-score work on the turn-holder's critical
      * path made ALiBi 13% slower at d = 128) */
-    static constexpr bool PINGPONG = D == 128 && !KVA__HAS_SCORE_MOD;
+    static constexpr bool PINGPONG = D <= 128 && !KVA__HAS_SCORE_MOD;
 #endif
     /* the next work item's S_0 issued with this item's last P V, its Q loaded during this item
      * into a second buffer (see the consumer's tail): where a second Q fits (d <= 128);
@@ -290,10 +290,10 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
 
     /* Ping-pong (G::PINGPONG): I issue after my barrier completes, then let the other
      * warpgroup go, so that the two warpgroups' matrix products alternate and one's softmax runs
-     * under the other's. Measured on an H200 (bench/NOTES.md, v6.5): +4-7% on d = 128 rows of
-     * 512-2048 tokens and level at 16k, but 2-5% slower at d = 64 and d = 256 over 16k, where
-     * letting both issue freely (their softmaxes interleave through the hardware's own
-     * scheduling) is better. Both warpgroups walk the same items and take the same number of
+     * under the other's. Measured on an H200 (bench/NOTES.md, v6.7, v6.14): +4-7% on d = 128 rows
+     * of 512-2048 tokens and level at 16k; at d = 64 2-5% slower before the cross-item tail,
+     * +1-2% with it; at d = 256 1% slower over 16k, where letting both issue freely (their
+     * softmaxes interleave through the hardware's own scheduling) is better. Both warpgroups walk the same items and take the same number of
      * turns per item (one per tile, plus one for an S_0 the previous item's tail did not
      * issue), so the turns run on across items; warpgroup 0 goes first and takes warpgroup 1's
      * last pass at the end */
