@@ -23,7 +23,8 @@
  *   cuda_prefill_graph_replay   a KVA_PLAN_GRAPH paged run captured in a CUDA graph replays
  *                               correctly after re-planning other batches (smaller, empty
  *                               requests, split, one long request) into the same workspace
- *   cuda_prefill_quick          a few cases of each kind, small enough for racecheck
+ *   cuda_prefill_quick          a few cases of each kind, small enough for racecheck; 16-bit
+ *                               d64 / d128 with KVA_PREFILL_PERSISTENT=3 (many items per block)
  *
  * Before every run the outputs, the LSE and the workspace's device part are poisoned with NaN:
  * every element must be written, and NaN never passes a comparison. Bytes outside the output
@@ -1384,6 +1385,29 @@ KVA_TEST(cuda_prefill_quick) {
         batch_free(&b);
     }
     CHECK_MSG(splits_seen > 0, "no forced-split plan split: the merge path went untested");
+    {
+        /* 16-bit d64 and d128 with the persistent grid capped at 3 blocks, so that every block
+         * walks many work items: the Hopper kernel's item boundary (at d64 the next item's first
+         * Q K^T issued with this one's last P V, from a second Q buffer) runs under the
+         * sanitizers too. Causal and full, GQA 4, ragged then paged. */
+        setenv("KVA_PREFILL_PERSISTENT", "3", 1);
+        for (int i = 0; i < 3; ++i) {
+            prefill_case c = plain_case(i == 1 ? KVA_F16 : KVA_BF16, i == 2 ? 128 : 64, i);
+            c.hq = 8;
+            c.hk = 2;
+            c.causal = i != 1;
+            batch b;
+            batch_random(&b, &rng, 5, 70, 90, true);
+            check_case(ctx, &rng, &c, &b);
+            batch_free(&b);
+            c.page_size = i == 0 ? 16 : 3;
+            c.pool_layout = i + 1;
+            batch_random(&b, &rng, 4, 40, 100, false);
+            check_case(ctx, &rng, &c, &b);
+            batch_free(&b);
+        }
+        unsetenv("KVA_PREFILL_PERSISTENT");
+    }
     const dense_case d = {KVA_BF16, 128, 4, 1, 40, 25, 1, -1, 0.f, 0.f, VIEW_NHD, true};
     check_dense(ctx, &rng, &d, NULL, NULL, NULL, true, NULL, NULL);
     kva_context_destroy(ctx);

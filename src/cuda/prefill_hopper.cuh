@@ -81,6 +81,15 @@ struct kva__hopper_geom {
     static constexpr int SMEM = 1024 + Q_BUFS * Q_BYTES + STAGES * 2 * TILE_BYTES + BAR_BYTES;
 };
 
+/* A value every lane of the warp holds, broadcast from lane 0 so that the compiler knows it is
+ * warp-uniform: wgmma descriptors derived from such values stay in uniform registers; derived
+ * from values it cannot prove uniform they cost R2UR moves before every wgmma (bench/NOTES.md,
+ * v6.15). -DKVA__HP_UNIFORM=0 leaves the broadcasts out (comparisons). */
+#ifndef KVA__HP_UNIFORM
+#define KVA__HP_UNIFORM 1
+#endif
+#define KVA__HP_BCAST(x) (KVA__HP_UNIFORM ? __shfl_sync(0xffffffffu, (x), 0) : (x))
+
 /* Where a key tile's rows come from. Row r of the tile's shared-memory stage holds key kb + r;
  * keys below kmin (or at or past the block's end) are masked. Paged: tiles start at lo rounded
  * down to the copy box, so the first tile may hold keys below lo. Ragged: the last tile is
@@ -283,7 +292,8 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
     /* ================= consumers ================= */
     kva__setmaxnreg_inc<G::CONSUMER_REGS>();
     const int ct = tid - 128;                 /* thread in the two consumer warpgroups */
-    const int cw = ct >> 7;                   /* consumer warpgroup 0 or 1 */
+    /* consumer warpgroup 0 or 1 (uniform: the Q descriptors are built from it) */
+    const int cw = KVA__HP_BCAST(ct >> 7);
     const int wt = ct & 127;                  /* thread in my warpgroup */
     const int lane = ct & 31, wq = wt >> 5;   /* warp in my warpgroup */
     const int row_base = cw * 64 + wq * 16;
@@ -504,7 +514,11 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
     }
     bool s0_done = false; /* wk's first tile already went through the softmax (the last item's tail) */
     while (have) {
-        const int n_tiles = wk.n_tiles;
+        /* (the tile and buffer indices feed the descriptors: after the cross-item tail's
+         * branches the compiler no longer knew them to be uniform) */
+        gt = KVA__HP_BCAST(gt);
+        qb = KVA__HP_BCAST(qb);
+        const int n_tiles = KVA__HP_BCAST(wk.n_tiles);
         const uint64_t qd = q_desc(qb);
         if (!s0_done) {
             item_setup();

@@ -235,7 +235,8 @@ static kva_status launch_prefill(kva_context *ctx, const char *call, kva_dtype d
     }
     if (ok) {
         /* persistent: one block per SM walks (KV head, work item) pairs; KVA_PREFILL_PERSISTENT=0
-         * launches one block per pair instead (comparisons) */
+         * launches one block per pair instead (comparisons), =N at most N blocks (tests: small
+         * batches then still walk several items per block, through the cross-item tail) */
         const int64_t pairs = grid_x * heads;
         if (pairs == 0) return KVA_OK;
         if (pairs > 0x7fffffff)
@@ -243,6 +244,8 @@ static kva_status launch_prefill(kva_context *ctx, const char *call, kva_dtype d
                              (long long)grid_x, heads);
         const char *pers = getenv("KVA_PREFILL_PERSISTENT");
         int64_t blocks = ctx->num_sms > 0 ? ctx->num_sms : 1;
+        const long cap = pers ? strtol(pers, NULL, 10) : 0;
+        if (cap > 0 && blocks > cap) blocks = cap;
         if ((pers && strcmp(pers, "0") == 0) || blocks > pairs) blocks = pairs;
         return launch(ctx, k, blocks, 1, &h);
     }
