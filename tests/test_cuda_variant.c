@@ -711,31 +711,37 @@ out:
 
 /* Median time of `reps` runs of fn(arg) in microseconds (events on the context's stream: NULL). */
 typedef kva_status (*bench_fn)(void *arg);
+/* Microseconds per call: `reps` calls back to back between two events (the GPU never waits
+ * for the host, so a launch path's host cost does not count, as in a serving loop), after 3
+ * warm-up calls. */
 static double time_us(bench_fn fn, void *arg, int reps) {
     cudaEvent_t e0, e1;
     cudaEventCreate(&e0);
     cudaEventCreate(&e1);
-    double t[64];
-    if (reps > 64) reps = 64;
     for (int i = 0; i < 3; ++i) fn(arg);
-    for (int i = 0; i < reps; ++i) {
-        cudaEventRecord(e0, NULL);
-        fn(arg);
-        cudaEventRecord(e1, NULL);
-        cudaEventSynchronize(e1);
-        float ms = 0;
-        cudaEventElapsedTime(&ms, e0, e1);
-        t[i] = ms * 1e3;
-    }
+    cudaEventRecord(e0, NULL);
+    for (int i = 0; i < reps; ++i) fn(arg);
+    cudaEventRecord(e1, NULL);
+    cudaEventSynchronize(e1);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, e0, e1);
     cudaEventDestroy(e0);
     cudaEventDestroy(e1);
-    for (int i = 1; i < reps; ++i)
-        for (int j = i; j > 0 && t[j] < t[j - 1]; --j) {
-            const double x = t[j];
-            t[j] = t[j - 1];
-            t[j - 1] = x;
+    return ms * 1e3 / reps;
+}
+
+/* The four modes (plain, ALiBi, built-in cap, cap snippet) timed in turn over BENCH_ROUNDS rounds,
+ * each mode's median round in us[mode]: the GPU's clock and power state drift over a run, and
+ * interleaving puts every mode under the same drift. */
+#define BENCH_ROUNDS 7
+static double median_of(double *v, int n) {
+    for (int i = 1; i < n; ++i)
+        for (int j = i; j > 0 && v[j] < v[j - 1]; --j) {
+            const double x = v[j];
+            v[j] = v[j - 1];
+            v[j - 1] = x;
         }
-    return t[reps / 2];
+    return v[n / 2];
 }
 
 typedef struct bench_decode {
@@ -823,12 +829,17 @@ KVA_TEST(cuda_variant_bench) {
             bd.q = kva_tensor_nhd(q, dt, Hq, D);
             bd.o = kva_tensor_nhd(o, dt, Hq, D);
             bd.pages = kva_kv_pages_interleaved(pool, dt, npages, ps, Hk, D, KVA_LAYOUT_NHD);
-            double us[4];
+            double us[4], rounds[4][BENCH_ROUNDS];
             for (int m = 0; m < 4; ++m) {
                 set_mode(&bd.p, m, alibi, slopes, snippet, cap);
                 CHECK_OK(run_decode(&bd));
-                us[m] = time_us(run_decode, &bd, 30);
             }
+            for (int r = 0; r < BENCH_ROUNDS; ++r)
+                for (int m = 0; m < 4; ++m) {
+                    set_mode(&bd.p, m, alibi, slopes, snippet, cap);
+                    rounds[m][r] = time_us(run_decode, &bd, 50);
+                }
+            for (int m = 0; m < 4; ++m) us[m] = median_of(rounds[m], BENCH_ROUNDS);
             printf("    decode 32/8 d128 bf16 %dx%d: plain %.1f us, alibi %.1f us (%+.1f%%), softcap built-in %.1f us, "
                    "snippet %.1f us (%+.1f%%)\n",
                    batches[bi], L, us[0], us[1], 100.0 * (us[1] / us[0] - 1), us[2], us[3], 100.0 * (us[3] / us[2] - 1));
@@ -869,12 +880,17 @@ KVA_TEST(cuda_variant_bench) {
         bp.o = kva_tensor_nhd(o, dt, Hq, D);
         bp.k = kva_tensor_nhd(k, dt, Hk, D);
         bp.v = kva_tensor_nhd(v, dt, Hk, D);
-        double us[4];
+        double us[4], rounds[4][BENCH_ROUNDS];
         for (int m = 0; m < 4; ++m) {
             set_mode(&bp.p, m, alibi, slopes, snippet, cap);
             CHECK_OK(run_prefill(&bp));
-            us[m] = time_us(run_prefill, &bp, 10);
         }
+        for (int r = 0; r < BENCH_ROUNDS; ++r)
+            for (int m = 0; m < 4; ++m) {
+                set_mode(&bp.p, m, alibi, slopes, snippet, cap);
+                rounds[m][r] = time_us(run_prefill, &bp, 5);
+            }
+        for (int m = 0; m < 4; ++m) us[m] = median_of(rounds[m], BENCH_ROUNDS);
         const double flop = 4.0 * S * (double)S / 2 * Hq * D;
         printf("    prefill 32/8 d128 bf16 1x%d causal: plain %.0f us (%.0f TFLOP/s), alibi %.0f us (%+.1f%%), softcap "
                "built-in %.0f us, snippet %.0f us (%+.1f%%)\n",
