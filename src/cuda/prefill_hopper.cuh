@@ -47,6 +47,16 @@
 #endif
 #define KVA__HP_STAGES(D) ((D) <= 64 ? 4 : (D) <= 128 ? KVA__HP_STAGES_D128 : 2)
 
+/* The built-in ALiBi variant (variant_alibi.cuh) declares itself with KVA_VARIANT_ALIBI_SLOPES:
+ * its bias slope[head] * (key - query) is then folded into the scores with two FFMAs per score
+ * (one per-row base per tile, one immediate column offset per score) in log2 units, instead of the
+ * generic hook (natural-log units both ways and the modifier's own integer and float work). */
+#ifdef KVA_VARIANT_ALIBI_SLOPES
+#define KVA__HP_ALIBI true
+#else
+#define KVA__HP_ALIBI false
+#endif
+
 template <typename T, int D>
 struct kva__hopper_geom {
     static constexpr int ROWS = 128;
@@ -67,7 +77,15 @@ struct kva__hopper_geom {
 #else
     /* (not with a variant's score modifier: its per-score work on the turn-holder's critical
      * path made ALiBi 13% slower at d = 128) */
-    static constexpr bool PINGPONG = D <= 128 && !KVA__HAS_SCORE_MOD;
+    static constexpr bool PINGPONG = D <= 128 && (!KVA__HAS_SCORE_MOD || KVA__HP_ALIBI);
+#endif
+    /* an item's key tiles walked last to first: with ALiBi the bias grows toward the query, so
+     * in key order nearly every tile raised the row max and rescaled O; the nearest tile first
+     * sets a max the farther ones rarely pass. -DKVA__HP_REVERSE=0/1 forces it */
+#ifdef KVA__HP_REVERSE
+    static constexpr bool REVERSE = KVA__HP_REVERSE;
+#else
+    static constexpr bool REVERSE = KVA__HP_ALIBI;
 #endif
     /* the next work item's S_0 issued with this item's last P V, its Q loaded during this item
      * into a second buffer (see the consumer's tail): where a second Q fits (d <= 128);
@@ -254,9 +272,10 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
                         kva__tma_load_5d(dst + (uint32_t)(c * BN * 128 + i * box * 128), map, bar, 0, slot, kh, c, pid);
                 }
             };
-            for (int j = 0; j < n_tiles; ++j) {
-                const int s = (int)((gt + j) % G::STAGES);
-                const uint32_t ph = ((gt + j) / G::STAGES) & 1u;
+            for (int jn = 0; jn < n_tiles; ++jn) {
+                const int s = (int)((gt + jn) % G::STAGES);
+                const uint32_t ph = ((gt + jn) / G::STAGES) & 1u;
+                const int j = G::REVERSE ? n_tiles - 1 - jn : jn; /* the tile's place in key order */
                 kva__mbar_wait(empty_k(s), ph ^ 1u);
                 load_tile(0, j, k_stage(s), full_k(s));
                 kva__mbar_wait(empty_v(s), ph ^ 1u);
@@ -319,7 +338,8 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
     };
     const bool capped = a.cap_log2 > 0.0f;
     /* with a variant (KVA__HAS_SCORE_MOD) scores reach the softmax in natural-log units */
-    const float mul = KVA__HAS_SCORE_MOD ? KVA__PF_LOG2E : capped ? 1.0f : a.scale_log2;
+    /* (native ALiBi: already in log2 units, scaled) */
+    const float mul = KVA__HP_ALIBI ? 1.0f : KVA__HAS_SCORE_MOD ? KVA__PF_LOG2E : capped ? 1.0f : a.scale_log2;
     if (cw == 1) turn_pass();
 
     /* Q buffers: with G::XITEM the next work item's Q lands in the other buffer during this
@@ -349,6 +369,8 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
 
     /* the item whose scores the softmax works on; its row positions and mask ranges */
     int q_last = 0, rows = 0, qlo[2], qhi[2];
+    int alibi_q[2] = {0, 0};              /* native ALiBi: row h's query position */
+    float alibi_slope[2] = {0.0f, 0.0f};  /* and its head's slope, log2 units */
     auto item_setup = [&]() {
         q_last = wk.it.q_pos0 + wk.it.q_tokens - 1;
         rows = wk.it.q_tokens * g;
@@ -360,6 +382,11 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
             const int64_t wl = a.window_left >= 0 ? (int64_t)qp - a.window_left : -2147483647 - 1;
             qlo[h] = (int)(wl > -2147483647 - 1 ? wl : -2147483647 - 1);
             qhi[h] = a.causal ? qp + 1 : 2147483647;
+            if constexpr (KVA__HP_ALIBI) {
+                const int r = row_base + (lane >> 2) + 8 * h, t = r / g;
+                alibi_q[h] = qp;
+                alibi_slope[h] = ((const float *)a.mod_user)[wk.kh * g + (r - t * g)] * KVA__PF_LOG2E;
+            }
         }
     };
 
@@ -403,7 +430,7 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
     /* mask + online softmax of tile j of wk in sc (log2 units); returns per-row alpha */
     auto softmax = [&](int j, float alpha_r[2]) -> bool {
         const int lo = wk.lo, hi = wk.hi;
-        const kva__hp_tile t = kva__hp_tile_of<BN>(j, lo, wk.lo_al, hi, paged);
+        const kva__hp_tile t = kva__hp_tile_of<BN>(G::REVERSE ? wk.n_tiles - 1 - j : j, lo, wk.lo_al, hi, paged);
         const bool need_mask = t.kb + BN > hi || t.kb < t.kmin || (a.causal && t.kb + BN - 1 > wk.it.q_pos0) ||
                                (a.window_left >= 0 && (int64_t)t.kb < (int64_t)q_last - a.window_left);
         /* an overflowed dot product: capped (tanh saturates, as in the float64 reference), or
@@ -433,7 +460,20 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
                     }
             }
         }
-        if constexpr (KVA__HAS_SCORE_MOD) /* a variant's modifier (prefill_kernel.cuh) */
+        if constexpr (KVA__HP_ALIBI) {
+            /* y = s * scale + slope * (key - q) in log2 units: key = kb + 2 (lane % 4) + 8 nt + e,
+             * so a base per row and tile and an immediate per score (masked scores stay -inf) */
+            const float s_mul = capped ? 1.0f : a.scale_log2;
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const float base = alibi_slope[h] * (float)(t.kb + 2 * (lane & 3) - alibi_q[h]);
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                    for (int e = 2 * h; e < 2 * h + 2; ++e)
+                        sc[nt][e] = fmaf(alibi_slope[h], (float)(nt * 8 + (e & 1)), fmaf(sc[nt][e], s_mul, base));
+            }
+        } else if constexpr (KVA__HAS_SCORE_MOD) /* a variant's modifier (prefill_kernel.cuh) */
             kva__pf_apply_score_mod<1, NT>(a, &sc, need_mask, capped, t.kb, wk.it.q_pos0, q_last,
                                            row_base + (lane >> 2), rows, wk.kh, g, lane);
 #ifdef KVA__HP_NO_SOFTMAX /* experiment: the matrix products and the pipeline alone */
