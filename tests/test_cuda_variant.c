@@ -767,6 +767,8 @@ static kva_status run_prefill(void *arg) {
 }
 
 /* The four attention settings compared: plain, ALiBi variant, built-in soft cap, snippet. */
+/* mode 4: a modifier that returns the score unchanged (the hook's own cost) */
+static kva_variant *bench_identity;
 static void set_mode(kva_attn_params *p, int mode, kva_variant *alibi, void *slopes, kva_variant *snippet, void *cap) {
     p->variant = NULL;
     p->score_mod_user = NULL;
@@ -774,6 +776,7 @@ static void set_mode(kva_attn_params *p, int mode, kva_variant *alibi, void *slo
     if (mode == 1) { p->variant = alibi; p->score_mod_user = slopes; }
     if (mode == 2) p->logits_soft_cap = 50.0f;
     if (mode == 3) { p->variant = snippet; p->score_mod_user = cap; }
+    if (mode == 4) p->variant = bench_identity;
 }
 
 KVA_TEST(cuda_variant_bench) {
@@ -793,6 +796,10 @@ KVA_TEST(cuda_variant_bench) {
     int32_t *indptr = NULL, *indices = NULL, *last = NULL;
     REQUIRE_OK(kva_variant_create_alibi(ctx, &opt, &alibi));
     REQUIRE_OK(kva_variant_create(ctx, KVA_EX_SOURCE_SOFTCAP, "softcap", &opt, &snippet));
+    REQUIRE_OK(kva_variant_create(ctx,
+                                  "float identity(float s, int32_t q, int32_t k, int32_t h, const void *u) {\n"
+                                  "    (void)q; (void)k; (void)h; (void)u;\n    return s;\n}\n",
+                                  "identity", &opt, &bench_identity));
     float host_slopes[32], host_cap = 50.0f;
     kva_alibi_slopes(Hq, host_slopes);
     slopes = cuda_test_upload(ctx, host_slopes, sizeof host_slopes);
@@ -829,20 +836,21 @@ KVA_TEST(cuda_variant_bench) {
             bd.q = kva_tensor_nhd(q, dt, Hq, D);
             bd.o = kva_tensor_nhd(o, dt, Hq, D);
             bd.pages = kva_kv_pages_interleaved(pool, dt, npages, ps, Hk, D, KVA_LAYOUT_NHD);
-            double us[4], rounds[4][BENCH_ROUNDS];
-            for (int m = 0; m < 4; ++m) {
+            double us[5], rounds[5][BENCH_ROUNDS];
+            for (int m = 0; m < 5; ++m) {
                 set_mode(&bd.p, m, alibi, slopes, snippet, cap);
                 CHECK_OK(run_decode(&bd));
             }
             for (int r = 0; r < BENCH_ROUNDS; ++r)
-                for (int m = 0; m < 4; ++m) {
+                for (int m = 0; m < 5; ++m) {
                     set_mode(&bd.p, m, alibi, slopes, snippet, cap);
                     rounds[m][r] = time_us(run_decode, &bd, 50);
                 }
-            for (int m = 0; m < 4; ++m) us[m] = median_of(rounds[m], BENCH_ROUNDS);
+            for (int m = 0; m < 5; ++m) us[m] = median_of(rounds[m], BENCH_ROUNDS);
             printf("    decode 32/8 d128 bf16 %dx%d: plain %.1f us, alibi %.1f us (%+.1f%%), softcap built-in %.1f us, "
-                   "snippet %.1f us (%+.1f%%)\n",
-                   batches[bi], L, us[0], us[1], 100.0 * (us[1] / us[0] - 1), us[2], us[3], 100.0 * (us[3] / us[2] - 1));
+                   "snippet %.1f us (%+.1f%%), identity snippet %.1f us (%+.1f%%)\n",
+                   batches[bi], L, us[0], us[1], 100.0 * (us[1] / us[0] - 1), us[2], us[3], 100.0 * (us[3] / us[2] - 1),
+                   us[4], 100.0 * (us[4] / us[0] - 1));
         }
         kva_free(ctx, ws.device);
         kva_host_free(ctx, ws.host);
@@ -880,22 +888,22 @@ KVA_TEST(cuda_variant_bench) {
         bp.o = kva_tensor_nhd(o, dt, Hq, D);
         bp.k = kva_tensor_nhd(k, dt, Hk, D);
         bp.v = kva_tensor_nhd(v, dt, Hk, D);
-        double us[4], rounds[4][BENCH_ROUNDS];
-        for (int m = 0; m < 4; ++m) {
+        double us[5], rounds[5][BENCH_ROUNDS];
+        for (int m = 0; m < 5; ++m) {
             set_mode(&bp.p, m, alibi, slopes, snippet, cap);
             CHECK_OK(run_prefill(&bp));
         }
         for (int r = 0; r < BENCH_ROUNDS; ++r)
-            for (int m = 0; m < 4; ++m) {
+            for (int m = 0; m < 5; ++m) {
                 set_mode(&bp.p, m, alibi, slopes, snippet, cap);
                 rounds[m][r] = time_us(run_prefill, &bp, 5);
             }
-        for (int m = 0; m < 4; ++m) us[m] = median_of(rounds[m], BENCH_ROUNDS);
+        for (int m = 0; m < 5; ++m) us[m] = median_of(rounds[m], BENCH_ROUNDS);
         const double flop = 4.0 * S * (double)S / 2 * Hq * D;
         printf("    prefill 32/8 d128 bf16 1x%d causal: plain %.0f us (%.0f TFLOP/s), alibi %.0f us (%+.1f%%), softcap "
-               "built-in %.0f us, snippet %.0f us (%+.1f%%)\n",
+               "built-in %.0f us, snippet %.0f us (%+.1f%%), identity snippet %.0f us (%+.1f%%)\n",
                S, us[0], flop / us[0] * 1e-6, us[1], 100.0 * (us[1] / us[0] - 1), us[2], us[3],
-               100.0 * (us[3] / us[2] - 1));
+               100.0 * (us[3] / us[2] - 1), us[4], 100.0 * (us[4] / us[0] - 1));
     }
 out:
     free(indptr);
@@ -912,6 +920,8 @@ out:
     kva_free(ctx, cap);
     kva_variant_destroy(alibi);
     kva_variant_destroy(snippet);
+    kva_variant_destroy(bench_identity);
+    bench_identity = NULL;
     kva_context_destroy(ctx);
 }
 

@@ -203,9 +203,16 @@ __device__ __forceinline__ float kva__score_at(const kva__decode_args &a, float 
     const float x = kva__score(a, dot);
     if constexpr (KVA__HAS_SCORE_MOD) {
         if (head < m.gs) {
+#ifdef KVA_VARIANT_ALIBI_SLOPES
+            /* the built-in ALiBi (variant_alibi.cuh) in log2 units: one FFMA on the rounded score
+             * (x is finite or NaN here, so no new NaN case) instead of the hook's conversions */
+            const float slope = __ldg((const float *)a.mod_user + m.hb + head) * KVA__LOG2E_F;
+            return fmaf(slope, (float)(kv_pos - m.q_pos), x);
+#else
             const float s = KVA_SCORE_MOD(x * KVA__LN2_F, m.q_pos, kv_pos, m.hb + head, a.mod_user);
             const float y = __fmul_rn(s, KVA__LOG2E_F);
             return y == -INFINITY && s != -INFINITY ? NAN : y;
+#endif
         }
     }
     return x;
