@@ -330,9 +330,9 @@ kva_status kva_variant_create(kva_context *ctx, const char *source, const char *
 kva_status kva_variant_create_alibi(kva_context *ctx, const kva_variant_options *options,
                                     kva_variant **out);
 /* The CUDA C source of the built-in ALiBi variant (function "kva_alibi"), e.g. to start from. It
- * defines KVA_VARIANT_ALIBI_SLOPES, which tells the Hopper prefill kernel that the modifier is
- * exactly this ALiBi with f32 slopes[num_qo_heads] as caller data (it then computes the bias
- * itself); remove that line from a modified copy. */
+ * defines KVA_VARIANT_ALIBI_SLOPES: with kva_alibi as the variant's function, the Hopper prefill
+ * and decode kernels then compute this bias (f32 slopes[num_qo_heads] as caller data) themselves;
+ * a copy under another function name always runs its own code. */
 const char *kva_variant_alibi_source(void);
 
 /* NULL is a no-op. See "Lifetime" above. */

@@ -302,12 +302,14 @@ KVA_TEST(variant_compile_name_like_a_local) {
 }
 
 /* The examples' sources (examples/variant_sources.h: one text for the CPU callback and the GPU)
- * compile into decode and prefill kernels. */
+ * compile into decode and prefill kernels; so does the built-in ALiBi (its native paths). */
 KVA_TEST(variant_compile_examples) {
-    const struct { const char *src, *fn; } ex[] = {
-        {KVA_EX_SOURCE_T5, "t5_bias"}, {KVA_EX_SOURCE_DOC_MASK, "doc_mask"}, {KVA_EX_SOURCE_SOFTCAP, "softcap"}};
+    const struct { const char *src, *fn; } ex[] = {{KVA_EX_SOURCE_T5, "t5_bias"},
+                                                   {KVA_EX_SOURCE_DOC_MASK, "doc_mask"},
+                                                   {KVA_EX_SOURCE_SOFTCAP, "softcap"},
+                                                   {kva_variant_alibi_source(), "kva_alibi"}};
     const kva__vmod_id ids[2] = {{KVA__VMOD_DECODE, KVA_BF16, 128}, {KVA__VMOD_PREFILL, KVA_BF16, 128}};
-    for (int i = 0; i < 3; ++i) {
+    for (int i = 0; i < 4; ++i) {
         kva__vmod_image img[2];
         kva_status st = kva__variant_build("test", ex[i].src, ex[i].fn, ids, 2, 90, NULL, img, NULL);
         CHECK_MSG(st == KVA_OK, "%s: %s", ex[i].fn, kva_last_error());

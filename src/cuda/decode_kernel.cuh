@@ -203,9 +203,9 @@ __device__ __forceinline__ float kva__score_at(const kva__decode_args &a, float 
     const float x = kva__score(a, dot);
     if constexpr (KVA__HAS_SCORE_MOD) {
         if (head < m.gs) {
-#ifdef KVA_VARIANT_ALIBI_SLOPES
+#if defined(KVA_VARIANT_ALIBI_SLOPES) && defined(KVA__FN_IS_KVA_ALIBI)
             /* the built-in ALiBi (variant_alibi.cuh) in log2 units: one FFMA on the rounded score
-             * (x is finite or NaN here, so no new NaN case) instead of the hook's conversions */
+             * (x is never -inf here, so no new NaN case) instead of the hook's conversions */
             const float slope = __ldg((const float *)a.mod_user + m.hb + head) * KVA__LOG2E_F;
             return fmaf(slope, (float)(kv_pos - m.q_pos), x);
 #else

@@ -47,11 +47,12 @@
 #endif
 #define KVA__HP_STAGES(D) ((D) <= 64 ? 4 : (D) <= 128 ? KVA__HP_STAGES_D128 : 2)
 
-/* The built-in ALiBi variant (variant_alibi.cuh) declares itself with KVA_VARIANT_ALIBI_SLOPES:
+/* The built-in ALiBi variant (variant_alibi.cuh) declares itself with KVA_VARIANT_ALIBI_SLOPES
+ * (and the modifier must be its function, kva_alibi: KVA__FN_IS_KVA_ALIBI, variant_compile.c):
  * its bias slope[head] * (key - query) is then folded into the scores with two FFMAs per score
  * (one per-row base per tile, one immediate column offset per score) in log2 units, instead of the
  * generic hook (natural-log units both ways and the modifier's own integer and float work). */
-#ifdef KVA_VARIANT_ALIBI_SLOPES
+#if defined(KVA_VARIANT_ALIBI_SLOPES) && defined(KVA__FN_IS_KVA_ALIBI)
 #define KVA__HP_ALIBI true
 #else
 #define KVA__HP_ALIBI false

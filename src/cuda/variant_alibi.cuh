@@ -8,8 +8,9 @@
  * tokens), and per score one IADD, one FADD and one FFMA on the full-rate pipes instead of an
  * int-to-float conversion at a quarter rate (NVVM folds (float)k - (float)q into one conversion of
  * k - q per score, so writing it that way does not help). */
-/* (tells the Hopper prefill kernel that the modifier is exactly this, with these caller data: it
- * then folds the bias into its own arithmetic; other kernels call kva_alibi) */
+/* (tells the kernels that the modifier is exactly this, with these caller data: when the variant's
+ * function is kva_alibi itself, the Hopper prefill and the decode kernel fold the bias into their
+ * own arithmetic; the other prefill kernels call kva_alibi) */
 #define KVA_VARIANT_ALIBI_SLOPES 1
 float kva_alibi(float score, int32_t q_pos, int32_t kv_pos, int32_t qo_head, const void *user) {
     const float *slopes = (const float *)user;
