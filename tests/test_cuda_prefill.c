@@ -1390,10 +1390,8 @@ KVA_TEST(cuda_prefill_quick) {
          * walks many work items: the Hopper kernel's item boundary (at d64 the next item's first
          * Q K^T issued with this one's last P V, from a second Q buffer) runs under the
          * sanitizers too. Causal and full, GQA 4, ragged then paged. */
-        const char *old = getenv("KVA_PREFILL_PERSISTENT");
-        char saved[32] = "";
-        if (old) snprintf(saved, sizeof saved, "%s", old);
-        setenv("KVA_PREFILL_PERSISTENT", "3", 1);
+        kva_test_env env;
+        kva_test_env_set(&env, "KVA_PREFILL_PERSISTENT", "3");
         for (int i = 0; i < 3; ++i) {
             prefill_case c = plain_case(i == 1 ? KVA_F16 : KVA_BF16, i == 2 ? 128 : 64, i);
             c.hq = 8;
@@ -1409,8 +1407,7 @@ KVA_TEST(cuda_prefill_quick) {
             check_case(ctx, &rng, &c, &b);
             batch_free(&b);
         }
-        if (old) setenv("KVA_PREFILL_PERSISTENT", saved, 1);
-        else unsetenv("KVA_PREFILL_PERSISTENT");
+        kva_test_env_restore(&env);
     }
     const dense_case d = {KVA_BF16, 128, 4, 1, 40, 25, 1, -1, 0.f, 0.f, VIEW_NHD, true};
     check_dense(ctx, &rng, &d, NULL, NULL, NULL, true, NULL, NULL);

@@ -445,16 +445,11 @@ static void prefill_sweep(int mode) {
                      * block walks many items (the Hopper kernel's item boundary and, under ALiBi,
                      * its reversed tile order across it) */
                     const bool walk = mode == 1 && (x + d + causal) % 2 == 0;
-                    const char *old = getenv("KVA_PREFILL_PERSISTENT");
-                    char saved[32] = "";
-                    if (old) snprintf(saved, sizeof saved, "%s", old);
-                    if (walk) setenv("KVA_PREFILL_PERSISTENT", "3", 1);
+                    kva_test_env env;
+                    if (walk) kva_test_env_set(&env, "KVA_PREFILL_PERSISTENT", "3");
                     prefill_case(ctx, &rng, &e, dts[t], dims[d], heads[hi][0], heads[hi][1], mode == 0, causal, split,
                                  name);
-                    if (walk) {
-                        if (old) setenv("KVA_PREFILL_PERSISTENT", saved, 1);
-                        else unsetenv("KVA_PREFILL_PERSISTENT");
-                    }
+                    if (walk) kva_test_env_restore(&env);
                     ++cases;
                 }
         ex_free(ctx, &e);
@@ -468,13 +463,10 @@ KVA_TEST(cuda_variant_prefill_ragged) { prefill_sweep(1); }
 
 /* The paged sweep on another prefill path (KVA_PREFILL_PATH, read at context creation). */
 static void prefill_sweep_on(const char *path) {
-    const char *old = getenv("KVA_PREFILL_PATH");
-    char saved[32] = "";
-    if (old) snprintf(saved, sizeof saved, "%s", old);
-    setenv("KVA_PREFILL_PATH", path, 1);
+    kva_test_env env;
+    kva_test_env_set(&env, "KVA_PREFILL_PATH", path);
     prefill_sweep(0);
-    if (old) setenv("KVA_PREFILL_PATH", saved, 1);
-    else unsetenv("KVA_PREFILL_PATH");
+    kva_test_env_restore(&env);
 }
 
 KVA_TEST(cuda_variant_prefill_mma) { prefill_sweep_on("mma"); }
@@ -778,17 +770,41 @@ static kva_status run_prefill(void *arg) {
     return kva_prefill_run_ragged(b->ctx, &b->plan, &b->p, b->q, b->k, b->v, b->o, NULL);
 }
 
-/* The four attention settings compared: plain, ALiBi variant, built-in soft cap, snippet. */
-/* mode 4: a modifier that returns the score unchanged (the hook's own cost) */
-static kva_variant *bench_identity;
-static void set_mode(kva_attn_params *p, int mode, kva_variant *alibi, void *slopes, kva_variant *snippet, void *cap) {
+/* The attention settings compared: plain, the ALiBi variant, the built-in soft cap, the soft cap
+ * as a snippet, and a modifier that returns the score unchanged (the hook's own cost). */
+#define BENCH_MODES 5
+typedef struct bench_variants {
+    kva_variant *alibi, *snippet, *identity;
+    void *slopes, *cap; /* their caller data, device memory */
+} bench_variants;
+
+static void set_mode(kva_attn_params *p, int mode, const bench_variants *bv) {
     p->variant = NULL;
     p->score_mod_user = NULL;
     p->logits_soft_cap = 0.0f;
-    if (mode == 1) { p->variant = alibi; p->score_mod_user = slopes; }
+    if (mode == 1) { p->variant = bv->alibi; p->score_mod_user = bv->slopes; }
     if (mode == 2) p->logits_soft_cap = 50.0f;
-    if (mode == 3) { p->variant = snippet; p->score_mod_user = cap; }
-    if (mode == 4) p->variant = bench_identity;
+    if (mode == 3) { p->variant = bv->snippet; p->score_mod_user = bv->cap; }
+    if (mode == 4) p->variant = bv->identity;
+}
+
+/* us[mode]: each mode's median over BENCH_ROUNDS rounds of `reps` calls, the modes taking turns
+ * within a round (p: the params fn runs with). False if a warm-up call failed. */
+static bool time_modes(bench_fn fn, void *arg, kva_attn_params *p, const bench_variants *bv, int reps,
+                       double us[BENCH_MODES]) {
+    double rounds[BENCH_MODES][BENCH_ROUNDS];
+    for (int m = 0; m < BENCH_MODES; ++m) {
+        set_mode(p, m, bv);
+        CHECK_OK(fn(arg));
+        if (kva_test_failures) return false;
+    }
+    for (int r = 0; r < BENCH_ROUNDS; ++r)
+        for (int m = 0; m < BENCH_MODES; ++m) {
+            set_mode(p, m, bv);
+            rounds[m][r] = time_us(fn, arg, reps);
+        }
+    for (int m = 0; m < BENCH_MODES; ++m) us[m] = median_of(rounds[m], BENCH_ROUNDS);
+    return true;
 }
 
 KVA_TEST(cuda_variant_bench) {
@@ -802,7 +818,7 @@ KVA_TEST(cuda_variant_bench) {
     const int32_t Hq = 32, Hk = 8, D = 128, ps = 16;
     const kva_dtype dt = KVA_BF16;
     const kva_variant_options opt = {0, 1u << KVA_BF16, D};
-    kva_variant *alibi = NULL, *snippet = NULL;
+    kva_variant *alibi = NULL, *snippet = NULL, *identity = NULL;
     void *slopes = NULL, *cap = NULL, *pool = NULL, *q = NULL, *o = NULL, *k = NULL, *v = NULL;
     kva_workspace ws = {0};
     int32_t *indptr = NULL, *indices = NULL, *last = NULL;
@@ -811,11 +827,12 @@ KVA_TEST(cuda_variant_bench) {
     REQUIRE_OK(kva_variant_create(ctx,
                                   "float identity(float s, int32_t q, int32_t k, int32_t h, const void *u) {\n"
                                   "    (void)q; (void)k; (void)h; (void)u;\n    return s;\n}\n",
-                                  "identity", &opt, &bench_identity));
+                                  "identity", &opt, &identity));
     float host_slopes[32], host_cap = 50.0f;
     kva_alibi_slopes(Hq, host_slopes);
     slopes = cuda_test_upload(ctx, host_slopes, sizeof host_slopes);
     cap = cuda_test_upload(ctx, &host_cap, sizeof host_cap);
+    const bench_variants bv = {alibi, snippet, identity, slopes, cap};
 
     /* decode: B x 4096 keys, pages in order; the pool holds a constant (timing only) */
     const int32_t L = 4096, maxB = 64, pages_per = L / ps, npages = maxB * pages_per;
@@ -848,17 +865,8 @@ KVA_TEST(cuda_variant_bench) {
             bd.q = kva_tensor_nhd(q, dt, Hq, D);
             bd.o = kva_tensor_nhd(o, dt, Hq, D);
             bd.pages = kva_kv_pages_interleaved(pool, dt, npages, ps, Hk, D, KVA_LAYOUT_NHD);
-            double us[5], rounds[5][BENCH_ROUNDS];
-            for (int m = 0; m < 5; ++m) {
-                set_mode(&bd.p, m, alibi, slopes, snippet, cap);
-                CHECK_OK(run_decode(&bd));
-            }
-            for (int r = 0; r < BENCH_ROUNDS; ++r)
-                for (int m = 0; m < 5; ++m) {
-                    set_mode(&bd.p, m, alibi, slopes, snippet, cap);
-                    rounds[m][r] = time_us(run_decode, &bd, 50);
-                }
-            for (int m = 0; m < 5; ++m) us[m] = median_of(rounds[m], BENCH_ROUNDS);
+            double us[BENCH_MODES];
+            if (!time_modes(run_decode, &bd, &bd.p, &bv, 50, us)) continue;
             printf("    decode 32/8 d128 bf16 %dx%d: plain %.1f us, alibi %.1f us (%+.1f%%), softcap built-in %.1f us, "
                    "snippet %.1f us (%+.1f%%), identity snippet %.1f us (%+.1f%%)\n",
                    batches[bi], L, us[0], us[1], 100.0 * (us[1] / us[0] - 1), us[2], us[3], 100.0 * (us[3] / us[2] - 1),
@@ -900,17 +908,8 @@ KVA_TEST(cuda_variant_bench) {
         bp.o = kva_tensor_nhd(o, dt, Hq, D);
         bp.k = kva_tensor_nhd(k, dt, Hk, D);
         bp.v = kva_tensor_nhd(v, dt, Hk, D);
-        double us[5], rounds[5][BENCH_ROUNDS];
-        for (int m = 0; m < 5; ++m) {
-            set_mode(&bp.p, m, alibi, slopes, snippet, cap);
-            CHECK_OK(run_prefill(&bp));
-        }
-        for (int r = 0; r < BENCH_ROUNDS; ++r)
-            for (int m = 0; m < 5; ++m) {
-                set_mode(&bp.p, m, alibi, slopes, snippet, cap);
-                rounds[m][r] = time_us(run_prefill, &bp, 5);
-            }
-        for (int m = 0; m < 5; ++m) us[m] = median_of(rounds[m], BENCH_ROUNDS);
+        double us[BENCH_MODES];
+        if (!time_modes(run_prefill, &bp, &bp.p, &bv, 5, us)) goto out;
         const double flop = 4.0 * S * (double)S / 2 * Hq * D;
         printf("    prefill 32/8 d128 bf16 1x%d causal: plain %.0f us (%.0f TFLOP/s), alibi %.0f us (%+.1f%%), softcap "
                "built-in %.0f us, snippet %.0f us (%+.1f%%), identity snippet %.0f us (%+.1f%%)\n",
@@ -932,8 +931,7 @@ out:
     kva_free(ctx, cap);
     kva_variant_destroy(alibi);
     kva_variant_destroy(snippet);
-    kva_variant_destroy(bench_identity);
-    bench_identity = NULL;
+    kva_variant_destroy(identity);
     kva_context_destroy(ctx);
 }
 

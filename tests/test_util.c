@@ -138,3 +138,16 @@ void *kva_test_alloc(size_t bytes) {
     }
     return p;
 }
+
+void kva_test_env_set(kva_test_env *e, const char *name, const char *value) {
+    const char *old = getenv(name);
+    e->name = name;
+    e->had = old != NULL;
+    snprintf(e->saved, sizeof e->saved, "%s", old ? old : "");
+    setenv(name, value, 1);
+}
+
+void kva_test_env_restore(const kva_test_env *e) {
+    if (e->had) setenv(e->name, e->saved, 1);
+    else unsetenv(e->name);
+}

@@ -45,4 +45,14 @@ int64_t kva_compare_lse(const char *what, const float *got, const double *ref, s
 /* Host buffer helpers that fail the test on allocation failure. */
 void *kva_test_alloc(size_t bytes);
 
+/* An environment variable set for a stretch of a test and then put back as it was (set to its old
+ * value, or unset): knobs such as KVA_PREFILL_PERSISTENT that the library reads per call. */
+typedef struct {
+    const char *name;
+    bool had;
+    char saved[256];
+} kva_test_env;
+void kva_test_env_set(kva_test_env *e, const char *name, const char *value);
+void kva_test_env_restore(const kva_test_env *e);
+
 #endif
