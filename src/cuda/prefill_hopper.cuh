@@ -323,10 +323,10 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
      * under the other's. Measured on an H200 (bench/NOTES.md, v6.7, v6.14): +4-7% on d = 128 rows
      * of 512-2048 tokens and level at 16k; at d = 64 2-5% slower before the cross-item tail,
      * +1-2% with it; at d = 256 1% slower over 16k, where letting both issue freely (their
-     * softmaxes interleave through the hardware's own scheduling) is better. Both warpgroups walk the same items and take the same number of
-     * turns per item (one per tile, plus one for an S_0 the previous item's tail did not
-     * issue), so the turns run on across items; warpgroup 0 goes first and takes warpgroup 1's
-     * last pass at the end */
+     * softmaxes interleave through the hardware's own scheduling) is better. Both warpgroups
+     * walk the same items and take the same number of turns per item (one per tile, plus one
+     * for an S_0 the previous item's tail did not issue), so the turns run on across items;
+     * warpgroup 0 goes first and takes warpgroup 1's last pass at the end */
     const int my_turn = 3 + cw, other_turn = 3 + (cw ^ 1);
     auto turn_wait = [&]() {
         if constexpr (G::PINGPONG) kva__bar_sync(my_turn, 256);
