@@ -127,6 +127,12 @@ __device__ __forceinline__ kva__hp_tile kva__hp_tile_of(int j, int lo, int lo_al
     return t;
 }
 
+/* r / g for a packed row r (its token) by one high multiply: m = ceil(2^32 / g) (0 for
+ * g = 1) is exact while r * g < 2^32. A division by the run-time group cost ~15 instructions, and
+ * each work item's Q loads, row setup and epilogue divide ~20 times per thread. */
+__device__ __forceinline__ uint32_t kva__hp_group_magic(int g) { return g == 1 ? 0u : 0xffffffffu / (uint32_t)g + 1u; }
+__device__ __forceinline__ int kva__hp_div_group(int r, uint32_t m) { return m ? (int)__umulhi((uint32_t)r, m) : r; }
+
 /* One (work item, KV head) of a block's sequence and the keys its tiles cover. The grid is
  * persistent: block b takes L = b, b + gridDim.x, ... over (KV head, work item in launch order),
  * KV-head-major so that the blocks working on one head at a time share its K/V through L2. */
@@ -201,6 +207,7 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
 
     const int tid = threadIdx.x;
     const int g = a.group;
+    const uint32_t g_magic = kva__hp_group_magic(g);
     const bool paged = a.page_indices != NULL;
     const int box = paged ? ha.box_rows : BN;
     kva__hp_work wk;
@@ -355,7 +362,7 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
         for (int j = 0; j < 64 * CPR / 128; ++j) {
             const int i = wt + j * 128, r = cw * 64 + i / CPR, c = i % CPR;
             const bool ok = r < rows_w;
-            const int t = ok ? r / g : 0, hh = ok ? r - t * g : 0;
+            const int t = ok ? kva__hp_div_group(r, g_magic) : 0, hh = ok ? r - t * g : 0;
             const T *src = qb + (int64_t)(w.it.q_row0 + t) * a.q_st + (int64_t)(w.kh * g + hh) * a.q_sh + c * 8;
             kva__pf_cp16(q_buf(b) + kva__pf_tile_off<D * 2, ROWS, true>(r, c), ok ? (const void *)src : a.q, ok);
         }
@@ -377,14 +384,14 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
         rows = wk.it.q_tokens * g;
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-            const int qp = wk.it.q_pos0 + (row_base + (lane >> 2) + 8 * h) / g;
+            const int qp = wk.it.q_pos0 + kva__hp_div_group(row_base + (lane >> 2) + 8 * h, g_magic);
             /* the keys row h's mask lets through (before the block's own range): [qlo, qhi)
              * (literals: the run-time compiler of variants has no <stdint.h> limits) */
             const int64_t wl = a.window_left >= 0 ? (int64_t)qp - a.window_left : -2147483647 - 1;
             qlo[h] = (int)(wl > -2147483647 - 1 ? wl : -2147483647 - 1);
             qhi[h] = a.causal ? qp + 1 : 2147483647;
             if constexpr (KVA__HP_ALIBI) {
-                const int r = row_base + (lane >> 2) + 8 * h, t = r / g;
+                const int r = row_base + (lane >> 2) + 8 * h, t = kva__hp_div_group(r, g_magic);
                 alibi_q[h] = qp;
                 alibi_slope[h] = ((const float *)a.mod_user)[wk.kh * g + (r - t * g)] * KVA__PF_LOG2E;
             }
@@ -680,7 +687,7 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
                                  : "memory");
             }
             if (r >= rows_o) continue;
-            const int t = r / g, qh = kh * g + (r - t * g);
+            const int t = kva__hp_div_group(r, g_magic), qh = kh * g + (r - t * g);
             const float lse = kva__softmax_lse(m_o[h], l);
             if (staged) {
                 if (a.lse && (lane & 3) == 0) a.lse[(int64_t)(it.q_row0 + t) * Hq + qh] = lse;
@@ -707,13 +714,17 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
             for (int j = 0; j < 64 * CPR / 128; ++j) {
                 const int i = wt + j * 128, r = cw * 64 + i / CPR, c = i % CPR;
                 if (r >= rows_o) continue;
-                const int t = r / g, qh = kh * g + (r - t * g);
+                const int t = kva__hp_div_group(r, g_magic), qh = kh * g + (r - t * g);
                 uint4 v;
                 asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
                              : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                              : "r"(q_o + kva__pf_tile_off<D * 2, ROWS, true>(r, c))
                              : "memory");
-                *reinterpret_cast<uint4 *>((T *)a.o + (int64_t)(it.q_row0 + t) * a.o_st + (int64_t)qh * a.o_sh + c * 8) = v;
+                /* (one 16-byte store: assigning the uint4 compiled to four 4-byte stores) */
+                asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"l"((T *)a.o + (int64_t)(it.q_row0 + t) * a.o_st +
+                                                                            (int64_t)qh * a.o_sh + c * 8),
+                             "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+                             : "memory");
             }
         }
         /* (every read of buffer qb is done before a Q copy lands there) */
