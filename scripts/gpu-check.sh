@@ -18,7 +18,9 @@
 # GPU_CHECK_E2E=0 skips the kvattn check/run steps, GPU_CHECK_VARIANTS=0 the cuda_variant tests, GPU_CHECK_SANITIZE=0 skips step 3,
 # GPU_CHECK_PYTHON=0 skips step 4, GPU_CHECK_BENCH=0 skips step 5, GPU_CHECK_BENCH_ARGS passes
 # options to bench_torch.py (e.g. "--quick --shapes 1x8192,64x4096", "--prefill-only",
-# "--decode-only"), GPU_CHECK_TESTS selects tests (default "cuda", which includes cuda_prefill*).
+# "--decode-only"), GPU_CHECK_TESTS selects tests (default "cuda", which includes cuda_prefill*),
+# GPU_CHECK_TRACE=1 adds the Hopper prefill kernel's per-item phase trace (bench/hopper_trace, its
+# own build; GPU_CHECK_TRACE_DIMS head dims, default "64 128 256").
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-check-out}
@@ -166,6 +168,21 @@ if [ "${GPU_CHECK_BENCH:-1}" != 0 ]; then
             --prefill-sets bf16:128 --no-extra-rows --json "$OUT/bench-mma.json" >"$OUT/bench-mma.log" 2>&1 ||
             note "bench (mma.sync path): FAILED"
         sed -n '/^## kvattn/,$p' "$OUT/bench-mma.log" | grep -E "^\| bf16 \| 128" | sed 's/^/mma.sync: /'
+    fi
+fi
+
+# Where the Hopper prefill kernel's cycles go per work item (GPU_CHECK_TRACE=1, off by default): a
+# separate measurement build (KVA_HP_TRACE) whose kernel records a clock64 trace, printed per phase.
+if [ "${GPU_CHECK_TRACE:-0}" != 0 ]; then
+    t=$(date +%s)
+    if cmake -S . -B "$BUILD-trace" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DKVA_CUDA=ON -DKVA_CUDA_ARCHS=90a \
+            -DKVA_PYTHON=OFF -DKVA_HP_TRACE=ON >"$OUT/trace-build.log" 2>&1 &&
+       cmake --build "$BUILD-trace" -j "$(nproc)" --target hopper_trace >>"$OUT/trace-build.log" 2>&1; then
+        run_tests "hopper trace" hopper-trace.log "./$BUILD-trace/hopper_trace" ${GPU_CHECK_TRACE_DIMS:-64 128 256}
+        grep -vE "^    b[0-9]" "$OUT/hopper-trace.log"
+    else
+        status=1
+        note "hopper trace: build FAILED (see trace-build.log, $(( $(date +%s) - t )) s)"
     fi
 fi
 

@@ -39,6 +39,7 @@
 
 #include "prefill_kernel.cuh"
 #include "hopper_sync.cuh"
+#include "prefill_hopper_trace.cuh"
 
 /* K/V stages in flight: as many as fit beside Q in 227 KB (a tile from L2 takes about as long
  * to land as a tile takes to compute). */
@@ -249,9 +250,12 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
         }
         /* tiles produced so far (stage and phase run on across work items), tail uses */
         uint32_t gt = 0, tails = 0;
-        for (int L = blockIdx.x; kva__hp_work_at<BN>(a, L, box, wk); L += gridDim.x) {
+        int trace_n = 0; /* (KVA__HP_TRACE: items so far) */
+        for (int L = blockIdx.x; kva__hp_work_at<BN>(a, L, box, wk); L += gridDim.x, ++trace_n) {
             const kva__pf_item &it = wk.it;
             const int kh = wk.kh, lo = wk.lo, hi = wk.hi, lo_al = wk.lo_al, n_tiles = wk.n_tiles;
+            KVA__HP_TRACE_AT(0, trace_n, KVA__HPT_P_START, clock64());
+            KVA__HP_TRACE_AT(0, trace_n, KVA__HPT_TILES, n_tiles);
             const int nbox = BN / box;
             /* issues the copies of tile j of K (which 0) or V (1) onto barrier `bar`; returns the
              * bytes announced (by lane 0, before any copy is issued) */
@@ -285,6 +289,7 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
                 const uint32_t ph = ((gt + jn) / G::STAGES) & 1u;
                 const int j = G::REVERSE ? n_tiles - 1 - jn : jn; /* the tile's place in key order */
                 kva__mbar_wait(empty_k(s), ph ^ 1u);
+                if (jn == 0) KVA__HP_TRACE_AT(0, trace_n, KVA__HPT_P_FIRST, clock64());
                 load_tile(0, j, k_stage(s), full_k(s));
                 kva__mbar_wait(empty_v(s), ph ^ 1u);
                 const kva__hp_tile t = kva__hp_tile_of<BN>(j, lo, lo_al, hi, paged);
@@ -311,6 +316,7 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
                     if (lane == 0) kva__mbar_arrive(full_v(s));
                 }
             }
+            KVA__HP_TRACE_AT(0, trace_n, KVA__HPT_P_LAST, clock64());
             gt += (uint32_t)n_tiles;
         }
         return;
@@ -561,6 +567,7 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
         }
     }
     bool s0_done = false; /* wk's first tile already went through the softmax (the last item's tail) */
+    int trace_n = 0;      /* (KVA__HP_TRACE: items so far) */
     while (have) {
         /* (the tile and buffer indices feed the descriptors: after the cross-item tail's
          * branches the compiler no longer knew them to be uniform) */
@@ -568,11 +575,17 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
         qb = KVA__HP_BCAST(qb);
         const int n_tiles = KVA__HP_BCAST(wk.n_tiles);
         const uint64_t qd = q_desc(qb);
+        KVA__HP_TRACE_AT(1 + cw, trace_n, KVA__HPT_TOP, clock64());
+        KVA__HP_TRACE_AT(1 + cw, trace_n, KVA__HPT_TILES, n_tiles);
         if (!s0_done) {
             item_setup();
             q_ready();
+            KVA__HP_TRACE_AT(1 + cw, trace_n, KVA__HPT_Q, clock64());
             if (n_tiles > 0) first_tile(gt, qb);
+        } else {
+            KVA__HP_TRACE_AT(1 + cw, trace_n, KVA__HPT_Q, clock64());
         }
+        KVA__HP_TRACE_AT(1 + cw, trace_n, KVA__HPT_S0, clock64());
         for (int j = 1; j < n_tiles; ++j) {
             const int s = (int)((gt + j) % G::STAGES), sp = (int)((gt + j - 1) % G::STAGES);
             kva__mbar_wait(full_k(s), ((gt + j) / G::STAGES) & 1u);
@@ -608,6 +621,7 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
             pack_p();
         }
 
+        KVA__HP_TRACE_AT(1 + cw, trace_n, KVA__HPT_LOOP, clock64());
         /* ---- the tail: this item's last P V, with (G::XITEM) the next item's S_0 ---- */
         const kva__pf_item it = wk.it; /* (the epilogue's copy: wk may move on below) */
         const int kh = wk.kh, rows_o = rows;
@@ -657,6 +671,7 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
             release(empty_v(sl));
         }
 
+        KVA__HP_TRACE_AT(1 + cw, trace_n, KVA__HPT_TAIL, clock64());
         /* ---- epilogue: normalise, write o + lse, or the partial state ---- */
         const bool split = it.key_beg > 0 || it.key_end < it.kv_len;
         const int Hq = a.num_qo_heads;
@@ -733,6 +748,8 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
         for (int dt = 0; dt < DT; ++dt)
 #pragma unroll
             for (int e = 0; e < 4; ++e) o_acc[dt][e] = 0.0f;
+        KVA__HP_TRACE_AT(1 + cw, trace_n, KVA__HPT_EPILOGUE, clock64());
+        ++trace_n;
         if (nx_s0) pack_p();
         gt = gn;
 

@@ -1,0 +1,188 @@
+/*
+ * hopper_trace.c -- where the Hopper prefill kernel's cycles go, per work item.
+ *
+ * Built with -DKVA_HP_TRACE=ON (the library's bf16 Hopper kernel then records a clock64 trace,
+ * src/cuda/prefill_hopper_trace.cuh). For each head dim given (default 128) it runs ragged prefill
+ * plans of 32 q / 8 kv heads, bf16, random inputs, 16384 tokens as 32 x 512, 8 x 2048 and
+ * 1 x 16384, full and causal: warm-up, 20 timed calls (wall clock around them, the trace from the
+ * last), then per consumer warpgroup the median cycles of each phase of a work item over blocks
+ * 0-1 (the last item of each block left out):
+ *   top->Q     the item's top until its Q landed (0 when the last item's tail took its S_0)
+ *   S_0        until its first tile's softmax is done
+ *   loop       the steady loop (tiles 1 .. n-1)
+ *   tail       the last P V (with the cross-item tail: also the next item's S_0 and softmax)
+ *   epilogue   o and lse written
+ *   gap        until the next item's top
+ * and the producer's start / first copy / last copy relative to warpgroup 0's top of the item.
+ * --raw prints every item. Usage: hopper_trace [--raw] [head_dim ...]
+ */
+#include "kvattn.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* in the library when built with KVA_HP_TRACE (src/cuda/prefill_hopper_bf16.cu) */
+int kva__hp_trace_read(long long *dst, size_t count);
+
+enum { BLOCKS = 2, ROLES = 3, ITEMS = 64, POINTS = 8 }; /* as prefill_hopper_trace.cuh */
+enum { TOP, Q, S0, LOOP, TAIL, EPILOGUE, TILES };
+enum { P_START, P_FIRST, P_LAST };
+
+static long long trace[BLOCKS][ROLES][ITEMS][POINTS];
+
+#define OK(x)                                                                                      \
+    do {                                                                                           \
+        if ((x) != KVA_OK) {                                                                       \
+            fprintf(stderr, "%s failed: %s\n", #x, kva_last_error());                              \
+            exit(1);                                                                               \
+        }                                                                                          \
+    } while (0)
+
+static double now_us(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1e6 + t.tv_nsec * 1e-3;
+}
+
+/* bf16 of uniform values in [-1, 1) (truncated from f32) */
+static void fill_bf16(uint16_t *x, size_t n, uint32_t seed) {
+    for (size_t i = 0; i < n; ++i) {
+        seed = seed * 1664525u + 1013904223u;
+        const float f = (float)(seed >> 8) / 16777216.0f * 2.0f - 1.0f;
+        uint32_t u;
+        memcpy(&u, &f, sizeof u);
+        x[i] = (uint16_t)(u >> 16);
+    }
+}
+
+static int cmp_ll(const void *a, const void *b) {
+    const long long x = *(const long long *)a, y = *(const long long *)b;
+    return (x > y) - (x < y);
+}
+
+static long long median(long long *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_ll);
+    return n ? v[n / 2] : 0;
+}
+
+/* items of block b with a complete record (a next item to measure the gap to) */
+static int complete_items(int b) {
+    int n = 0;
+    while (n + 1 < ITEMS && trace[b][1][n + 1][TOP] != 0) ++n;
+    return n;
+}
+
+static void report(int raw) {
+    static const char *names[] = {"top->Q", "S_0", "loop", "tail", "epilogue", "gap"};
+    for (int w = 0; w < 2; ++w) {
+        long long v[6][BLOCKS * ITEMS], tiles = 0;
+        int n = 0;
+        for (int b = 0; b < BLOCKS; ++b)
+            for (int i = 0; i < complete_items(b); ++i, ++n) {
+                const long long *t = trace[b][1 + w][i];
+                v[0][n] = t[Q] - t[TOP];
+                v[1][n] = t[S0] - t[Q];
+                v[2][n] = t[LOOP] - t[S0];
+                v[3][n] = t[TAIL] - t[LOOP];
+                v[4][n] = t[EPILOGUE] - t[TAIL];
+                v[5][n] = trace[b][1 + w][i + 1][TOP] - t[EPILOGUE];
+                tiles += t[TILES];
+            }
+        if (n == 0) {
+            printf("    (no complete items traced: fewer than 2 items per block?)\n");
+            return;
+        }
+        printf("    warpgroup %d, %d items, %.1f tiles per item, median cycles:", w, n, (double)tiles / n);
+        for (int k = 0; k < 6; ++k) printf(" %s %lld", names[k], median(v[k], n));
+        printf("\n");
+    }
+    long long p[3][BLOCKS * ITEMS];
+    int n = 0;
+    for (int b = 0; b < BLOCKS; ++b)
+        for (int i = 0; i < complete_items(b); ++i, ++n)
+            for (int k = 0; k < 3; ++k) p[k][n] = trace[b][0][i][k] - trace[b][1][i][TOP];
+    printf("    producer, relative to warpgroup 0's top: start %lld, first copy %lld, last copy %lld\n",
+           median(p[0], n), median(p[1], n), median(p[2], n));
+    if (!raw) return;
+    for (int b = 0; b < BLOCKS; ++b)
+        for (int i = 0; i < complete_items(b); ++i) {
+            printf("    b%d item %2d", b, i);
+            for (int w = 0; w < 2; ++w) {
+                const long long *t = trace[b][1 + w][i];
+                printf(" | wg%d %lld tiles: %lld %lld %lld %lld %lld %lld", w, t[TILES], t[Q] - t[TOP], t[S0] - t[Q],
+                       t[LOOP] - t[S0], t[TAIL] - t[LOOP], t[EPILOGUE] - t[TAIL], trace[b][1 + w][i + 1][TOP] - t[EPILOGUE]);
+            }
+            printf("\n");
+        }
+}
+
+int main(int argc, char **argv) {
+    int raw = 0, dims[8], ndims = 0;
+    for (int i = 1; i < argc; ++i) {
+        if (!strcmp(argv[i], "--raw")) raw = 1;
+        else if (ndims < 8) dims[ndims++] = atoi(argv[i]);
+    }
+    if (ndims == 0) dims[ndims++] = 128;
+    kva_context *ctx = NULL;
+    OK(kva_context_create(KVA_DEVICE_CUDA, 0, &ctx));
+    const int Hq = 32, Hk = 8, shapes[3][2] = {{32, 512}, {8, 2048}, {1, 16384}};
+    for (int di = 0; di < ndims; ++di)
+        for (int si = 0; si < 3; ++si)
+            for (int causal = 0; causal < 2; ++causal) {
+                const int D = dims[di], B = shapes[si][0], S = shapes[si][1], T = B * S;
+                const size_t qn = (size_t)T * Hq * D, kn = (size_t)T * Hk * D;
+                uint16_t *h = malloc(qn * sizeof *h);
+                int32_t *indptr = malloc(sizeof(int32_t) * (size_t)(B + 1));
+                void *q, *k, *v, *o;
+                if (!h || !indptr) return 1;
+                OK(kva_malloc(ctx, qn * 2, &q));
+                OK(kva_malloc(ctx, qn * 2, &o));
+                OK(kva_malloc(ctx, kn * 2, &k));
+                OK(kva_malloc(ctx, kn * 2, &v));
+                fill_bf16(h, qn, 1);
+                OK(kva_memcpy(ctx, q, h, qn * 2, KVA_COPY_HOST_TO_DEVICE));
+                fill_bf16(h, kn, 2);
+                OK(kva_memcpy(ctx, k, h, kn * 2, KVA_COPY_HOST_TO_DEVICE));
+                fill_bf16(h, kn, 3);
+                OK(kva_memcpy(ctx, v, h, kn * 2, KVA_COPY_HOST_TO_DEVICE));
+                for (int b = 0; b <= B; ++b) indptr[b] = b * S;
+                const kva_plan_limits lim = {B, 0, T, T, Hq, Hk, D, 0, 0};
+                kva_workspace ws = {0};
+                OK(kva_prefill_workspace_size(ctx, &lim, &ws.device_bytes, &ws.host_bytes));
+                OK(kva_malloc(ctx, ws.device_bytes, &ws.device));
+                OK(kva_host_alloc(ctx, ws.host_bytes, &ws.host));
+                kva_plan plan;
+                OK(kva_prefill_plan(ctx, &lim, B, indptr, indptr, NULL, 0, NULL, ws, &plan));
+                kva_attn_params p = kva_attn_params_default(Hq, Hk, D);
+                p.causal = causal;
+                const kva_tensor tq = kva_tensor_nhd(q, KVA_BF16, Hq, D), to = kva_tensor_nhd(o, KVA_BF16, Hq, D);
+                const kva_tensor tk = kva_tensor_nhd(k, KVA_BF16, Hk, D), tv = kva_tensor_nhd(v, KVA_BF16, Hk, D);
+                for (int i = 0; i < 3; ++i) OK(kva_prefill_run_ragged(ctx, &plan, &p, tq, tk, tv, to, NULL));
+                OK(kva_synchronize(ctx));
+                const int reps = 20;
+                const double t0 = now_us();
+                for (int i = 0; i < reps; ++i) OK(kva_prefill_run_ragged(ctx, &plan, &p, tq, tk, tv, to, NULL));
+                OK(kva_synchronize(ctx));
+                const double us = (now_us() - t0) / reps;
+                const double flop = 4.0 * S * (double)S * Hq * D * B * (causal ? 0.5 : 1.0);
+                if (kva__hp_trace_read(&trace[0][0][0][0], sizeof trace / sizeof(long long)) != 0) {
+                    fprintf(stderr, "reading the trace failed\n");
+                    return 1;
+                }
+                printf("d%d %dx%d %s: %.1f us per call, %.0f TFLOP/s\n", D, B, S, causal ? "causal" : "full", us,
+                       flop / us * 1e-6);
+                report(raw);
+                kva_free(ctx, q);
+                kva_free(ctx, k);
+                kva_free(ctx, v);
+                kva_free(ctx, o);
+                kva_free(ctx, ws.device);
+                kva_host_free(ctx, ws.host);
+                free(h);
+                free(indptr);
+            }
+    kva_context_destroy(ctx);
+    return 0;
+}
