@@ -14,7 +14,8 @@
  *   epilogue   o and lse written
  *   gap        until the next item's top
  * and the producer's start / first copy / last copy relative to warpgroup 0's top of the item.
- * --raw prints every item. Usage: hopper_trace [--raw] [head_dim ...]
+ * --raw prints every item. Exits 1 if a launch left no trace (another kernel ran: run with
+ * KVA_PREFILL_TMA_STRICT=1). Usage: hopper_trace [--raw] [head_dim ...]
  */
 #include "kvattn.h"
 
@@ -74,7 +75,8 @@ static int complete_items(int b) {
     return n;
 }
 
-static void report(int raw) {
+/* prints the phases of the last launch; false if no item was traced (not the Hopper kernel?) */
+static int report(int raw) {
     static const char *names[] = {"top->Q", "S_0", "loop", "tail", "epilogue", "gap"};
     for (int w = 0; w < 2; ++w) {
         long long v[6][BLOCKS * ITEMS], tiles = 0;
@@ -91,8 +93,8 @@ static void report(int raw) {
                 tiles += t[TILES];
             }
         if (n == 0) {
-            printf("    (no complete items traced: fewer than 2 items per block?)\n");
-            return;
+            printf("    no complete items traced (not the Hopper kernel, or fewer than 2 items per block)\n");
+            return 0;
         }
         printf("    warpgroup %d, %d items, %.1f tiles per item, median cycles:", w, n, (double)tiles / n);
         for (int k = 0; k < 6; ++k) printf(" %s %lld", names[k], median(v[k], n));
@@ -101,11 +103,14 @@ static void report(int raw) {
     long long p[3][BLOCKS * ITEMS];
     int n = 0;
     for (int b = 0; b < BLOCKS; ++b)
-        for (int i = 0; i < complete_items(b); ++i, ++n)
+        for (int i = 0; i < complete_items(b); ++i) {
+            if (trace[b][0][i][TILES] == 0) continue; /* (no copies: no first-copy clock) */
             for (int k = 0; k < 3; ++k) p[k][n] = trace[b][0][i][k] - trace[b][1][i][TOP];
+            ++n;
+        }
     printf("    producer, relative to warpgroup 0's top: start %lld, first copy %lld, last copy %lld\n",
            median(p[0], n), median(p[1], n), median(p[2], n));
-    if (!raw) return;
+    if (!raw) return 1;
     for (int b = 0; b < BLOCKS; ++b)
         for (int i = 0; i < complete_items(b); ++i) {
             printf("    b%d item %2d", b, i);
@@ -116,10 +121,11 @@ static void report(int raw) {
             }
             printf("\n");
         }
+    return 1;
 }
 
 int main(int argc, char **argv) {
-    int raw = 0, dims[8], ndims = 0;
+    int raw = 0, dims[8], ndims = 0, traced = 1;
     for (int i = 1; i < argc; ++i) {
         if (!strcmp(argv[i], "--raw")) raw = 1;
         else if (ndims < 8) dims[ndims++] = atoi(argv[i]);
@@ -173,7 +179,7 @@ int main(int argc, char **argv) {
                 }
                 printf("d%d %dx%d %s: %.1f us per call, %.0f TFLOP/s\n", D, B, S, causal ? "causal" : "full", us,
                        flop / us * 1e-6);
-                report(raw);
+                traced &= report(raw);
                 kva_free(ctx, q);
                 kva_free(ctx, k);
                 kva_free(ctx, v);
@@ -184,5 +190,5 @@ int main(int argc, char **argv) {
                 free(indptr);
             }
     kva_context_destroy(ctx);
-    return 0;
+    return traced ? 0 : 1;
 }
