@@ -258,19 +258,40 @@ static inline void prefetch_next_keys(key_prefetcher *pf) {
 
 /* ---- micro-kernel drivers, specialised per number of row vectors ------------------------- */
 
-/* Scores of keys [j0, j1) (j0 a multiple of QK_KEYS; rows up to the next multiple exist). */
+/* Scores of keys [j0, j1) (j0 a multiple of QK_KEYS; rows up to the next multiple exist).
+ * The row block's RC vectors go through the micro-tile QK_VECS at a time. Kept out of line so
+ * the micro-tiles get the whole register file (inlined into the task loop, GCC spilled the
+ * loop counters of the AVX2 tiles to the stack). */
+#define QK_VECS KVA__PF_QK_VECS
+#define PV_VECS KVA__PF_PV_VECS
+#define PV_DIMS KVA__PF_PV_DIMS
 #define DEFINE_ROW_KERNELS(RC)                                                                     \
-    static void qk_rows_##RC(const float *qt, const float *k, int D, int j0, int j1, float *s,     \
-                             key_prefetcher *pf) {                                                 \
+    __attribute__((noinline)) static void qk_rows_##RC(const float *qt, const float *k, int D,    \
+                                                       int j0, int j1, float *s,                 \
+                                                       key_prefetcher *pf) {                     \
         for (int j = j0; j < j1; j += KVA__PF_QK_KEYS) {                                           \
-            kva__qk_tile(RC, qt, k + (size_t)j * D, D, s + (size_t)j * KVA__PF_LANES);             \
+            for (int c = 0; c < RC; c += QK_VECS)                                                  \
+                kva__qk_tile(RC - c < QK_VECS ? RC - c : QK_VECS, KVA__PF_QK_KEYS,                 \
+                             qt + KVA__VL * c, k + (size_t)j * D, D,                               \
+                             s + (size_t)j * KVA__PF_LANES + KVA__VL * c);                         \
             prefetch_next_keys(pf);                                                                \
         }                                                                                          \
     }                                                                                              \
-    static void pv_rows_##RC(const float *p, int nk, const float *v, int D, float *ot,             \
-                             const kva__vf *alpha) {                                               \
-        for (int d = 0; d < D; d += KVA__PF_PV_DIMS)                                               \
-            kva__pv_tile(RC, p, nk, v + d, D, ot + (size_t)d * KVA__PF_LANES, alpha);              \
+    __attribute__((noinline)) static void pv_rows_##RC(const float *p, int nk, const float *v,    \
+                                                       int D, float *ot, const kva__vf *alpha) { \
+        for (int c = 0; c < RC; c += PV_VECS) {                                                    \
+            const int rc = RC - c < PV_VECS ? RC - c : PV_VECS;                                    \
+            int d = 0;                                                                             \
+            for (; d + PV_DIMS <= D; d += PV_DIMS)                                                 \
+                kva__pv_tile(rc, PV_DIMS, p + KVA__VL * c, nk, v + d, D,                           \
+                             ot + (size_t)d * KVA__PF_LANES + KVA__VL * c, alpha + c);             \
+            for (; d + 4 <= D; d += 4)                                                             \
+                kva__pv_tile(rc, 4, p + KVA__VL * c, nk, v + d, D,                                 \
+                             ot + (size_t)d * KVA__PF_LANES + KVA__VL * c, alpha + c);             \
+            for (; d < D; d += 2)                                                                  \
+                kva__pv_tile(rc, 2, p + KVA__VL * c, nk, v + d, D,                                 \
+                             ot + (size_t)d * KVA__PF_LANES + KVA__VL * c, alpha + c);             \
+        }                                                                                          \
     }
 DEFINE_ROW_KERNELS(1)
 DEFINE_ROW_KERNELS(2)
@@ -333,14 +354,32 @@ static void apply_variants(const kva__prefill_config *cfg, const scratch_view *s
  * plausible wrong value (kvattn.h). Keys a lane cannot see do not count. */
 static void flag_overflow(const scratch_view *sv, int rc, int32_t rb_first, int32_t kb, int j0,
                           int j1, kva__vi bad[4]) {
-    for (int j = j0; j < j1; ++j) {
-        const kva__vi vk = kva__splat_i(kb + j);
-        for (int c = 0; c < rc; ++c) {
-            kva__vi lo = *(const kva__vi *)(sv->lane_lo + rb_first + KVA__VL * c);
-            kva__vi hi = *(const kva__vi *)(sv->lane_hi + rb_first + KVA__VL * c);
-            kva__vf x = *(const kva__vf *)(sv->s + (size_t)j * KVA__PF_LANES + KVA__VL * c);
-            bad[c] |= ~((vk < lo) | (vk > hi)) & ~(x - x == kva__splat(0.0f));
+    for (int c = 0; c < rc; ++c) {
+        const float *s = sv->s + KVA__VL * c;
+        /* x - x is 0 for a finite score and NaN otherwise: one add per vector finds out whether
+         * the block holds any non-finite score at all (it almost never does). */
+        kva__vf z0 = kva__splat(0.0f), z1 = kva__splat(0.0f);
+        int j = j0;
+        for (; j + 1 < j1; j += 2) {
+            kva__vf x0 = *(const kva__vf *)(s + (size_t)j * KVA__PF_LANES);
+            kva__vf x1 = *(const kva__vf *)(s + (size_t)(j + 1) * KVA__PF_LANES);
+            z0 += x0 - x0;
+            z1 += x1 - x1;
         }
+        if (j < j1) {
+            kva__vf x0 = *(const kva__vf *)(s + (size_t)j * KVA__PF_LANES);
+            z0 += x0 - x0;
+        }
+        if (kva__hsum(z0 + z1) == 0.0f) continue;
+        const kva__vi lo = *(const kva__vi *)(sv->lane_lo + rb_first + KVA__VL * c);
+        const kva__vi hi = *(const kva__vi *)(sv->lane_hi + rb_first + KVA__VL * c);
+        kva__vi b = kva__splat_i(0);
+        for (j = j0; j < j1; ++j) {
+            const kva__vi vk = kva__splat_i(kb + j);
+            kva__vf x = *(const kva__vf *)(s + (size_t)j * KVA__PF_LANES);
+            b |= ~((vk < lo) | (vk > hi)) & ~(x - x == kva__splat(0.0f));
+        }
+        bad[c] |= b;
     }
 }
 
