@@ -16,6 +16,11 @@
  *   - prefill (causal, one sequence of 512 / 2048 tokens, ragged K/V): useful GFLOP/s,
  *     4 * qo * kv * D * heads with causal counting half;
  *   - the two split-KV decode algorithms side by side.
+ * Decode rows also report their rate over the streaming read measured beside them (a short read
+ * pass after every ~25 ms of decode runs; the median over blocks of runs of block rate / mean of
+ * the passes before and after): on a host whose memory bandwidth moves while the bench runs, the
+ * fraction of the start-of-run ceiling can read 20 points high or low. A cross-check reads the
+ * ceiling's buffer as shuffled 32 KB pages (decode's pattern, no arithmetic).
  * Plans are made outside the timed region (a serving engine plans once per step for all
  * layers); every timed region is one run, and the figure is the median. Each row also reports
  * the CPU share it got (process CPU time / (wall time x threads)): on a shared machine a row
@@ -50,6 +55,8 @@ typedef struct bench_row {
     double fraction;   /* of the matching ceiling */
     double cpu_share;  /* CPU time / (wall time x threads) over the timed runs: < ~90% means
                           other work took the cores away (the figure is then a floor) */
+    double paired;     /* decode: median over blocks of runs of rate / the streaming read
+                          measured right before and after the block (0: not measured) */
 } bench_row;
 
 typedef struct bench_state {
@@ -60,6 +67,10 @@ typedef struct bench_state {
     size_t read_bytes;
     double read_gbs;   /* ceilings */
     double fma_gflops;
+    double paged_read_gbs; /* cross-check: the same buffer read as shuffled decode pages */
+    const struct kva_ceiling_probe *probe; /* the dispatched variant's loops */
+    float *pair_buf;       /* streaming-read buffer read between decode runs (>= 4x LLC) */
+    size_t pair_floats;
     bench_row rows[32];
     int num_rows;
 } bench_state;
@@ -182,6 +193,77 @@ static double measure_read_bandwidth(bench_state *b, const kva_ceiling_probe *pr
     (void)sink;
     free_big(b, buf);
     return (double)(n * sizeof(float)) / min_of(times, reps) / 1e9;
+}
+
+/* Decode's access pattern without its arithmetic: the threads read a buffer as pages of one
+ * decode page's K bytes (page 16 x 8 KV heads x d 128 x 2 bytes = 32 KB) in a shuffled order,
+ * each page with the probe's loop, prefetching every line of the next page in 8 slices between
+ * the loads (as decode spreads its prefetches over its tiles). Not a ceiling (decode is measured
+ * against the streaming read above); it says how much of the gap to that ceiling is the access
+ * pattern itself. Wall time, best pass. */
+#define PAGED_READ_BYTES ((size_t)BENCH_PAGE * BENCH_KV_HEADS * BENCH_HEAD_DIM * 2)
+static double measure_paged_read(bench_state *b, const kva_ceiling_probe *probe, size_t bytes,
+                                 int reps) {
+    const size_t page_floats = PAGED_READ_BYTES / sizeof(float), slice = page_floats / 8;
+    const size_t pages = bytes / PAGED_READ_BYTES;
+    float *buf = alloc_big(b, pages * PAGED_READ_BYTES);
+    uint32_t *order = malloc(sizeof(uint32_t) * pages);
+    if (!buf || !order || pages < 2) {
+        free_big(b, buf);
+        free(order);
+        return 0;
+    }
+    uint64_t s = 0x9E3779B97F4A7C15ull;
+    for (size_t i = 0; i < pages; ++i) order[i] = (uint32_t)i;
+    for (size_t i = pages - 1; i > 0; --i) { /* Fisher-Yates, xorshift */
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        size_t j = (size_t)(s % (i + 1));
+        uint32_t t = order[i];
+        order[i] = order[j];
+        order[j] = t;
+    }
+    const int T = b->threads;
+#pragma omp parallel num_threads(T)
+    {
+        int t = omp_get_thread_num();
+        for (size_t i = pages * (size_t)t / (size_t)T; i < pages * (size_t)(t + 1) / (size_t)T; ++i)
+            for (size_t e = 0; e < page_floats; ++e)
+                buf[(size_t)order[i] * page_floats + e] = (float)(e & 255) * 0.25f;
+    }
+    double best = 0;
+    volatile float sink = 0;
+    for (int r = 0; r <= reps; ++r) {
+        float partial[256] = {0};
+        double t0 = cli_now();
+#pragma omp parallel num_threads(T)
+        {
+            int t = omp_get_thread_num();
+            size_t lo = pages * (size_t)t / (size_t)T, hi = pages * (size_t)(t + 1) / (size_t)T;
+            float acc = 0;
+            for (size_t i = lo; i < hi; ++i) {
+                const float *page = buf + (size_t)order[i] * page_floats;
+                const char *next = i + 1 < hi ? (const char *)(buf + (size_t)order[i + 1] * page_floats)
+                                              : NULL;
+                for (size_t q = 0; q < 8; ++q) {
+                    if (next)
+                        for (size_t line = 0; line < slice * sizeof(float); line += 64)
+                            __builtin_prefetch(next + q * slice * sizeof(float) + line, 0, 2);
+                    acc += probe->read(page + q * slice, slice);
+                }
+            }
+            partial[t & 255] = acc;
+        }
+        double dt = cli_now() - t0;
+        for (int t = 0; t < T && t < 256; ++t) sink += partial[t];
+        if (r > 0 && (double)(pages * PAGED_READ_BYTES) / dt / 1e9 > best)
+            best = (double)(pages * PAGED_READ_BYTES) / dt / 1e9; /* pass 0 warms up */
+    }
+    (void)sink;
+    free(order);
+    free_big(b, buf);
+    return best;
 }
 
 /* Seconds this thread has run on a core. */
@@ -310,11 +392,35 @@ static void pool_destroy(bench_state *b, decode_pool *p) {
     memset(p, 0, sizeof *p);
 }
 
+/* One wall-time pass of the streaming read over pair_buf by all threads, GB/s. Run between
+ * blocks of decode runs: on a machine whose memory is shared with other guests the read rate
+ * moves by 2x within seconds (measured on the 2-vCPU Zen 5: 45 <-> 80 GB/s), so a ceiling taken
+ * at the start of the bench and a decode row taken a minute later may see different machines;
+ * a read measured next to the decode runs sees the same one. */
+static double pair_read_pass(bench_state *b) {
+    const size_t granule = 16 * 64, granules = b->pair_floats / granule;
+    const int T = b->threads;
+    float partial[256] = {0};
+    double t0 = cli_now();
+#pragma omp parallel num_threads(T)
+    {
+        int t = omp_get_thread_num();
+        size_t lo = granules * (size_t)t / (size_t)T * granule;
+        size_t hi = granules * (size_t)(t + 1) / (size_t)T * granule;
+        partial[t & 255] = b->probe->read(b->pair_buf + lo, hi - lo);
+    }
+    double dt = cli_now() - t0;
+    volatile float sink = 0;
+    for (int t = 0; t < T && t < 256; ++t) sink += partial[t];
+    (void)sink;
+    return (double)(granules * granule * sizeof(float)) / dt / 1e9;
+}
+
 /* Times batch x kv_len decode over the pool, rotating among as many disjoint batches as the
  * pool holds. Returns median seconds, or a negative value on failure. */
 static double time_decode(bench_state *b, const decode_pool *pool, int32_t batch, int32_t kv_len,
                           kva_decode_algo algo, int *num_sets_out, double *best,
-                          double *cpu_share) {
+                          double *cpu_share, double *paired_fraction) {
     const int32_t ppr = (kv_len + BENCH_PAGE - 1) / BENCH_PAGE; /* pages per request */
     const int32_t sets = pool->num_pages / (batch * ppr);
     const size_t es = kva_dtype_size(pool->dtype);
@@ -348,10 +454,20 @@ static double time_decode(bench_state *b, const decode_pool *pool, int32_t batch
     kva_tensor ot = kva_tensor_nhd(o, pool->dtype, BENCH_HEADS, BENCH_HEAD_DIM);
     kva_plan_options opt = {0, 0, algo};
 
-    /* Run at least one pass over every set, and at least min_seconds, after one warm-up set. */
+    /* Run at least one pass over every set, and at least min_seconds, after one warm-up set.
+     * Every ~25 ms of decode a streaming-read pass (untimed for decode) closes a block; each
+     * block's median decode time is paired with the mean read rate of the passes on either side
+     * of it, and the median of those ratios is the same-moment fraction of the read rate. */
     const double min_seconds = b->quick ? 0.3 : 1.0;
+    enum { MAX_BLOCKS = 256 };
+    double block_read[MAX_BLOCKS + 1], block_ratio[MAX_BLOCKS];
+    int block_start[MAX_BLOCKS + 1], blocks = 0;
+    double block_time = 0;
+    const double bytes = 2.0 * batch * kv_len * BENCH_KV_HEADS * BENCH_HEAD_DIM * (double)es;
+    if (b->pair_buf) block_read[0] = pair_read_pass(b);
+    block_start[0] = 0;
     int count = 0;
-    double start = cli_now(), cpu0 = cpu_seconds();
+    double start = cli_now(), cpu0 = cpu_seconds(), paused = 0;
     for (int it = -1; it < 4096; ++it) {
         int set = (it + 1) % sets;
         kva_page_table table = {batch, indptr, pool->perm + (size_t)set * batch * ppr, last};
@@ -362,11 +478,26 @@ static double time_decode(bench_state *b, const decode_pool *pool, int32_t batch
         if (kva_decode_run(b->ctx, &plan, &params, qt, &pages, ot, NULL) != KVA_OK) goto done;
         double dt = cli_now() - t0;
         if (it >= 0) times[count++] = dt;
-        if (count >= sets && cli_now() - start >= min_seconds) break;
+        block_time += dt;
+        const int last_run = count >= sets && cli_now() - start - paused >= min_seconds;
+        if (b->pair_buf && blocks < MAX_BLOCKS && count > block_start[blocks] &&
+            (block_time >= 0.025 || last_run)) {
+            double p0 = cli_now();
+            block_read[blocks + 1] = pair_read_pass(b);
+            paused += cli_now() - p0;
+            double t_block = cli_median(times + block_start[blocks], count - block_start[blocks]);
+            block_ratio[blocks] = bytes / t_block / 1e9 /
+                                  (0.5 * (block_read[blocks] + block_read[blocks + 1]));
+            block_start[++blocks] = count;
+            block_time = 0;
+        }
+        if (last_run) break;
     }
     result = cli_median(times, count);
-    *cpu_share = (cpu_seconds() - cpu0) / ((cli_now() - start) * b->threads);
+    /* CPU share over the decode runs only (the read passes run at full share) */
+    *cpu_share = (cpu_seconds() - cpu0 - paused * b->threads) / ((cli_now() - start - paused) * b->threads);
     *best = min_of(times, count);
+    *paired_fraction = blocks > 0 ? cli_median(block_ratio, blocks) : 0;
 done:
     if (result < 0) fprintf(stderr, "  decode %dx%d failed: %s\n", batch, kv_len, kva_last_error());
     free_workspace(b->ctx, &ws);
@@ -381,8 +512,8 @@ done:
 static void bench_decode(bench_state *b, const decode_pool *pool, int32_t batch, int32_t kv_len,
                          kva_decode_algo algo, const char *label) {
     int sets;
-    double best = 0, share = 0;
-    double t = time_decode(b, pool, batch, kv_len, algo, &sets, &best, &share);
+    double best = 0, share = 0, paired = 0;
+    double t = time_decode(b, pool, batch, kv_len, algo, &sets, &best, &share, &paired);
     if (t <= 0) return;
     double bytes = 2.0 * batch * kv_len * BENCH_KV_HEADS * BENCH_HEAD_DIM *
                    (double)kva_dtype_size(pool->dtype);
@@ -397,9 +528,11 @@ static void bench_decode(bench_state *b, const decode_pool *pool, int32_t batch,
     r.unit = "GB/s";
     r.fraction = b->read_gbs > 0 ? r.rate / b->read_gbs : 0;
     r.cpu_share = share;
-    printf("  %-24s %-5s %-8s %9.3f ms (best %8.3f) %8.2f GB/s  %5.1f%% of read bw  (%d batches "
-           "rotated, cpu %.0f%%)\n", r.op, r.dtype, r.shape, r.ms, r.best_ms, r.rate,
-           100 * r.fraction, sets, 100 * share);
+    r.paired = paired;
+    printf("  %-24s %-5s %-8s %9.3f ms (best %8.3f) %8.2f GB/s  %5.1f%% of read bw (%5.1f%% of the "
+           "read beside it, %5.1f%% of the paged read)  (%d batches rotated, cpu %.0f%%)\n", r.op,
+           r.dtype, r.shape, r.ms, r.best_ms, r.rate, 100 * r.fraction, 100 * paired,
+           b->paged_read_gbs > 0 ? 100 * r.rate / b->paged_read_gbs : 0.0, sets, 100 * share);
     fflush(stdout);
     add_row(b, &r);
 }
@@ -491,16 +624,22 @@ done:
 
 static void print_table(const bench_state *b) {
     printf("\n| operation | dtype | shape | median ms | best ms | throughput (median) | of ceiling "
-           "| cpu |\n");
-    printf("|---|---|---|---:|---:|---:|---:|---:|\n");
-    printf("| read bandwidth (ceiling) | - | %.0f MB | - | - | %.1f GB/s | 100%% | |\n",
+           "| of the read beside it | cpu |\n");
+    printf("|---|---|---|---:|---:|---:|---:|---:|---:|\n");
+    printf("| read bandwidth (ceiling) | - | %.0f MB | - | - | %.1f GB/s | 100%% | | |\n",
            (double)b->read_bytes / 1e6, b->read_gbs);
-    printf("| fp32 FMA rate (ceiling) | - | - | - | - | %.0f GFLOP/s | 100%% | |\n", b->fma_gflops);
+    if (b->paged_read_gbs > 0)
+        printf("| read, shuffled %zu KB pages (cross-check) | - | %.0f MB | - | - | %.1f GB/s | "
+               "%.1f%% | | |\n", PAGED_READ_BYTES / 1024, (double)b->read_bytes / 1e6,
+               b->paged_read_gbs, b->read_gbs > 0 ? 100 * b->paged_read_gbs / b->read_gbs : 0.0);
+    printf("| fp32 FMA rate (ceiling) | - | - | - | - | %.0f GFLOP/s | 100%% | | |\n", b->fma_gflops);
     for (int i = 0; i < b->num_rows; ++i) {
         const bench_row *r = &b->rows[i];
-        printf("| %s | %s | %s | %.3f | %.3f | %.*f %s | %.1f%% | %.0f%% |\n", r->op, r->dtype,
+        char paired[16] = "";
+        if (r->paired > 0) snprintf(paired, sizeof paired, "%.1f%%", 100 * r->paired);
+        printf("| %s | %s | %s | %.3f | %.3f | %.*f %s | %.1f%% | %s | %.0f%% |\n", r->op, r->dtype,
                r->shape, r->ms, r->best_ms, strcmp(r->unit, "GB/s") == 0 ? 2 : 1, r->rate, r->unit,
-               100 * r->fraction, 100 * r->cpu_share);
+               100 * r->fraction, paired, 100 * r->cpu_share);
     }
 }
 
@@ -561,6 +700,20 @@ int bench_cpu_main(kva_context *ctx, const bench_cpu_options *options) {
            read_narrow, cores_native);
     if (read_narrow > 1.05 * read_native)
         printf("  warning: narrower loads read faster than the kernels' width: check the probe\n");
+    b.paged_read_gbs = measure_paged_read(&b, probe, read_bytes, b.quick ? 3 : 5);
+    b.probe = probe;
+    {   /* the buffer read between decode runs: >= 4x the LLC, so every pass streams from DRAM */
+        size_t pair_bytes = 4 * (b.llc ? b.llc : (size_t)32 << 20);
+        if (pair_bytes < ((size_t)256 << 20)) pair_bytes = (size_t)256 << 20;
+        b.pair_floats = pair_bytes / sizeof(float) / (16 * 64) * (16 * 64);
+        b.pair_buf = alloc_big(&b, b.pair_floats * sizeof(float));
+        if (b.pair_buf)
+            for (size_t i = 0; i < b.pair_floats; ++i) b.pair_buf[i] = (float)(i & 255) * 0.25f;
+    }
+    printf("  (cross-check)    %8.2f GB/s   the same read as shuffled %zu KB pages, each page's "
+           "lines prefetched a page ahead: decode's access pattern without its arithmetic, %.0f%% "
+           "of the streaming read\n", b.paged_read_gbs, PAGED_READ_BYTES / 1024,
+           b.read_gbs > 0 ? 100 * b.paged_read_gbs / b.read_gbs : 0.0);
     fflush(stdout);
     const long iters = b.quick ? 20000000L : 40000000L; /* >= ~40 ms of CPU per repetition */
     double fma_by_chains[3] = {0, 0, 0};
@@ -608,6 +761,8 @@ int bench_cpu_main(kva_context *ctx, const bench_cpu_options *options) {
         bench_prefill(&b, dtypes[d], 512, b.quick ? 2 : 7);
         bench_prefill(&b, dtypes[d], 2048, b.quick ? 1 : 3);
     }
+    free_big(&b, b.pair_buf);
+    b.pair_buf = NULL;
     print_table(&b);
     /* A kernel cannot beat a true ceiling: if one does, the probe measured something else. */
     for (int i = 0; i < b.num_rows; ++i)
