@@ -247,7 +247,11 @@ static kva__prefetch_cursor window_prefetch(const decode_job *J, const task_head
                                             int32_t calls, kva__pf_span *spans) {
     const int32_t t1 = t0 + PREFETCH_KEYS, t2 = kva__min32(n, t1 + KVA_DECODE_KEY_PAD);
     const int head_major = J->stride_token == (int64_t)J->row_bytes;
-    const int32_t outer = head_major ? th->nkv : t2 - t1, inner = head_major ? t2 - t1 : th->nkv;
+    /* NHD with adjacent heads: a token's rows of all the task's heads are one range */
+    const int heads_adjacent = !head_major && J->stride_head == (int64_t)J->row_bytes;
+    const int32_t outer = head_major ? th->nkv : t2 - t1,
+                  inner = head_major ? t2 - t1 : heads_adjacent ? 1 : th->nkv;
+    const size_t run_bytes = heads_adjacent ? (size_t)th->nkv * J->row_bytes : J->row_bytes;
     int32_t count = 0;
     size_t bytes = 0;
     for (int32_t i = 0; i < outer; ++i)
@@ -255,14 +259,14 @@ static kva__prefetch_cursor window_prefetch(const decode_job *J, const task_head
             int32_t t = t1 + (head_major ? j : i), k = head_major ? i : j;
             const unsigned char *row = rows[t] + (ptrdiff_t)k * J->stride_head;
             if (count > 0 && spans[count - 1].end == row) {
-                spans[count - 1].end += J->row_bytes;
+                spans[count - 1].end += run_bytes;
             } else {
                 /* from the row's first line, so a row that starts mid-line is covered */
                 spans[count].begin = (const unsigned char *)((uintptr_t)row & ~(uintptr_t)63);
-                spans[count].end = row + J->row_bytes;
+                spans[count].end = row + run_bytes;
                 ++count;
             }
-            bytes += J->row_bytes;
+            bytes += run_bytes;
         }
     kva__prefetch_cursor c;
     c.p = count > 0 ? spans[0].begin : NULL;

@@ -57,15 +57,20 @@ typedef struct kva__prefetch_cursor {
 
 KVA__INLINE void kva__prefetch_step(kva__prefetch_cursor *c) {
     if (!c) return;
-    for (int32_t i = 0; i < c->step; ++i) {
+    int32_t left = c->step;
+    while (left > 0) {
         if (c->p >= c->end) {
             if (c->next == c->last) return;
             c->p = c->next->begin;
             c->end = c->next->end;
             ++c->next;
         }
-        __builtin_prefetch(c->p, 0, 2);
-        c->p += 64;
+        /* the lines left in this span, up to the step: no bound check per line */
+        int32_t n = (int32_t)((c->end - c->p + 63) / 64);
+        if (n > left) n = left;
+        for (int32_t i = 0; i < n; ++i) __builtin_prefetch(c->p + 64 * i, 0, 2);
+        c->p += 64 * n;
+        left -= n;
     }
 }
 
