@@ -140,6 +140,37 @@ static const kva_ceiling_probe *probe_named(const char *name) {
     return &kva_probe_generic_ceiling;
 }
 
+static double thread_cpu_seconds(void);
+
+/* One pass of the probe's read loop by T threads, each over its slice of buf (granules of
+ * READ_GRANULE floats); returns the wall seconds and adds to *rate_sum each thread's slice bytes
+ * over its own CPU time. */
+#define READ_GRANULE (16 * 64) /* floats: whole probe iterations at every width */
+static double read_pass(const kva_ceiling_probe *probe, const float *buf, size_t granules, int T,
+                        double *rate_sum) {
+    float partial[256] = {0};
+    double rate[256] = {0};
+    double t0 = cli_now();
+#pragma omp parallel num_threads(T)
+    {
+        int t = omp_get_thread_num();
+        size_t lo = granules * (size_t)t / (size_t)T * READ_GRANULE;
+        size_t hi = granules * (size_t)(t + 1) / (size_t)T * READ_GRANULE;
+        double c0 = thread_cpu_seconds();
+        partial[t & 255] = probe->read(buf + lo, hi - lo);
+        double c = thread_cpu_seconds() - c0;
+        rate[t & 255] = c > 0 ? (double)((hi - lo) * sizeof(float)) / c : 0;
+    }
+    double dt = cli_now() - t0;
+    volatile float sink = 0;
+    for (int t = 0; t < T && t < 256; ++t) {
+        sink += partial[t];
+        *rate_sum += rate[t];
+    }
+    (void)sink;
+    return dt;
+}
+
 /* Every thread sums its contiguous slice of a buffer with the probe's loop; GB/s of the fastest
  * pass. A ceiling is what the machine can do: other work on the cores only ever lowers a pass,
  * so the best pass is the estimate (a median ceiling under load let kernels "exceed" it).
@@ -147,10 +178,9 @@ static const kva_ceiling_probe *probe_named(const char *name) {
  * time: when another job holds a core the threads do not stream at the same time and the wall
  * figure drops to one core's rate (seen on the 2-vCPU Zen 5: 35-40 vs 78 GB/s); the sum is what
  * the cores stream while they run (an upper estimate if they contend for memory). */
-static double thread_cpu_seconds(void);
 static double measure_read_bandwidth(bench_state *b, const kva_ceiling_probe *probe, size_t bytes,
                                      int reps, double *per_core_sum) {
-    const size_t chunk = 16 * 64; /* floats per thread-slice granule: whole probe iterations */
+    const size_t chunk = READ_GRANULE;
     const size_t n = bytes / sizeof(float) / chunk * chunk;
     float *buf = alloc_big(b, n * sizeof(float));
     if (!buf) return 0;
@@ -165,32 +195,13 @@ static double measure_read_bandwidth(bench_state *b, const kva_ceiling_probe *pr
         for (size_t i = lo; i < hi; ++i) buf[i] = (float)(i & 255) * 0.25f;
     }
     double times[64];
-    volatile float sink = 0;
     if (reps > 64) reps = 64;
     *per_core_sum = 0;
     for (int r = 0; r <= reps; ++r) {
-        float partial[256] = {0};
-        double rate[256] = {0};
-        double t0 = cli_now();
-#pragma omp parallel num_threads(T)
-        {
-            int t = omp_get_thread_num();
-            size_t lo = granules * (size_t)t / (size_t)T * chunk;
-            size_t hi = granules * (size_t)(t + 1) / (size_t)T * chunk;
-            double c0 = thread_cpu_seconds();
-            partial[t & 255] = probe->read(buf + lo, hi - lo);
-            double c = thread_cpu_seconds() - c0;
-            rate[t & 255] = c > 0 ? (double)((hi - lo) * sizeof(float)) / c : 0;
-        }
-        double dt = cli_now() - t0, sum = 0;
-        for (int t = 0; t < T && t < 256; ++t) {
-            sink += partial[t];
-            sum += rate[t];
-        }
+        double sum = 0, dt = read_pass(probe, buf, granules, T, &sum);
         if (r > 0) times[r - 1] = dt; /* pass 0 warms up */
         if (r > 0 && sum / 1e9 > *per_core_sum) *per_core_sum = sum / 1e9;
     }
-    (void)sink;
     free_big(b, buf);
     return (double)(n * sizeof(float)) / min_of(times, reps) / 1e9;
 }
@@ -398,22 +409,9 @@ static void pool_destroy(bench_state *b, decode_pool *p) {
  * at the start of the bench and a decode row taken a minute later may see different machines;
  * a read measured next to the decode runs sees the same one. */
 static double pair_read_pass(bench_state *b) {
-    const size_t granule = 16 * 64, granules = b->pair_floats / granule;
-    const int T = b->threads;
-    float partial[256] = {0};
-    double t0 = cli_now();
-#pragma omp parallel num_threads(T)
-    {
-        int t = omp_get_thread_num();
-        size_t lo = granules * (size_t)t / (size_t)T * granule;
-        size_t hi = granules * (size_t)(t + 1) / (size_t)T * granule;
-        partial[t & 255] = b->probe->read(b->pair_buf + lo, hi - lo);
-    }
-    double dt = cli_now() - t0;
-    volatile float sink = 0;
-    for (int t = 0; t < T && t < 256; ++t) sink += partial[t];
-    (void)sink;
-    return (double)(granules * granule * sizeof(float)) / dt / 1e9;
+    const size_t granules = b->pair_floats / READ_GRANULE;
+    double unused = 0, dt = read_pass(b->probe, b->pair_buf, granules, b->threads, &unused);
+    return (double)(granules * READ_GRANULE * sizeof(float)) / dt / 1e9;
 }
 
 /* Times batch x kv_len decode over the pool, rotating among as many disjoint batches as the
@@ -705,7 +703,7 @@ int bench_cpu_main(kva_context *ctx, const bench_cpu_options *options) {
     {   /* the buffer read between decode runs: >= 4x the LLC, so every pass streams from DRAM */
         size_t pair_bytes = 4 * (b.llc ? b.llc : (size_t)32 << 20);
         if (pair_bytes < ((size_t)256 << 20)) pair_bytes = (size_t)256 << 20;
-        b.pair_floats = pair_bytes / sizeof(float) / (16 * 64) * (16 * 64);
+        b.pair_floats = pair_bytes / sizeof(float) / READ_GRANULE * READ_GRANULE;
         b.pair_buf = alloc_big(&b, b.pair_floats * sizeof(float));
         if (b.pair_buf)
             for (size_t i = 0; i < b.pair_floats; ++i) b.pair_buf[i] = (float)(i & 255) * 0.25f;
