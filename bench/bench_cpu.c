@@ -414,6 +414,11 @@ static double pair_read_pass(bench_state *b) {
     return (double)(granules * READ_GRANULE * sizeof(float)) / dt / 1e9;
 }
 
+/* Bytes of K and V one decode call reads. */
+static double decode_bytes(kva_dtype dtype, int32_t batch, int32_t kv_len) {
+    return 2.0 * batch * kv_len * BENCH_KV_HEADS * BENCH_HEAD_DIM * (double)kva_dtype_size(dtype);
+}
+
 /* Times batch x kv_len decode over the pool, rotating among as many disjoint batches as the
  * pool holds. Returns median seconds, or a negative value on failure. */
 static double time_decode(bench_state *b, const decode_pool *pool, int32_t batch, int32_t kv_len,
@@ -461,7 +466,7 @@ static double time_decode(bench_state *b, const decode_pool *pool, int32_t batch
     double block_read[MAX_BLOCKS + 1], block_ratio[MAX_BLOCKS];
     int block_start[MAX_BLOCKS + 1], blocks = 0;
     double block_time = 0;
-    const double bytes = 2.0 * batch * kv_len * BENCH_KV_HEADS * BENCH_HEAD_DIM * (double)es;
+    const double bytes = decode_bytes(pool->dtype, batch, kv_len);
     if (b->pair_buf) block_read[0] = pair_read_pass(b);
     block_start[0] = 0;
     int count = 0;
@@ -475,8 +480,10 @@ static double time_decode(bench_state *b, const decode_pool *pool, int32_t batch
         double t0 = cli_now();
         if (kva_decode_run(b->ctx, &plan, &params, qt, &pages, ot, NULL) != KVA_OK) goto done;
         double dt = cli_now() - t0;
-        if (it >= 0) times[count++] = dt;
-        block_time += dt;
+        if (it >= 0) {
+            times[count++] = dt;
+            block_time += dt;
+        }
         const int last_run = count >= sets && cli_now() - start - paused >= min_seconds;
         if (b->pair_buf && blocks < MAX_BLOCKS && count > block_start[blocks] &&
             (block_time >= 0.025 || last_run)) {
@@ -513,8 +520,7 @@ static void bench_decode(bench_state *b, const decode_pool *pool, int32_t batch,
     double best = 0, share = 0, paired = 0;
     double t = time_decode(b, pool, batch, kv_len, algo, &sets, &best, &share, &paired);
     if (t <= 0) return;
-    double bytes = 2.0 * batch * kv_len * BENCH_KV_HEADS * BENCH_HEAD_DIM *
-                   (double)kva_dtype_size(pool->dtype);
+    const double bytes = decode_bytes(pool->dtype, batch, kv_len);
     bench_row r;
     memset(&r, 0, sizeof r);
     snprintf(r.op, sizeof r.op, "%s", label);
