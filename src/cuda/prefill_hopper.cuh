@@ -453,7 +453,7 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-                for (int e = 0; e < 4; ++e) sc[nt][e] = a.cap_log2 * kva__pf_tanh(sc[nt][e] * a.cap_inv_scale);
+                for (int e = 0; e < 4; ++e) sc[nt][e] = a.cap_log2 * kva__pf_tanh_fast(sc[nt][e] * a.cap_inv_scale);
         }
         if (need_mask) {
 #pragma unroll
