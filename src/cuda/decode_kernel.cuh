@@ -98,6 +98,12 @@ typedef struct kva__unit {
     int page_beg;             /* the request's first entry in the page-index array */
     int item_beg, item_end;   /* the request's work items (its partial states) */
     int my_n;                 /* this warp's tiles */
+#if defined(KVA_VARIANT_ALIBI_SLOPES) && defined(KVA__FN_IS_KVA_ALIBI)
+    /* the built-in ALiBi's slopes (log2 units) of the 4 heads this lane scores in the mma path
+     * (slot nt * 2 + j: head nt * 8 + 2 * (lane % 4) + j), loaded with the record a unit ahead
+     * instead of once per score */
+    float alibi[4];
+#endif
 } kva__unit;
 
 /* Byte offset of 16-byte chunk c of row r in a swizzled tile (row r's chunks XOR r mod 8), so
@@ -192,6 +198,13 @@ __device__ __forceinline__ void kva__unit_from_record(const kva__decode_args &a,
     /* global rowmax, pass 1: an unsplit request's max is its own chunk's; pass 2 finds it */
     if (a.pass == 1 && m.item_end - m.item_beg <= 1) tiles = 0;
     m.my_n = tiles > warp ? (tiles - warp + KVA__DECODE_WARPS - 1) / KVA__DECODE_WARPS : 0;
+#if defined(KVA_VARIANT_ALIBI_SLOPES) && defined(KVA__FN_IS_KVA_ALIBI)
+#pragma unroll
+    for (int slot = 0; slot < 4; ++slot) {
+        const int head = (slot >> 1) * 8 + 2 * (threadIdx.x & 3) + (slot & 1);
+        m.alibi[slot] = head < m.gs ? __ldg((const float *)a.mod_user + m.hb + head) * KVA__LOG2E_F : 0.0f;
+    }
+#endif
 }
 
 /* kva__score of key kv_pos for the unit's query head hb + head, then a variant's modifier
@@ -199,14 +212,15 @@ __device__ __forceinline__ void kva__unit_from_record(const kva__decode_args &a,
  * left alone. The result is rounded like kva__score's (never fused into exp2(x - max)), and a
  * finite modified score beyond log2 range is NaN, not a mask. Without a modifier: kva__score. */
 __device__ __forceinline__ float kva__score_at(const kva__decode_args &a, float dot, const kva__unit &m,
-                                               int kv_pos, int head) {
+                                               int kv_pos, int head, int slot = -1) {
     const float x = kva__score(a, dot);
     if constexpr (KVA__HAS_SCORE_MOD) {
         if (head < m.gs) {
 #if defined(KVA_VARIANT_ALIBI_SLOPES) && defined(KVA__FN_IS_KVA_ALIBI)
             /* the built-in ALiBi (variant_alibi.cuh) in log2 units: one FFMA on the rounded score
              * (x is never -inf here, so no new NaN case) instead of the hook's conversions */
-            const float slope = __ldg((const float *)a.mod_user + m.hb + head) * KVA__LOG2E_F;
+            /* slot >= 0 (mma path, a compile-time index): the slope loaded with the unit */
+            const float slope = slot >= 0 ? m.alibi[slot] : __ldg((const float *)a.mod_user + m.hb + head) * KVA__LOG2E_F;
             return fmaf(slope, (float)(kv_pos - m.q_pos), x);
 #else
             const float s = KVA_SCORE_MOD(x * KVA__LN2_F, m.q_pos, kv_pos, m.hb + head, a.mod_user);
@@ -565,6 +579,9 @@ __global__ void __launch_bounds__(KVA__DECODE_THREADS)
                             kva__mma16816<T>(s[nt], ka, qb[nt][2 * kk], qb[nt][2 * kk + 1]);
                     }
                 }
+#if defined(KVA_VARIANT_ALIBI_SLOPES) && defined(KVA__FN_IS_KVA_ALIBI)
+                static_assert(NT <= 2, "kva__unit.alibi holds the slopes of two N tiles");
+#endif
                 /* Online softmax over the 16 keys of this tile, per head column. */
                 const bool v0 = tstart + (lane >> 2) < end, v1 = tstart + (lane >> 2) + 8 < end;
                 if (rowmax_pass) { /* global rowmax, pass 1: the chunk's row max only */
@@ -573,8 +590,8 @@ __global__ void __launch_bounds__(KVA__DECODE_THREADS)
 #pragma unroll
                         for (int j = 0; j < 2; ++j) {
                             const int head = nt * 8 + 2 * (lane & 3) + j;
-                            float mx = fmaxf(v0 ? kva__score_at(a, s[nt][j], cur, tstart + (lane >> 2), head) : -INFINITY,
-                                             v1 ? kva__score_at(a, s[nt][j + 2], cur, tstart + (lane >> 2) + 8, head) : -INFINITY);
+                            float mx = fmaxf(v0 ? kva__score_at(a, s[nt][j], cur, tstart + (lane >> 2), head, nt * 2 + j) : -INFINITY,
+                                             v1 ? kva__score_at(a, s[nt][j + 2], cur, tstart + (lane >> 2) + 8, head, nt * 2 + j) : -INFINITY);
                             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
                             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
                             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
@@ -590,8 +607,8 @@ __global__ void __launch_bounds__(KVA__DECODE_THREADS)
 #pragma unroll
                     for (int j = 0; j < 2; ++j) {
                         const int head = nt * 8 + 2 * (lane & 3) + j;
-                        float x0 = v0 ? kva__score_at(a, s[nt][j], cur, tstart + (lane >> 2), head) : -INFINITY;
-                        float x1 = v1 ? kva__score_at(a, s[nt][j + 2], cur, tstart + (lane >> 2) + 8, head) : -INFINITY;
+                        float x0 = v0 ? kva__score_at(a, s[nt][j], cur, tstart + (lane >> 2), head, nt * 2 + j) : -INFINITY;
+                        float x1 = v1 ? kva__score_at(a, s[nt][j + 2], cur, tstart + (lane >> 2) + 8, head, nt * 2 + j) : -INFINITY;
                         float mx = fmaxf(x0, x1);
                         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
                         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
