@@ -373,7 +373,8 @@ void kva_alibi_slopes(int32_t num_heads, float *slopes);
  * also sees one in range weighs 0, which is its weight to f32 precision. Their soft cap uses the
  * hardware tanh (relative error <= 2^-10.99, as FlashAttention-3 and FlashInfer do): its error sits
  * below the 16-bit rounding of P and V (bf16 output error against float64 measured the same with
- * and without a cap); the CPU, decode and the f32 kernels use a tanh accurate to ~1e-7. */
+ * and without a cap), and so does CUDA decode of GQA groups above 16 (it runs on the 16-bit prefill
+ * kernels); the CPU, the decode kernel and the f32 kernels use a tanh accurate to ~1e-7. */
 typedef struct kva_attn_params {
     int32_t num_qo_heads;
     int32_t num_kv_heads;    /* must divide num_qo_heads; CUDA decode: any group; CUDA
