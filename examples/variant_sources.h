@@ -8,8 +8,9 @@
  *     kva_variant_create(ctx, KVA_EX_SOURCE_DOC_MASK, "doc_mask", ...)   the same on the GPU
  *
  * Caller data (score_mod_user): a host pointer for the callback, a device copy for the variant.
- * The function bodies use only integer and float arithmetic, kva_tanhf (the prelude's accurate
- * tanh; tanhf here on the CPU) and kva_masked() (-INFINITY), so both sides compute the same scores.
+ * The function bodies use only integer and float arithmetic, kva_tanhf (the prelude's tanh: the
+ * built-in soft cap's in each kernel; tanhf here on the CPU) and kva_masked() (-INFINITY), so both
+ * sides compute the same scores (to the 16-bit kernels' tolerance).
  */
 #ifndef KVA_EXAMPLE_VARIANT_SOURCES_H
 #define KVA_EXAMPLE_VARIANT_SOURCES_H

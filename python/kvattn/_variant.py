@@ -84,7 +84,8 @@ class Variant:
     no key gets output 0 and LSE -inf. NaN, or a score beyond f32's range, makes the row NaN.
 
     What it may use: float and integer arithmetic, the CUDA math functions (compiled with
-    --use_fast_math, so expf/tanhf are the fast approximations; kva_tanhf is an accurate tanh),
+    --use_fast_math, so expf/tanhf are the fast approximations; kva_tanhf is the built-in soft
+    cap's tanh in the same kernel: the hardware tanh in f16/bf16 prefill, accurate elsewhere),
     loads through `user`, and the prelude's names: int32_t and the other fixed-width integers,
     INFINITY, NAN, kva_tanhf, kva_masked(), kva_int_to_float. It must be a pure function of its
     arguments and the memory behind `user` (kernels may call it several times for one score, in

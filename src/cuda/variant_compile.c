@@ -212,11 +212,14 @@ static kva_status compile_module(const char *source, const char *function, int a
     names[nh - 1] = "cuda.h";
     /* KVA__FN_IS_KVA_ALIBI: the modifier is the built-in ALiBi function itself, which the kernels
      * may then compute natively (with its KVA_VARIANT_ALIBI_SLOPES: see variant_alibi.cuh) */
+    /* KVA__VARIANT_FAST_TANH: kva_tanhf is the hardware tanh of the built-in soft cap in the
+     * 16-bit prefill kernels (variant_prelude.cuh) */
+    const int fast_tanh = img->id.kind == KVA__VMOD_PREFILL && img->id.dtype != KVA_F32;
     snprintf(prog, prog_size,
-             "#define KVA_SCORE_MOD_FN %s\n%s#include \"cuda_common.cuh\"\n#include \"variant_prelude.cuh\"\n"
+             "#define KVA_SCORE_MOD_FN %s\n%s%s#include \"cuda_common.cuh\"\n#include \"variant_prelude.cuh\"\n"
              "#line 1 \"variant.cu\"\n%s\n#line 1 \"kvattn-kernels.cu\"\n#include \"%s\"\n",
-             function, strcmp(function, "kva_alibi") == 0 ? "#define KVA__FN_IS_KVA_ALIBI 1\n" : "", source,
-             kernel_file(&img->id, arch));
+             function, strcmp(function, "kva_alibi") == 0 ? "#define KVA__FN_IS_KVA_ALIBI 1\n" : "",
+             fast_tanh ? "#define KVA__VARIANT_FAST_TANH 1\n" : "", source, kernel_file(&img->id, arch));
     if (nvrtcCreateProgram(&p, prog, "variant.cu", nh, hdr, names) != NVRTC_SUCCESS) {
         st = KVA_ERR_OUT_OF_MEMORY;
         goto done;
