@@ -50,9 +50,14 @@
 
 /* The built-in ALiBi variant (variant_alibi.cuh) declares itself with KVA_VARIANT_ALIBI_SLOPES
  * (and the modifier must be its function, kva_alibi: KVA__FN_IS_KVA_ALIBI, variant_compile.c):
- * its bias slope[head] * (key - query) is then folded into the scores with two FFMAs per score
- * (one per-row base per tile, one immediate column offset per score) in log2 units, instead of the
- * generic hook (natural-log units both ways and the modifier's own integer and float work). */
+ * its bias slope[head] * (key - query) then costs the softmax no per-score work. Split as
+ * slope * (key - kb) + slope * (kb - query) for a tile starting at key kb, the first term comes
+ * from the tensor cores -- one more k16 step of Q K^T, whose A operand holds each row's slope (in
+ * raw-score units, as three 16-bit pieces that sum to the f32 value) and whose B operand is a
+ * constant tile of column offsets 0 .. BN-1 in shared memory (exact in 16 bits) -- and the second
+ * is a per-row constant of the tile, folded into the exponent's FFMA and the row max. With a soft
+ * cap the bias must follow the cap, so the slopes stay 0 there and the scores take two FFMAs
+ * after the cap (one per-row base per tile, one immediate column offset per score). */
 #if defined(KVA_VARIANT_ALIBI_SLOPES) && defined(KVA__FN_IS_KVA_ALIBI)
 #define KVA__HP_ALIBI true
 #else
@@ -73,6 +78,11 @@ struct kva__hopper_geom {
     static constexpr int PRODUCER_REGS = D >= 256 ? 56 : 72;
     static constexpr int CONSUMER_REGS = D >= 256 ? 224 : 216;
     static constexpr int BAR_BYTES = 8 * (4 * STAGES + 1); /* full/empty K/V per stage + the tail */
+    /* native ALiBi's column-offset tile (BN rows of one 128-byte swizzled row block, of which the
+     * first k16 slice is used). Reserved in every build: a variant module's kernel is launched with
+     * the library's own geometry, and the extra 8-16 KB changes no SM's shared-memory carve-out
+     * (d64 / d128 stay under 196 KB, d256 under 228 KB) nor the one block per SM. */
+    static constexpr int POS_BYTES = BN * 128;
     /* the consumers take turns issuing (see the consumer loop); -DKVA__HP_PINGPONG=0/1 forces it */
 #ifdef KVA__HP_PINGPONG
     static constexpr bool PINGPONG = KVA__HP_PINGPONG;
@@ -98,7 +108,7 @@ struct kva__hopper_geom {
     static constexpr bool XITEM = D == 64;
 #endif
     static constexpr int Q_BUFS = XITEM ? 2 : 1;
-    static constexpr int SMEM = 1024 + Q_BUFS * Q_BYTES + STAGES * 2 * TILE_BYTES + BAR_BYTES;
+    static constexpr int SMEM = 1024 + Q_BUFS * Q_BYTES + STAGES * 2 * TILE_BYTES + POS_BYTES + BAR_BYTES;
 };
 
 /* A value every lane of the warp holds, broadcast from lane 0 so that the compiler knows it is
@@ -219,7 +229,8 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
     const uint32_t kv_s = q_s + G::Q_BUFS * G::Q_BYTES;
     auto k_stage = [&](int s) { return kv_s + (uint32_t)(s * 2 * G::TILE_BYTES); };
     auto v_stage = [&](int s) { return kv_s + (uint32_t)(s * 2 * G::TILE_BYTES + G::TILE_BYTES); };
-    const uint32_t bars = kv_s + G::STAGES * 2 * G::TILE_BYTES;
+    const uint32_t pos_s = kv_s + G::STAGES * 2 * G::TILE_BYTES; /* (1024-aligned) */
+    const uint32_t bars = pos_s + G::POS_BYTES;
     auto full_k = [&](int s) { return bars + 8u * (uint32_t)s; };
     auto full_v = [&](int s) { return bars + 8u * (uint32_t)(G::STAGES + s); };
     auto empty_k = [&](int s) { return bars + 8u * (uint32_t)(2 * G::STAGES + s); };
@@ -235,6 +246,17 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
         }
         kva__mbar_init(tail_bar, 1);
         kva__mbar_init_fence();
+    }
+    if constexpr (KVA__HP_ALIBI) {
+        /* row j of the column-offset tile: [j, j, j, 0 ...] in its first k16 slice */
+        if (tid < 2 * BN) {
+            const int j = tid >> 1, c = tid & 1;
+            const uint32_t jj = kva__pack2<T>((float)j, (float)j), j0 = kva__pack2<T>((float)j, 0.0f);
+            asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(pos_s + kva__pf_tile_off<128, BN, true>(j, c)),
+                         "r"(c ? 0u : jj), "r"(c ? 0u : j0), "r"(0u), "r"(0u)
+                         : "memory");
+            kva__fence_proxy_async();
+        }
     }
     __syncthreads();
 
@@ -351,9 +373,9 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
         if (lane == 0) kva__mbar_arrive(bar);
     };
     const bool capped = a.cap_log2 > 0.0f;
-    /* with a variant (KVA__HAS_SCORE_MOD) scores reach the softmax in natural-log units */
-    /* (native ALiBi: already in log2 units, scaled) */
-    const float mul = KVA__HP_ALIBI ? 1.0f : KVA__HAS_SCORE_MOD ? KVA__PF_LOG2E : capped ? 1.0f : a.scale_log2;
+    /* with a variant (KVA__HAS_SCORE_MOD) scores reach the softmax in natural-log units
+     * (native ALiBi: raw or capped like the built-in path's, the bias in them or in alibi_off) */
+    const float mul = KVA__HAS_SCORE_MOD && !KVA__HP_ALIBI ? KVA__PF_LOG2E : capped ? 1.0f : a.scale_log2;
     if (cw == 1) turn_pass();
 
     /* Q buffers: with G::XITEM the next work item's Q lands in the other buffer during this
@@ -385,6 +407,22 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
     int q_last = 0, rows = 0, qlo[2], qhi[2];
     int alibi_q[2] = {0, 0};              /* native ALiBi: row h's query position */
     float alibi_slope[2] = {0.0f, 0.0f};  /* and its head's slope, log2 units */
+    uint32_t alibi_a[4] = {0u, 0u, 0u, 0u}; /* the extra k-step's A fragment (see the top) */
+    /* my rows' slopes for KV head kh as the A fragment of the extra k-step: columns 0-2 of row r
+     * hold its slope / scale in three 16-bit pieces (lane % 4 == 0: columns 0, 1; == 1: column 2);
+     * zero with a soft cap. Set before a Q K^T of an item of kh is issued, never while one runs. */
+    auto alibi_rows = [&](int kh) {
+        if constexpr (KVA__HP_ALIBI) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int r = row_base + (lane >> 2) + 8 * h, t = kva__hp_div_group(r, g_magic);
+                const float s = capped ? 0.0f : ((const float *)a.mod_user)[kh * g + (r - t * g)] * KVA__PF_LOG2E / a.scale_log2;
+                const float p0 = kva__to_f32(kva__from_f32<T>(s)), r1 = s - p0;
+                const float p1 = kva__to_f32(kva__from_f32<T>(r1)), p2 = r1 - p1;
+                alibi_a[h] = (lane & 3) == 0 ? kva__pack2<T>(p0, p1) : (lane & 3) == 1 ? kva__pack2<T>(p2, 0.0f) : 0u;
+            }
+        }
+    };
     auto item_setup = [&]() {
         q_last = wk.it.q_pos0 + wk.it.q_tokens - 1;
         rows = wk.it.q_tokens * g;
@@ -402,6 +440,7 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
                 alibi_slope[h] = ((const float *)a.mod_user)[wk.kh * g + (r - t * g)] * KVA__PF_LOG2E;
             }
         }
+        alibi_rows(wk.kh);
     };
 
     float o_acc[DT][4];
@@ -416,6 +455,7 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
     /* wgmma descriptors: my warpgroup's Q rows in buffer b, stage 0's K and V (a stage s is
      * s * 2 * TILE_BYTES further on); each wgmma's operand is an offset from these */
     const uint64_t k_desc0 = kva__wgmma_desc(k_stage(0), 16, 1024);
+    const uint64_t pos_desc = kva__wgmma_desc(pos_s, 16, 1024);
     const uint64_t v_desc0 = kva__wgmma_desc(v_stage(0), KVA__PF_V_LBO(BN), KVA__PF_V_SBO(BN));
     auto q_desc = [&](int b) { return kva__wgmma_desc(q_buf(b) + (uint32_t)cw * 64 * 128, 16, 1024); };
     auto issue_qk = [&](int s, uint64_t qd) {
@@ -428,6 +468,7 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
             const uint64_t db = kva__wgmma_desc_add(kd0, blk * BN * 128 + (kd & 3) * 32);
             kva__wgmma_ss<T, BN>(&sc[0][0], da, db, kd > 0);
         }
+        if constexpr (KVA__HP_ALIBI) kva__wgmma_rs_kmajor<T, BN>(&sc[0][0], alibi_a, pos_desc);
         kva__wgmma_commit();
     };
     auto issue_pv = [&](int s) {
@@ -474,18 +515,25 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
                     }
             }
         }
+        /* native ALiBi: the tile's per-row constant slope * (kb - q), log2 units (without a cap:
+         * the tensor cores added slope * (key - kb) to the raw scores) */
+        float alibi_off[2] = {0.0f, 0.0f};
         if constexpr (KVA__HP_ALIBI) {
-            /* y = s * scale + slope * (key - q) in log2 units: key = kb + 2 (lane % 4) + 8 nt + e,
-             * so a base per row and tile and an immediate per score (masked scores stay -inf) */
-            const float s_mul = capped ? 1.0f : a.scale_log2;
+            if (!capped) {
 #pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const float base = alibi_slope[h] * (float)(t.kb + 2 * (lane & 3) - alibi_q[h]);
+                for (int h = 0; h < 2; ++h) alibi_off[h] = alibi_slope[h] * (float)(t.kb - alibi_q[h]);
+            } else {
+                /* after the cap: y = capped + slope * (key - q), key = kb + 2 (lane % 4) + 8 nt + e,
+                 * so a base per row and tile and an immediate per score (masked scores stay -inf) */
 #pragma unroll
-                for (int nt = 0; nt < NT; ++nt)
+                for (int h = 0; h < 2; ++h) {
+                    const float base = alibi_slope[h] * (float)(t.kb + 2 * (lane & 3) - alibi_q[h]);
 #pragma unroll
-                    for (int e = 2 * h; e < 2 * h + 2; ++e)
-                        sc[nt][e] = fmaf(alibi_slope[h], (float)(nt * 8 + (e & 1)), fmaf(sc[nt][e], s_mul, base));
+                    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                        for (int e = 2 * h; e < 2 * h + 2; ++e)
+                            sc[nt][e] = fmaf(alibi_slope[h], (float)(nt * 8 + (e & 1)), sc[nt][e] + base);
+                }
             }
         } else if constexpr (KVA__HAS_SCORE_MOD) /* a variant's modifier (prefill_kernel.cuh) */
             kva__pf_apply_score_mod<1, NT>(a, &sc, need_mask, capped, t.kb, wk.it.q_pos0, q_last,
@@ -505,6 +553,7 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
             float ms = __fmul_rn(mx, mul);
+            if constexpr (KVA__HP_ALIBI) ms = __fadd_rn(ms, alibi_off[h]);
             /* as prefill_kernel.cuh: a row whose visible scores all left f32 range keeps
              * -FLT_MAX as its max, which the epilogue turns into NaN */
             if (ms == -INFINITY && (mx != -INFINITY || (!KVA__HAS_SCORE_MOD && !need_mask)))
@@ -513,9 +562,10 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
             const float m_use = m_new == -INFINITY ? 0.0f : m_new;
             const float alpha = exp2f(m_st[h] - m_use);
             m_st[h] = m_new;
+            const float sub = KVA__HP_ALIBI ? alibi_off[h] - m_use : -m_use;
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt) {
-                const float x0 = fmaf(sc[nt][2 * h], mul, -m_use), x1 = fmaf(sc[nt][2 * h + 1], mul, -m_use);
+                const float x0 = fmaf(sc[nt][2 * h], mul, sub), x1 = fmaf(sc[nt][2 * h + 1], mul, sub);
                 constexpr int EXP_FMA = KVA__HP_EXP_FMA(D);
                 const bool fma_pipe = EXP_FMA > 0 && nt % (EXP_FMA > 0 ? EXP_FMA : 1) == 0;
                 const float p0 = fma_pipe ? kva__hp_exp2_fma(x0) : exp2f(x0);
@@ -635,6 +685,7 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
             kva__mbar_wait(full_v(sl), ((gn - 1) / G::STAGES) & 1u);
             q_ready();
             kva__mbar_wait(full_k(sn), (gn / G::STAGES) & 1u);
+            alibi_rows(nx.kh); /* (this item's last Q K^T is done) */
             turn_wait();
             issue_qk(sn, q_desc(qb ^ 1));
             kva__pf_fence_regs<DT * 4>(&o_acc[0][0]);
