@@ -68,6 +68,9 @@ static int cmp_tests(const void *a, const void *b) {
 }
 
 int main(int argc, char **argv) {
+    /* line-buffered even into a file: a test killed by a time limit (the GPU script's) still
+     * shows how far it got and what it had found */
+    setvbuf(stdout, NULL, _IOLBF, 0);
     qsort(tests, (size_t)num_tests, sizeof tests[0], cmp_tests);
     int passed = 0, failed = 0, skipped = 0;
     for (int i = 0; i < num_tests; ++i) {

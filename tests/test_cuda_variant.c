@@ -336,8 +336,12 @@ static void pf_reference(const pf_problem *pr, const kva_attn_params *ref, doubl
 
 /* Plans (split = 1: fixed chunks of 256 keys; 0 automatic; 2: dense kva_attention of request 0)
  * and runs one problem with variant e, and checks every element. */
+/* extra: 1 a soft cap (the modifier sees capped scores; the native ALiBi adds its bias after the
+ * cap with FFMAs), 2 sm_scale = 1e-5 (the native ALiBi's slope / scale of the larger slopes beyond
+ * what its 16-bit tensor-core pieces hold: those rows take the FFMA path, the others the tensor
+ * cores, in one tile) */
 static void prefill_case(kva_context *ctx, kva_rng *rng, const ex_variant *e, kva_dtype dt, int32_t D, int32_t Hq,
-                         int32_t Hk, bool paged, int causal, int split, const char *name) {
+                         int32_t Hk, bool paged, int causal, int split, int extra, const char *name) {
     const int before = kva_test_failures;
     pf_problem pr;
     kva_workspace ws = {0};
@@ -354,6 +358,8 @@ static void prefill_case(kva_context *ctx, kva_rng *rng, const ex_variant *e, kv
     }
     kva_attn_params p = kva_attn_params_default(Hq, Hk, D), ref;
     p.causal = causal;
+    if (extra == 1) p.logits_soft_cap = kva_rng_uniform(rng, 1.0f, 5.0f);
+    if (extra == 2) p.sm_scale = 1e-5f;
     ex_params(e, &p, &ref);
     const size_t es = kva_dtype_size(dt);
     const int32_t total_qo = pr.qo_indptr[pr.n];
@@ -436,11 +442,12 @@ static void prefill_sweep(int mode) {
                     if (quick() && d == 1) continue;
                     const int hi = (t + d + causal + x) % 3;
                     const int split = mode == 1 && causal == 0 && d == t ? 2 : kva_rng_int(&rng, 0, 1);
+                    const int extra = (x + 2 * t + d + causal + mode) % 4 == 0 ? 1 : (x + t + 2 * d + causal) % 4 == 1 ? 2 : 0;
                     char name[160];
-                    snprintf(name, sizeof name, "%s prefill %s %s d%d %d/%d %s%s",
+                    snprintf(name, sizeof name, "%s prefill %s %s d%d %d/%d %s%s%s",
                              split == 2 ? "dense" : mode == 0 ? "paged" : "ragged", ex_name[x], kva_dtype_name(dts[t]),
                              dims[d], heads[hi][0], heads[hi][1], causal ? "causal" : "full",
-                             split == 1 ? " split" : "");
+                             split == 1 ? " split" : "", extra == 1 ? " soft-cap" : extra == 2 ? " sm_scale 1e-5" : "");
                     /* ragged, every other case: the persistent grid capped at 3 blocks, so each
                      * block walks many items (the Hopper kernel's item boundary and, under ALiBi,
                      * its reversed tile order across it) */
@@ -448,7 +455,7 @@ static void prefill_sweep(int mode) {
                     kva_test_env env;
                     if (walk) kva_test_env_set(&env, "KVA_PREFILL_PERSISTENT", "3");
                     prefill_case(ctx, &rng, &e, dts[t], dims[d], heads[hi][0], heads[hi][1], mode == 0, causal, split,
-                                 name);
+                                 extra, name);
                     if (walk) kva_test_env_restore(&env);
                     ++cases;
                 }
