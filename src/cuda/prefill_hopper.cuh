@@ -53,7 +53,8 @@
  * its bias slope[head] * (key - query) then costs the softmax no per-score work. Split as
  * slope * (key - kb) + slope * (kb - query) for a tile starting at key kb, the first term comes
  * from the tensor cores -- one more k16 step of Q K^T, whose A operand holds each row's slope (in
- * raw-score units, as three 16-bit pieces that sum to the f32 value) and whose B operand is a
+ * raw-score units, as three 16-bit pieces whose sum is the f32 value to ~2^-24 in bf16; in f16
+ * |slope / scale| must stay below 65504, see kvattn.h) and whose B operand is a
  * constant tile of column offsets 0 .. BN-1 in shared memory (exact in 16 bits) -- and the second
  * is a per-row constant of the tile, folded into the exponent's FFMA and the row max. With a soft
  * cap the bias must follow the cap, so the slopes stay 0 there and the scores take two FFMAs
@@ -80,8 +81,9 @@ struct kva__hopper_geom {
     static constexpr int BAR_BYTES = 8 * (4 * STAGES + 1); /* full/empty K/V per stage + the tail */
     /* native ALiBi's column-offset tile (BN rows of one 128-byte swizzled row block, of which the
      * first k16 slice is used). Reserved in every build: a variant module's kernel is launched with
-     * the library's own geometry, and the extra 8-16 KB changes no SM's shared-memory carve-out
-     * (d64 / d128 stay under 196 KB, d256 under 228 KB) nor the one block per SM. */
+     * the library's own geometry, and with the default stages the extra 8-16 KB changes no SM's
+     * shared-memory carve-out (d64 / d128 stay under 196 KB, d256 under 228 KB) nor the one block
+     * per SM. */
     static constexpr int POS_BYTES = BN * 128;
     /* the consumers take turns issuing (see the consumer loop); -DKVA__HP_PINGPONG=0/1 forces it */
 #ifdef KVA__HP_PINGPONG
@@ -109,6 +111,9 @@ struct kva__hopper_geom {
 #endif
     static constexpr int Q_BUFS = XITEM ? 2 : 1;
     static constexpr int SMEM = 1024 + Q_BUFS * Q_BYTES + STAGES * 2 * TILE_BYTES + POS_BYTES + BAR_BYTES;
+    /* an sm_90 block gets at most 227 KB: a larger build (e.g. -DKVA__HP_STAGES_D128=3, which the
+     * 16 KB of POS_BYTES pushed over) would silently fall back to the wgmma kernel at launch */
+    static_assert(SMEM <= 232448, "the Hopper prefill kernel's shared memory exceeds 227 KB");
 };
 
 /* A value every lane of the warp holds, broadcast from lane 0 so that the compiler knows it is
