@@ -15,7 +15,8 @@
 #   6. a summary, printed last.
 # Full logs go to $OUT (default ./gpu-check-out). Knobs: GPU_CHECK_SOAK=S adds a soak of S seconds
 # (kvattn run --duration, prefix sharing on; host and device memory must stay flat),
-# GPU_CHECK_E2E=0 skips the kvattn check/run steps, GPU_CHECK_VARIANTS=0 the cuda_variant tests, GPU_CHECK_SANITIZE=0 skips step 3,
+# GPU_CHECK_E2E=0 skips the kvattn check/run steps, GPU_CHECK_VARIANTS=0 the cuda_variant tests (or names
+# the ones to run, each under GPU_CHECK_VARIANT_TIMEOUT seconds), GPU_CHECK_SANITIZE=0 skips step 3,
 # GPU_CHECK_PYTHON=0 skips step 4, GPU_CHECK_BENCH=0 skips step 5, GPU_CHECK_BENCH_ARGS passes
 # options to bench_torch.py (e.g. "--quick --shapes 1x8192,64x4096", "--prefill-only",
 # "--decode-only"), GPU_CHECK_TESTS selects tests (default "cuda", which includes cuda_prefill*),
@@ -78,9 +79,22 @@ TLIM=${GPU_CHECK_TEST_TIMEOUT:-900}
 run_tests "tests" tests.log env KVA_PREFILL_TMA_STRICT=1 timeout "$TLIM" "./$BUILD/kvattn_tests" $TESTS -cuda_variant
 # Variants (NVRTC at run time; the prefill sweeps drive the float64 reference through a C
 # callback and take minutes), under their own limit.
-[ "${GPU_CHECK_VARIANTS:-1}" != 0 ] && run_tests "tests (variants)" tests-variants.log env KVA_PREFILL_TMA_STRICT=1 timeout "${GPU_CHECK_VARIANT_TIMEOUT:-900}" \
-    "./$BUILD/kvattn_tests" cuda_variant
-grep -E "^    (decode|prefill|first use)" "$OUT/tests-variants.log" || true
+# One command per test, each under its own limit (GPU_CHECK_VARIANT_TIMEOUT seconds, default 300):
+# a sweep that runs long costs its own step, not the others' results. GPU_CHECK_VARIANTS names
+# the tests (default: all nine; 0 skips the step).
+VARIANT_TESTS=${GPU_CHECK_VARIANTS:-"cuda_variant_bench cuda_variant_cache cuda_variant_decode cuda_variant_errors
+    cuda_variant_graph_replay cuda_variant_prefill_paged cuda_variant_prefill_ragged cuda_variant_prefill_wgmma
+    cuda_variant_prefill_mma"}
+[ "$VARIANT_TESTS" = 1 ] && VARIANT_TESTS="cuda_variant"
+if [ "$VARIANT_TESTS" != 0 ]; then
+    : >"$OUT/tests-variants.log"
+    for vt in $VARIANT_TESTS; do
+        run_tests "tests ($vt)" "tests-$vt.log" env KVA_PREFILL_TMA_STRICT=1 timeout "${GPU_CHECK_VARIANT_TIMEOUT:-300}" \
+            "./$BUILD/kvattn_tests" "$vt"
+        cat "$OUT/tests-$vt.log" >>"$OUT/tests-variants.log"
+    done
+    grep -E "^    (decode|prefill|first use)" "$OUT/tests-variants.log" || true
+fi
 # The prefill sweep again on the wgmma kernel (the Hopper fallback) and on the mma.sync kernels.
 run_tests "tests (prefill, wgmma path)" tests-wgmma.log env KVA_PREFILL_PATH=wgmma timeout "$TLIM" \
     "./$BUILD/kvattn_tests" cuda_prefill cuda_score_range
