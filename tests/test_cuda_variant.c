@@ -335,10 +335,10 @@ static void pf_reference(const pf_problem *pr, const kva_attn_params *ref, doubl
 }
 
 /* Plans (split = 1: fixed chunks of 256 keys; 0 automatic; 2: dense kva_attention of request 0)
- * and runs one problem with variant e, and checks every element. */
-/* extra: 1 a soft cap (the modifier sees capped scores; the native ALiBi adds its bias after the
- * cap with FFMAs), 2 sm_scale = 1e-5 (the scores nearly flat, the bias decides; the native ALiBi's
- * slope / scale up to ~3500 with these slopes, inside its f16 operands' range) */
+ * and runs one problem with variant e, and checks every element. extra: 1 a soft cap (the
+ * modifier sees capped scores; the native ALiBi adds its bias after the cap with FFMAs), 2
+ * sm_scale = 1e-5 (the scores nearly flat, the bias decides; the native ALiBi's slope / scale up
+ * to ~3500 with these slopes, inside its f16 operands' range) */
 static void prefill_case(kva_context *ctx, kva_rng *rng, const ex_variant *e, kva_dtype dt, int32_t D, int32_t Hq,
                          int32_t Hk, bool paged, int causal, int split, int extra, const char *name) {
     const int before = kva_test_failures;
