@@ -338,7 +338,9 @@ static void pf_reference(const pf_problem *pr, const kva_attn_params *ref, doubl
  * and runs one problem with variant e, and checks every element. extra: 1 a soft cap (the
  * modifier sees capped scores; the native ALiBi adds its bias after the cap with FFMAs), 2
  * sm_scale = 1e-5 (the scores nearly flat, the bias decides; the native ALiBi's slope / scale up
- * to ~3500 with these slopes, inside its f16 operands' range) */
+ * to ~3500 with these slopes, inside its f16 operands' range), 3 sm_scale = 3e-6 (with unscaled
+ * slopes, slope / scale from ~1300 to ~2.4e5 across the heads: rows on both sides of the native
+ * ALiBi's tensor-core range in one warpgroup) */
 static void prefill_case(kva_context *ctx, kva_rng *rng, const ex_variant *e, kva_dtype dt, int32_t D, int32_t Hq,
                          int32_t Hk, bool paged, int causal, int split, int extra, const char *name) {
     const int before = kva_test_failures;
@@ -359,6 +361,7 @@ static void prefill_case(kva_context *ctx, kva_rng *rng, const ex_variant *e, kv
     p.causal = causal;
     if (extra == 1) p.logits_soft_cap = kva_rng_uniform(rng, 1.0f, 5.0f);
     if (extra == 2) p.sm_scale = 1e-5f;
+    if (extra == 3) p.sm_scale = 3e-6f;
     ex_params(e, &p, &ref);
     const size_t es = kva_dtype_size(dt);
     const int32_t total_qo = pr.qo_indptr[pr.n];
@@ -476,6 +479,46 @@ static void prefill_sweep_on(const char *path) {
 }
 
 KVA_TEST(cuda_variant_prefill_mma) { prefill_sweep_on("mma"); }
+
+/* Native ALiBi with the usual (unscaled) slopes of 16 heads and a tiny sm_scale: with 1e-5,
+ * slope / sm_scale runs from 8.4e4 (past f16's 65504) down to 1.3e4 across one row group's heads,
+ * so the Hopper kernel's rows on both sides of its 16-bit k-step's range (the others add their
+ * bias with FFMAs) share a warpgroup; with 3e-6 every row is past it. Every prefill path the
+ * device has, paged and ragged, f16 and bf16. */
+KVA_TEST(cuda_variant_alibi_tiny_scale) {
+    kva_context *ctx = cuda_test_context();
+    if (!ctx) return;
+    use_test_cache();
+    kva_rng rng;
+    kva_rng_seed(&rng, kva_test_seed());
+    const kva_variant_options pf = {KVA_VARIANT_PREFILL, (1u << KVA_F16) | (1u << KVA_BF16), 0};
+    ex_variant e;
+    if (!ex_make(ctx, &rng, EX_ALIBI, &pf, &e)) goto out;
+    kva_alibi_slopes(MAX_HEADS, (float *)e.host_user);
+    kva_free(ctx, e.dev_user);
+    e.dev_user = cuda_test_upload(ctx, e.host_user, sizeof(float) * MAX_HEADS);
+    if (!e.dev_user) goto out;
+    static const kva_dtype dts[2] = {KVA_F16, KVA_BF16};
+    static const int32_t dims[3] = {64, 128, 256};
+    int cases = 0;
+    for (int t = 0; t < 2; ++t)
+        for (int d = 0; d < 3; ++d)
+            for (int mode = 0; mode < 2; ++mode) {
+                if (quick() && d == 1) continue;
+                const int causal = (t + d + mode) % 2, extra = (t + mode) % 2 ? 3 : 2;
+                char name[160];
+                snprintf(name, sizeof name, "%s prefill alibi unscaled %s d%d 16/1 %s sm_scale %s",
+                         mode == 0 ? "paged" : "ragged", kva_dtype_name(dts[t]), dims[d], causal ? "causal" : "full",
+                         extra == 2 ? "1e-5" : "3e-6");
+                prefill_case(ctx, &rng, &e, dts[t], dims[d], 16, 1, mode == 0, causal, kva_rng_int(&rng, 0, 1),
+                             extra, name);
+                ++cases;
+            }
+    printf("    %d prefill cases\n", cases);
+out:
+    ex_free(ctx, &e);
+    kva_context_destroy(ctx);
+}
 KVA_TEST(cuda_variant_prefill_wgmma) { prefill_sweep_on("wgmma"); }
 
 /* ---- CUDA graphs --------------------------------------------------------------------------- */

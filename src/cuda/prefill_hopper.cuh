@@ -413,22 +413,33 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
     int alibi_q[2] = {0, 0};              /* native ALiBi: row h's query position */
     float alibi_slope[2] = {0.0f, 0.0f};  /* and its head's slope, log2 units */
     uint32_t alibi_a[4] = {0u, 0u, 0u, 0u}; /* the extra k-step's A fragment (see the top) */
-    /* my rows' slopes for KV head kh as the A fragment of the extra k-step: columns 0-2 of row r
-     * hold its slope / scale in three 16-bit pieces (lane % 4 == 0: columns 0, 1; == 1: column 2);
-     * zero with a soft cap. Set before a Q K^T of an item of kh is issued, never while one runs. */
+    float alibi_ffma[2] = {0.0f, 0.0f};     /* row h's slope in score units where FFMAs add its bias */
+    /* my rows' slopes for KV head kh (alibi_slope), and as the A fragment of the extra k-step:
+     * columns 0-2 of row r hold its slope / scale in three 16-bit pieces (lane % 4 == 0: columns
+     * 0, 1; == 1: column 2). A row whose bias the tensor cores cannot add -- with a soft cap (the
+     * bias follows the cap), or |slope / scale| >= 2^14 (f16 pieces would overflow: a tiny
+     * sm_scale) -- has zero pieces and its slope in alibi_ffma instead (log2 units with a cap,
+     * raw-score units without). Set before a Q K^T of an item of kh is issued, never while one
+     * runs, and never before the last softmax of an item of another head. */
     auto alibi_rows = [&](int kh) {
         if constexpr (KVA__HP_ALIBI) {
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 const int r = row_base + (lane >> 2) + 8 * h, t = kva__hp_div_group(r, g_magic);
-                const float s = capped ? 0.0f : ((const float *)a.mod_user)[kh * g + (r - t * g)] * KVA__PF_LOG2E / a.scale_log2;
+                const float slope = ((const float *)a.mod_user)[kh * g + (r - t * g)] * KVA__PF_LOG2E;
+                const float raw = slope / a.scale_log2;
+                const bool tensor = !capped && fabsf(raw) < 16384.0f; /* (NaN: FFMAs, NaN rows) */
+                alibi_slope[h] = slope;
+                alibi_ffma[h] = tensor ? 0.0f : capped ? slope : raw;
+                const float s = tensor ? raw : 0.0f;
                 const float p0 = kva__to_f32(kva__from_f32<T>(s)), r1 = s - p0;
                 const float p1 = kva__to_f32(kva__from_f32<T>(r1)), p2 = r1 - p1;
                 alibi_a[h] = (lane & 3) == 0 ? kva__pack2<T>(p0, p1) : (lane & 3) == 1 ? kva__pack2<T>(p2, 0.0f) : 0u;
             }
         }
     };
-    auto item_setup = [&]() {
+    /* wk's row positions and masks (rows_ready: alibi_rows(wk.kh) already ran, in the tail) */
+    auto item_setup = [&](bool rows_ready) {
         q_last = wk.it.q_pos0 + wk.it.q_tokens - 1;
         rows = wk.it.q_tokens * g;
 #pragma unroll
@@ -439,13 +450,9 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
             const int64_t wl = a.window_left >= 0 ? (int64_t)qp - a.window_left : -2147483647 - 1;
             qlo[h] = (int)(wl > -2147483647 - 1 ? wl : -2147483647 - 1);
             qhi[h] = a.causal ? qp + 1 : 2147483647;
-            if constexpr (KVA__HP_ALIBI) {
-                const int r = row_base + (lane >> 2) + 8 * h, t = kva__hp_div_group(r, g_magic);
-                alibi_q[h] = qp;
-                alibi_slope[h] = ((const float *)a.mod_user)[wk.kh * g + (r - t * g)] * KVA__PF_LOG2E;
-            }
+            alibi_q[h] = qp;
         }
-        alibi_rows(wk.kh);
+        if (!rows_ready) alibi_rows(wk.kh);
     };
 
     float o_acc[DT][4];
@@ -520,24 +527,24 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
                     }
             }
         }
-        /* native ALiBi: the tile's per-row constant slope * (kb - q), log2 units (without a cap:
-         * the tensor cores added slope * (key - kb) to the raw scores) */
+        /* native ALiBi: the tile's per-row constant slope * (kb - q), log2 units, where the tensor
+         * cores added slope * (key - kb) to the raw scores */
         float alibi_off[2] = {0.0f, 0.0f};
         if constexpr (KVA__HP_ALIBI) {
-            if (!capped) {
 #pragma unroll
-                for (int h = 0; h < 2; ++h) alibi_off[h] = alibi_slope[h] * (float)(t.kb - alibi_q[h]);
-            } else {
-                /* after the cap: y = capped + slope * (key - q), key = kb + 2 (lane % 4) + 8 nt + e,
-                 * so a base per row and tile and an immediate per score (masked scores stay -inf) */
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    const float base = alibi_slope[h] * (float)(t.kb + 2 * (lane & 3) - alibi_q[h]);
+            for (int h = 0; h < 2; ++h) {
+                if (alibi_ffma[h] == 0.0f) {
+                    alibi_off[h] = alibi_slope[h] * (float)(t.kb - alibi_q[h]);
+                } else {
+                    /* y = score + slope * (key - q) in the scores' units (after a cap: log2), key =
+                     * kb + 2 (lane % 4) + 8 nt + e: a base per row and tile and an immediate per
+                     * score (masked scores stay -inf) */
+                    const float base = alibi_ffma[h] * (float)(t.kb + 2 * (lane & 3) - alibi_q[h]);
 #pragma unroll
                     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
                         for (int e = 2 * h; e < 2 * h + 2; ++e)
-                            sc[nt][e] = fmaf(alibi_slope[h], (float)(nt * 8 + (e & 1)), sc[nt][e] + base);
+                            sc[nt][e] = fmaf(alibi_ffma[h], (float)(nt * 8 + (e & 1)), sc[nt][e] + base);
                 }
             }
         } else if constexpr (KVA__HAS_SCORE_MOD) /* a variant's modifier (prefill_kernel.cuh) */
@@ -633,7 +640,7 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
         KVA__HP_TRACE_AT(1 + cw, trace_n, KVA__HPT_TOP, clock64());
         KVA__HP_TRACE_AT(1 + cw, trace_n, KVA__HPT_TILES, n_tiles);
         if (!s0_done) {
-            item_setup();
+            item_setup(false);
             q_ready();
             KVA__HP_TRACE_AT(1 + cw, trace_n, KVA__HPT_Q, clock64());
             if (n_tiles > 0) first_tile(gt, qb);
@@ -687,10 +694,11 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
         /* (two straight paths: the compiler serialises every wgmma when a conditional read of
          * sc may sit between an issue and its wait) */
         if (nx_s0) {
+            /* (this item's last Q K^T and softmax are done; the slope loads overlap the waits) */
+            alibi_rows(nx.kh);
             kva__mbar_wait(full_v(sl), ((gn - 1) / G::STAGES) & 1u);
             q_ready();
             kva__mbar_wait(full_k(sn), (gn / G::STAGES) & 1u);
-            alibi_rows(nx.kh); /* (this item's last Q K^T is done) */
             turn_wait();
             issue_qk(sn, q_desc(qb ^ 1));
             kva__pf_fence_regs<DT * 4>(&o_acc[0][0]);
@@ -701,7 +709,7 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
             kva__pf_fence_regs<NT * 4>(&sc[0][0]);
             release(empty_k(sn));
             wk = nx;
-            item_setup();
+            item_setup(true);
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 m_st[h] = -INFINITY;
