@@ -207,6 +207,16 @@ __device__ __forceinline__ void kva__unit_from_record(const kva__decode_args &a,
 #endif
 }
 
+/* A generic modifier (cuda_common.cuh, KVA_SCORE_MOD) applied to the rounded log2 score x of
+ * key kv_pos for the unit's query head hb + head, in natural-log units; a finite modified score
+ * beyond log2 range is NaN, not a mask. */
+__device__ __forceinline__ float kva__score_mod_of(const kva__decode_args &a, float x, const kva__unit &m,
+                                                   int kv_pos, int head) {
+    const float s = KVA_SCORE_MOD(x * KVA__LN2_F, m.q_pos, kv_pos, m.hb + head, a.mod_user);
+    const float y = __fmul_rn(s, KVA__LOG2E_F);
+    return y == -INFINITY && s != -INFINITY ? NAN : y;
+}
+
 /* kva__score of key kv_pos for the unit's query head hb + head, then a variant's modifier
  * (cuda_common.cuh, KVA_SCORE_MOD) in natural-log units; heads >= gs are padding rows and are
  * left alone. The result is rounded like kva__score's (never fused into exp2(x - max)), and a
@@ -223,13 +233,41 @@ __device__ __forceinline__ float kva__score_at(const kva__decode_args &a, float 
             const float slope = slot >= 0 ? m.alibi[slot] : __ldg((const float *)a.mod_user + m.hb + head) * KVA__LOG2E_F;
             return fmaf(slope, (float)(kv_pos - m.q_pos), x);
 #else
-            const float s = KVA_SCORE_MOD(x * KVA__LN2_F, m.q_pos, kv_pos, m.hb + head, a.mod_user);
-            const float y = __fmul_rn(s, KVA__LOG2E_F);
-            return y == -INFINITY && s != -INFINITY ? NAN : y;
+            return kva__score_mod_of(a, x, m, kv_pos, head);
 #endif
         }
     }
     return x;
+}
+
+/* A variant's generic modifier (not the native ALiBi) runs over a whole tile at once: see
+ * kva__tile_scores */
+#if KVA__HAS_SCORE_MOD && !(defined(KVA_VARIANT_ALIBI_SLOPES) && defined(KVA__FN_IS_KVA_ALIBI))
+#define KVA__DECODE_TILE_MOD 1
+#else
+#define KVA__DECODE_TILE_MOD 0
+#endif
+
+/* The scores of a 16-key mma tile through a generic modifier, every slot of the lane (key
+ * tstart + lane / 4 + 8 (e / 2), head nt * 8 + 2 (lane % 4) + e % 2), masked (-inf) past the
+ * unit's end. The modifier is called for every slot at a valid key and head (clamped; results of
+ * padding heads and keys past the end are dropped afterwards), all in one straight-line block:
+ * behind per-slot branches each call's reads of caller data were their own L1 round trip (8 per
+ * tile), here the compiler shares them. The warp ran every call anyway (those branches diverge
+ * by lane). */
+template <int NT>
+__device__ __forceinline__ void kva__tile_scores(const kva__decode_args &a, const float (&s)[NT][4],
+                                                 const kva__unit &m, int tstart, int end, int lane,
+                                                 float (&x)[NT][4]) {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int kv_pos = tstart + (lane >> 2) + 8 * (e >> 1), head = nt * 8 + 2 * (lane & 3) + (e & 1);
+            const float sc = kva__score(a, s[nt][e]);
+            const float y = kva__score_mod_of(a, sc, m, min(kv_pos, end - 1), min(head, m.gs - 1));
+            x[nt][e] = kv_pos >= end ? -INFINITY : head < m.gs ? y : sc;
+        }
 }
 
 /* Merges `count` partial states of query heads hb2 .. hb2 + gs2 - 1, at work-item slots first,
@@ -584,14 +622,24 @@ __global__ void __launch_bounds__(KVA__DECODE_THREADS)
 #endif
                 /* Online softmax over the 16 keys of this tile, per head column. */
                 const bool v0 = tstart + (lane >> 2) < end, v1 = tstart + (lane >> 2) + 8 < end;
+#if KVA__DECODE_TILE_MOD
+                float xs[NT][4];
+                kva__tile_scores<NT>(a, s, cur, tstart, end, lane, xs);
+                (void)v0;
+                (void)v1;
+#define KVA__TILE_SCORE(nt, e, v) xs[nt][e]
+#else
+#define KVA__TILE_SCORE(nt, e, v)                                                                  \
+    ((v) ? kva__score_at(a, s[nt][e], cur, tstart + (lane >> 2) + 8 * ((e) >> 1), nt * 8 + 2 * (lane & 3) + ((e) & 1), \
+                         nt * 2 + ((e) & 1))                                                           \
+         : -INFINITY)
+#endif
                 if (rowmax_pass) { /* global rowmax, pass 1: the chunk's row max only */
 #pragma unroll
                     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
                         for (int j = 0; j < 2; ++j) {
-                            const int head = nt * 8 + 2 * (lane & 3) + j;
-                            float mx = fmaxf(v0 ? kva__score_at(a, s[nt][j], cur, tstart + (lane >> 2), head, nt * 2 + j) : -INFINITY,
-                                             v1 ? kva__score_at(a, s[nt][j + 2], cur, tstart + (lane >> 2) + 8, head, nt * 2 + j) : -INFINITY);
+                            float mx = fmaxf(KVA__TILE_SCORE(nt, j, v0), KVA__TILE_SCORE(nt, j + 2, v1));
                             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
                             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
                             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
@@ -606,9 +654,7 @@ __global__ void __launch_bounds__(KVA__DECODE_THREADS)
                     float p[4];
 #pragma unroll
                     for (int j = 0; j < 2; ++j) {
-                        const int head = nt * 8 + 2 * (lane & 3) + j;
-                        float x0 = v0 ? kva__score_at(a, s[nt][j], cur, tstart + (lane >> 2), head, nt * 2 + j) : -INFINITY;
-                        float x1 = v1 ? kva__score_at(a, s[nt][j + 2], cur, tstart + (lane >> 2) + 8, head, nt * 2 + j) : -INFINITY;
+                        const float x0 = KVA__TILE_SCORE(nt, j, v0), x1 = KVA__TILE_SCORE(nt, j + 2, v1);
                         float mx = fmaxf(x0, x1);
                         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
                         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
@@ -639,6 +685,7 @@ __global__ void __launch_bounds__(KVA__DECODE_THREADS)
                     for (int nt = 0; nt < NT; ++nt)
                         kva__mma16816<T>(&o_acc[(md * NT + nt) * 4], va, pb[nt][0], pb[nt][1]);
                 }
+#undef KVA__TILE_SCORE
             } else {
                 constexpr int VPL = D / 32;
                 const int nvalid = end - tstart < TOK ? end - tstart : TOK;
