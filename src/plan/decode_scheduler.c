@@ -114,17 +114,20 @@ static double estimate_makespan(const kva__split_problem *p, int32_t chunk, cons
     const int64_t G = p->max_blocks > 0 ? p->max_blocks : 1;
     const int64_t sm_blocks = p->sm_blocks > 1 ? p->sm_blocks : 1;
     double block0 = 0.0, merge = 0.0;
-    int64_t pos = 0;
+    int64_t pos = 0, units0 = 0;
     for (int32_t j = 0; j < p->batch_size; ++j) {
         const int32_t len = p->kv_len[order[j]];
         const int64_t n = kva__sched_chunks_of(len, chunk);
-        const double unit = KVA__SCHED_ITEM_COST_KEYS + item_keys_of(len, chunk, 1);
-        block0 += unit * (double)count_congruent(pos, pos + n * H, 0, G);
+        const int64_t mine = count_congruent(pos, pos + n * H, 0, G);
+        block0 += (double)(KVA__SCHED_NEXT_ITEM_COST_KEYS + item_keys_of(len, chunk, 1)) * (double)mine;
+        units0 += mine;
         const int64_t states = merged_states(n, p->merge_run);
         if (states * KVA__SCHED_MERGE_COST_PER_STATE_KEYS > merge)
             merge = (double)(states * KVA__SCHED_MERGE_COST_PER_STATE_KEYS);
         pos += n * H;
     }
+    /* block 0's first unit starts with the launch, like every block's: the fixed cost of a first unit */
+    if (units0 > 0) block0 -= KVA__SCHED_NEXT_ITEM_COST_KEYS - KVA__SCHED_ITEM_COST_KEYS;
     const double share = pos <= G / sm_blocks && sm_blocks > 1
                              ? (double)sm_blocks * KVA__SCHED_LONE_BLOCK_PERCENT / 100.0 : 1.0;
     return block0 / share + merge;

@@ -9,7 +9,9 @@
  *
  * Cost model, in key-times (the time one block takes to stream one key of one KV head while the
  * whole grid streams):
- *   a unit of n keys costs KVA__SCHED_ITEM_COST_KEYS + n;
+ *   a unit of n keys costs KVA__SCHED_ITEM_COST_KEYS + n as a block's first unit and
+ *   KVA__SCHED_NEXT_ITEM_COST_KEYS + n as a later one (in the makespan estimate; the balance
+ *   simulator charges every unit the first cost);
  *   a (request, KV head) split into c chunks costs KVA__SCHED_MERGE_COST_PER_STATE_KEYS * c more,
  *   on the one block that merges it (the last to arrive);
  *   sm_blocks blocks share an SM's bandwidth (kva__split_problem), so a grid of at most
@@ -45,6 +47,15 @@
  *   1 x 8192 (32 chunks) shows a ~4.5 us merge tail, ~140 ns per state.
  * Recalibrate both from the GPU bench; they only steer the choice among a few candidates. */
 #define KVA__SCHED_ITEM_COST_KEYS 64
+/* Each later unit of a block costs this much instead (the makespan estimate): a plan that gives
+ * each block more, shorter units pays more than the 1.5-2 us per boundary of the trace. Ragged
+ * batch (a) on the H200 (2026-11-23 22:50 UTC): 5.5 units per block (chunk 2176) 275.6 us
+ * against 9 (chunk 1088) 287.2 us, ~3.3 us (~118 key-times) per extra unit; with one cost of 128
+ * for every unit, single-wave plans chose worse (32/4 d64 1 x 32k: 32 lone blocks of 1024 keys,
+ * 23.8 us, instead of 64 x 512, 19.9 us), so a block's first unit keeps the cost above. */
+#ifndef KVA__SCHED_NEXT_ITEM_COST_KEYS /* (-D for experiments) */
+#define KVA__SCHED_NEXT_ITEM_COST_KEYS 128
+#endif
 #define KVA__SCHED_MERGE_COST_PER_STATE_KEYS 6
 /* Split chunks are never shorter than this (a request shorter than it is not split). 512 cost
  * 1 x 1024 (8 KV heads) half its speed on an H200 (15.8 vs 10.6 us with 64-key chunks): a batch
