@@ -65,6 +65,12 @@
 #define KVA__HP_ALIBI false
 #endif
 
+/* (-DKVA__HP_POS_RESERVE=0 leaves the reservation below out of the library's own builds: a
+ * comparison only, as the variant modules' ALiBi kernels then would not fit the launch) */
+#ifndef KVA__HP_POS_RESERVE
+#define KVA__HP_POS_RESERVE 1
+#endif
+
 template <typename T, int D>
 struct kva__hopper_geom {
     static constexpr int ROWS = 128;
@@ -84,7 +90,7 @@ struct kva__hopper_geom {
      * the library's own geometry, and with the default stages the extra 8-16 KB changes no SM's
      * shared-memory carve-out (d64 / d128 stay under 196 KB, d256 under 228 KB) nor the one block
      * per SM. */
-    static constexpr int POS_BYTES = BN * 128;
+    static constexpr int POS_BYTES = KVA__HP_POS_RESERVE || KVA__HP_ALIBI ? BN * 128 : 0;
     /* the consumers take turns issuing (see the consumer loop); -DKVA__HP_PINGPONG=0/1 forces it */
 #ifdef KVA__HP_PINGPONG
     static constexpr bool PINGPONG = KVA__HP_PINGPONG;
