@@ -329,10 +329,9 @@ kva_status kva_variant_create(kva_context *ctx, const char *source, const char *
 
 /* Built-in ALiBi: score + slopes[qo_head] * (kv_pos - q_pos), with score_mod_user pointing at
  * f32 slopes[num_qo_heads] in device memory (kva_alibi_slopes computes the usual ones); exact for
- * distances below 2^22 (4M tokens). Known limit (open): f16 prefill on the Hopper kernel
- * without a soft cap carries slope / sm_scale in 16-bit operands, so |slope| / sm_scale must stay
- * below 65504 (slope 0.5 needs sm_scale >= 7.7e-6); beyond it the row's outputs are NaN, never a
- * plausible wrong value. bf16, f32 and the other kernels have no such limit. */
+ * distances below 2^22 (4M tokens), for any finite slope and sm_scale (the Hopper prefill kernel
+ * adds the bias of a row whose slope / sm_scale is too large for its 16-bit operands with FP32
+ * instructions instead). */
 kva_status kva_variant_create_alibi(kva_context *ctx, const kva_variant_options *options,
                                     kva_variant **out);
 /* The CUDA C source of the built-in ALiBi variant (function "kva_alibi"), e.g. to start from. It

@@ -139,8 +139,7 @@ class Variant:
         slopes: an int n (the standard slopes of n heads, alibi_slopes(n)), a host sequence or
         array of floats (copied to the device), or a float32 CUDA array (referenced). Give one
         slope per query head at least; calls with more query heads are refused. Exact for
-        distances below 2^22 tokens. f16 prefill on Hopper needs |slope| / sm_scale < 65504
-        (kvattn.h, kva_variant_create_alibi); beyond it the rows come out NaN."""
+        distances below 2^22 tokens, for any finite slope and sm_scale."""
         self = cls.__new__(cls)
         if isinstance(slopes, int) and not isinstance(slopes, bool):
             vals = alibi_slopes(slopes)

@@ -53,12 +53,13 @@
  * its bias slope[head] * (key - query) then costs the softmax no per-score work. Split as
  * slope * (key - kb) + slope * (kb - query) for a tile starting at key kb, the first term comes
  * from the tensor cores -- one more k16 step of Q K^T, whose A operand holds each row's slope (in
- * raw-score units, as three 16-bit pieces whose sum is the f32 value to ~2^-24 in bf16; in f16
- * |slope / scale| must stay below 65504, see kvattn.h) and whose B operand is a
+ * raw-score units, as three 16-bit pieces whose sum is the f32 value to ~2^-24; a row with
+ * |slope / scale| >= 2^14, beyond f16's range, adds its bias with FFMAs) and whose B operand is a
  * constant tile of column offsets 0 .. BN-1 in shared memory (exact in 16 bits) -- and the second
  * is a per-row constant of the tile, folded into the exponent's FFMA and the row max. With a soft
  * cap the bias must follow the cap, so the slopes stay 0 there and the scores take two FFMAs
- * after the cap (one per-row base per tile, one immediate column offset per score). */
+ * after the cap (one per-row base per tile, one immediate column offset per score); the rows of
+ * out-of-range slopes take the same two FFMAs on their raw scores (see alibi_rows). */
 #if defined(KVA_VARIANT_ALIBI_SLOPES) && defined(KVA__FN_IS_KVA_ALIBI)
 #define KVA__HP_ALIBI true
 #else
