@@ -207,14 +207,22 @@ __device__ __forceinline__ void kva__unit_from_record(const kva__decode_args &a,
 #endif
 }
 
-/* A generic modifier (cuda_common.cuh, KVA_SCORE_MOD) applied to the rounded log2 score x of
- * key kv_pos for the unit's query head hb + head, in natural-log units; a finite modified score
- * beyond log2 range is NaN, not a mask. */
-__device__ __forceinline__ float kva__score_mod_of(const kva__decode_args &a, float x, const kva__unit &m,
+/* A generic modifier (cuda_common.cuh, KVA_SCORE_MOD) applied to the score sn (natural-log
+ * units) of key kv_pos for the unit's query head hb + head; returns log2 units, and a finite
+ * modified score beyond log2 range is NaN, not a mask. */
+__device__ __forceinline__ float kva__score_mod_of(const kva__decode_args &a, float sn, const kva__unit &m,
                                                    int kv_pos, int head) {
-    const float s = KVA_SCORE_MOD(x * KVA__LN2_F, m.q_pos, kv_pos, m.hb + head, a.mod_user);
+    const float s = KVA_SCORE_MOD(sn, m.q_pos, kv_pos, m.hb + head, a.mod_user);
     const float y = __fmul_rn(s, KVA__LOG2E_F);
     return y == -INFINITY && s != -INFINITY ? NAN : y;
+}
+
+/* kva__score in natural-log units, what a modifier sees: without a soft cap one rounded product
+ * (dot * sm_scale) instead of kva__score's and a conversion; same NaN rules. */
+__device__ __forceinline__ float kva__score_nat(const kva__decode_args &a, float dot) {
+    if (a.cap_log2 > 0.0f) return kva__score(a, dot) * KVA__LN2_F;
+    const float s = __fmul_rn(dot, a.scale_log2 * KVA__LN2_F);
+    return s == -INFINITY ? NAN : s;
 }
 
 /* kva__score of key kv_pos for the unit's query head hb + head, then a variant's modifier
@@ -233,7 +241,7 @@ __device__ __forceinline__ float kva__score_at(const kva__decode_args &a, float 
             const float slope = slot >= 0 ? m.alibi[slot] : __ldg((const float *)a.mod_user + m.hb + head) * KVA__LOG2E_F;
             return fmaf(slope, (float)(kv_pos - m.q_pos), x);
 #else
-            return kva__score_mod_of(a, x, m, kv_pos, head);
+            return kva__score_mod_of(a, x * KVA__LN2_F, m, kv_pos, head);
 #endif
         }
     }
@@ -264,9 +272,10 @@ __device__ __forceinline__ void kva__tile_scores(const kva__decode_args &a, cons
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
             const int kv_pos = tstart + (lane >> 2) + 8 * (e >> 1), head = nt * 8 + 2 * (lane & 3) + (e & 1);
-            const float sc = kva__score(a, s[nt][e]);
-            const float y = kva__score_mod_of(a, sc, m, min(kv_pos, end - 1), min(head, m.gs - 1));
-            x[nt][e] = kv_pos >= end ? -INFINITY : head < m.gs ? y : sc;
+            const float y = kva__score_mod_of(a, kva__score_nat(a, s[nt][e]), m, min(kv_pos, end - 1),
+                                              min(head, m.gs - 1));
+            /* (padding heads' rows are never stored: any finite score does) */
+            x[nt][e] = kv_pos >= end ? -INFINITY : head < m.gs ? y : 0.0f;
         }
 }
 
