@@ -338,9 +338,9 @@ static void pf_reference(const pf_problem *pr, const kva_attn_params *ref, doubl
  * and runs one problem with variant e, and checks every element. extra: 1 a soft cap (the
  * modifier sees capped scores; the native ALiBi adds its bias after the cap with FFMAs), 2
  * sm_scale = 1e-5 (the scores nearly flat, the bias decides; the native ALiBi's slope / scale up
- * to ~3500 with these slopes, inside its f16 operands' range), 3 sm_scale = 3e-6 (with unscaled
- * slopes, slope / scale from ~1300 to ~2.4e5 across the heads: rows on both sides of the native
- * ALiBi's tensor-core range in one warpgroup) */
+ * to ~3500 with these slopes, inside its f16 operands' range), 3 sm_scale = 3e-6 (with the usual
+ * slopes of 32 heads, heads 0-15: slope / scale 2.1e4 .. 2.8e5, every row past the native
+ * ALiBi's 16-bit range) */
 static void prefill_case(kva_context *ctx, kva_rng *rng, const ex_variant *e, kva_dtype dt, int32_t D, int32_t Hq,
                          int32_t Hk, bool paged, int causal, int split, int extra, const char *name) {
     const int before = kva_test_failures;
@@ -481,10 +481,11 @@ static void prefill_sweep_on(const char *path) {
 KVA_TEST(cuda_variant_prefill_mma) { prefill_sweep_on("mma"); }
 
 /* Native ALiBi with the usual (unscaled) slopes of 16 heads and a tiny sm_scale: with 1e-5,
- * slope / sm_scale runs from 8.4e4 (past f16's 65504) down to 1.3e4 across one row group's heads,
- * so the Hopper kernel's rows on both sides of its 16-bit k-step's range (the others add their
- * bias with FFMAs) share a warpgroup; with 3e-6 every row is past it. Every prefill path the
- * device has, paged and ragged, f16 and bf16. */
+ * slope / sm_scale runs from 8.4e4 (past f16's 65504) down to 6250 across one row group's 16
+ * heads, so the Hopper kernel's rows on both sides of its 16-bit k-step's range (heads 0-9 add
+ * their bias with FFMAs, 10-15 on the tensor cores) share every warp; with 3e-6 every row is
+ * past it. The path the chooser picks (the Hopper kernel on sm_90a; the other paths add every
+ * bias with FFMAs), paged and ragged, f16 and bf16. */
 KVA_TEST(cuda_variant_alibi_tiny_scale) {
     kva_context *ctx = cuda_test_context();
     if (!ctx) return;

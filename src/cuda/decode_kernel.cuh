@@ -226,7 +226,7 @@ __device__ __forceinline__ float kva__score_nat(const kva__decode_args &a, float
 }
 
 /* kva__score of key kv_pos for the unit's query head hb + head, then a variant's modifier
- * (cuda_common.cuh, KVA_SCORE_MOD) in natural-log units; heads >= gs are padding rows and are
+ * (cuda_common.cuh, KVA_SCORE_MOD) on kva__score_nat's score; heads >= gs are padding rows and are
  * left alone. The result is rounded like kva__score's (never fused into exp2(x - max)), and a
  * finite modified score beyond log2 range is NaN, not a mask. Without a modifier: kva__score. */
 __device__ __forceinline__ float kva__score_at(const kva__decode_args &a, float dot, const kva__unit &m,
@@ -241,7 +241,7 @@ __device__ __forceinline__ float kva__score_at(const kva__decode_args &a, float 
             const float slope = slot >= 0 ? m.alibi[slot] : __ldg((const float *)a.mod_user + m.hb + head) * KVA__LOG2E_F;
             return fmaf(slope, (float)(kv_pos - m.q_pos), x);
 #else
-            return kva__score_mod_of(a, x * KVA__LN2_F, m, kv_pos, head);
+            return kva__score_mod_of(a, kva__score_nat(a, dot), m, kv_pos, head);
 #endif
         }
     }
@@ -636,19 +636,19 @@ __global__ void __launch_bounds__(KVA__DECODE_THREADS)
                 kva__tile_scores<NT>(a, s, cur, tstart, end, lane, xs);
                 (void)v0;
                 (void)v1;
-#define KVA__TILE_SCORE(nt, e, v) xs[nt][e]
-#else
-#define KVA__TILE_SCORE(nt, e, v)                                                                  \
-    ((v) ? kva__score_at(a, s[nt][e], cur, tstart + (lane >> 2) + 8 * ((e) >> 1), nt * 8 + 2 * (lane & 3) + ((e) & 1), \
-                         nt * 2 + ((e) & 1))                                                           \
-         : -INFINITY)
 #endif
                 if (rowmax_pass) { /* global rowmax, pass 1: the chunk's row max only */
 #pragma unroll
                     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
                         for (int j = 0; j < 2; ++j) {
-                            float mx = fmaxf(KVA__TILE_SCORE(nt, j, v0), KVA__TILE_SCORE(nt, j + 2, v1));
+#if KVA__DECODE_TILE_MOD
+                            float mx = fmaxf(xs[nt][j], xs[nt][j + 2]);
+#else
+                            const int head = nt * 8 + 2 * (lane & 3) + j;
+                            float mx = fmaxf(v0 ? kva__score_at(a, s[nt][j], cur, tstart + (lane >> 2), head, nt * 2 + j) : -INFINITY,
+                                             v1 ? kva__score_at(a, s[nt][j + 2], cur, tstart + (lane >> 2) + 8, head, nt * 2 + j) : -INFINITY);
+#endif
                             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
                             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
                             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
@@ -663,7 +663,13 @@ __global__ void __launch_bounds__(KVA__DECODE_THREADS)
                     float p[4];
 #pragma unroll
                     for (int j = 0; j < 2; ++j) {
-                        const float x0 = KVA__TILE_SCORE(nt, j, v0), x1 = KVA__TILE_SCORE(nt, j + 2, v1);
+#if KVA__DECODE_TILE_MOD
+                        const float x0 = xs[nt][j], x1 = xs[nt][j + 2];
+#else
+                        const int head = nt * 8 + 2 * (lane & 3) + j;
+                        float x0 = v0 ? kva__score_at(a, s[nt][j], cur, tstart + (lane >> 2), head, nt * 2 + j) : -INFINITY;
+                        float x1 = v1 ? kva__score_at(a, s[nt][j + 2], cur, tstart + (lane >> 2) + 8, head, nt * 2 + j) : -INFINITY;
+#endif
                         float mx = fmaxf(x0, x1);
                         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
                         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
@@ -694,7 +700,6 @@ __global__ void __launch_bounds__(KVA__DECODE_THREADS)
                     for (int nt = 0; nt < NT; ++nt)
                         kva__mma16816<T>(&o_acc[(md * NT + nt) * 4], va, pb[nt][0], pb[nt][1]);
                 }
-#undef KVA__TILE_SCORE
             } else {
                 constexpr int VPL = D / 32;
                 const int nvalid = end - tstart < TOK ? end - tstart : TOK;

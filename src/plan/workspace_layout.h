@@ -86,7 +86,7 @@ typedef struct kva__plan_header {
  * of KVA__MERGE_RUN consecutive work items is merged by its last block into the run's first
  * slot, and the last run merges the runs (src/cuda/decode_kernel.cuh). The scheduler's cost
  * model counts merges the same way (decode_scheduler.c). */
-#ifndef KVA__MERGE_RUN /* (-D for experiments: host and device must agree) */
+#ifndef KVA__MERGE_RUN /* (-D for experiments, the library's own kernels only: variant modules keep 16) */
 #define KVA__MERGE_RUN 16
 #endif
 
