@@ -19,6 +19,11 @@
 #include "../src/plan/planner.h"
 #include "../src/plan/workspace_layout.h"
 
+/* the larger fixed cost of a unit: a block's first or a later one (decode_scheduler.h) */
+#define UNIT_COST_MAX                                                                             \
+    (KVA__SCHED_NEXT_ITEM_COST_KEYS > KVA__SCHED_ITEM_COST_KEYS ? KVA__SCHED_NEXT_ITEM_COST_KEYS \
+                                                                 : KVA__SCHED_ITEM_COST_KEYS)
+
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -82,7 +87,7 @@ static sched_result schedule(const int32_t *lens, int32_t batch, int32_t heads, 
             at = end;
             ik[x] = end - beg;
             if (items > 1 && ik[x] < r.min_split_chunk) r.min_split_chunk = ik[x];
-            if (KVA__SCHED_ITEM_COST_KEYS + ik[x] > r.max_unit) r.max_unit = KVA__SCHED_ITEM_COST_KEYS + ik[x];
+            if (UNIT_COST_MAX + ik[x] > r.max_unit) r.max_unit = UNIT_COST_MAX + ik[x];
         }
         r.order_ok &= at == (lens[b] > 0 ? lens[b] : 0);
         if (items > 1 && items * KVA__SCHED_MERGE_COST_PER_STATE_KEYS > r.max_merge)
@@ -148,7 +153,11 @@ KVA_TEST(decode_scheduler_ragged_batches_balance) {
         lens[96] = 32768;
         kva_rng_shuffle_i32(&rng, lens, 97);
         report("(a) 96 lognormal+32k", lens, 97, 8, &now, &was);
-        CHECK_MSG(now.max_block <= 1.16 * now.mean_block, "(a): max/mean %.3f",
+        /* (a) takes chunks of ~2.2k keys, 5-6 units per block: coarser than a 1.16 balance
+         * allows for every draw (2000 draws: median 1.125, 99th percentile 1.149, worst 1.182),
+         * and on the H200 faster than the ~1.1k chunks that kept it (88.5% vs 84.5% of the read
+         * ceiling): each later unit of a block costs 128 key-times (decode_scheduler.h) */
+        CHECK_MSG(now.max_block <= 1.20 * now.mean_block, "(a): max/mean %.3f",
                   now.max_block / now.mean_block);
         /* (b) one of 64k + 63 of 100 */
         for (int i = 0; i < 64; ++i) lens[i] = i == 7 ? 65536 : 100;
@@ -291,7 +300,7 @@ KVA_TEST(decode_scheduler_random_batches_bound) {
                 kva__sched_chunk_range(lens[b], chunk, 1, kt[x], &beg, &end);
                 ik[x] = end - beg;
                 CHECK(ik[x] <= chunk);
-                max_unit = fmax(max_unit, (double)KVA__SCHED_ITEM_COST_KEYS + ik[x]);
+                max_unit = fmax(max_unit, (double)UNIT_COST_MAX + ik[x]);
             }
         }
         /* any grid size: the policy's, or a larger resident grid */

@@ -209,8 +209,9 @@ double kva__sched_simulate(int64_t num_work, const int32_t *item_keys, const int
     for (int64_t i = 0; i < grid; ++i) block_cost[i] = 0.0;
     const int64_t launched = units < grid ? units : grid;
     if (launched <= 0) return 0.0;
-    for (int64_t u = 0; u < units; ++u)
-        block_cost[u % launched] += KVA__SCHED_ITEM_COST_KEYS + item_keys[u / H];
+    for (int64_t u = 0; u < units; ++u) /* a block's first unit, then its later ones */
+        block_cost[u % launched] += (u < launched ? KVA__SCHED_ITEM_COST_KEYS : KVA__SCHED_NEXT_ITEM_COST_KEYS) +
+                                    item_keys[u / H];
     for (int64_t g = 0; g < num_groups; ++g) {
         const int64_t n = group_indptr[g + 1] - group_indptr[g];
         if (n <= 1) continue;

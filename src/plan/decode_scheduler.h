@@ -10,8 +10,8 @@
  * Cost model, in key-times (the time one block takes to stream one key of one KV head while the
  * whole grid streams):
  *   a unit of n keys costs KVA__SCHED_ITEM_COST_KEYS + n as a block's first unit and
- *   KVA__SCHED_NEXT_ITEM_COST_KEYS + n as a later one (in the makespan estimate; the balance
- *   simulator charges every unit the first cost);
+ *   KVA__SCHED_NEXT_ITEM_COST_KEYS + n as a later one (the makespan estimate and the balance
+ *   simulator alike);
  *   a (request, KV head) split into c chunks costs KVA__SCHED_MERGE_COST_PER_STATE_KEYS * c more,
  *   on the one block that merges it (the last to arrive);
  *   sm_blocks blocks share an SM's bandwidth (kva__split_problem), so a grid of at most
@@ -108,7 +108,8 @@ int64_t kva__sched_decode_flatten(const kva__split_problem *p, int32_t chunk, co
                                   int64_t capacity, int32_t *group_indptr, int64_t group_capacity);
 
 /* The cost model applied to a flattened decode plan run by a persistent grid of `grid` blocks
- * (launched as min(grid, units)): item_keys[w] keys per work item, groups (merge ranges) in
+ * (launched as min(grid, units)): item_keys[w] keys per work item (a block's first unit costs
+ * KVA__SCHED_ITEM_COST_KEYS more, each later one KVA__SCHED_NEXT_ITEM_COST_KEYS), groups (merge ranges) in
  * group_indptr[num_groups + 1]; a group of several items adds its merge cost to the block that
  * runs its last unit of each KV head. Writes block_cost[grid] and returns the largest. */
 double kva__sched_simulate(int64_t num_work, const int32_t *item_keys, const int32_t *group_indptr,
