@@ -272,7 +272,9 @@ typedef float (*kva_score_mod_fn)(float score, int32_t q_pos, int32_t kv_pos, in
  * kva_tanhf(x) is the tanh of the built-in soft cap in the same kernel -- the hardware tanh
  * (relative error <= 2^-10.99) in the f16/bf16 prefill kernels, tanh to ~1e-7 absolute in decode
  * and f32 -- so a soft cap written as a modifier computes what logits_soft_cap does), loads
- * through `user` (re-read per score: keep them few), and the names of the prelude
+ * through `user` (per score, though the decode kernels call it for a whole key tile at once, so
+ * loads that do not depend on the positions are shared by the tile's calls: keep the others few),
+ * and the names of the prelude
  * (int32_t and the other fixed-width integers, INFINITY, NAN, kva_tanhf, kva_masked() =
  * -INFINITY, kva_int_to_float(x): (float)x for |x| < 2^22 without the quarter-rate conversion
  * instruction). It must be a pure function of its arguments and the data behind `user` (kernels
