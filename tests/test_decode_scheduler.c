@@ -19,14 +19,14 @@
 #include "../src/plan/planner.h"
 #include "../src/plan/workspace_layout.h"
 
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
 /* the larger fixed cost of a unit: a block's first or a later one (decode_scheduler.h) */
 #define UNIT_COST_MAX                                                                             \
     (KVA__SCHED_NEXT_ITEM_COST_KEYS > KVA__SCHED_ITEM_COST_KEYS ? KVA__SCHED_NEXT_ITEM_COST_KEYS \
                                                                  : KVA__SCHED_ITEM_COST_KEYS)
-
-#include <math.h>
-#include <stdlib.h>
-#include <string.h>
 
 #define SMS 132
 #define GRID (2 * SMS)
@@ -170,6 +170,21 @@ KVA_TEST(decode_scheduler_ragged_batches_balance) {
         CHECK_MSG(now.max_block <= 1.16 * now.mean_block, "(c): max/mean %.3f",
                   now.max_block / now.mean_block);
     }
+}
+
+/* A block's later units cost more than its first (decode_scheduler.h): a batch with one long
+ * request keeps few, longer units per block. 64 x 2000 keys + one of 16k, 8 KV heads: chunks of
+ * ~1.1k keys, ~4 units per block; charging later units like the first gave chunks of 576 and ~9
+ * units per block, the kind of plan that measured 4 points of the read ceiling slower on (a). */
+KVA_TEST(decode_scheduler_later_units_cost_more) {
+    int32_t lens[65];
+    for (int i = 0; i < 64; ++i) lens[i] = 2000;
+    lens[64] = 16384;
+    sched_result now, was;
+    report("64 x 2000 + 16k", lens, 65, 8, &now, &was);
+    CHECK_MSG(now.num_work * 8 <= 5 * GRID, "%.1f units per block (chunk %d)", (double)now.num_work * 8 / GRID,
+              now.chunk);
+    CHECK_MSG(now.max_chunks >= 8, "the 16k request in %d chunks", now.max_chunks);
 }
 
 /* Uniform shapes: 8 x 4096 (8 KV heads) splits to fill the grid; 64 / 128 x 4096 stay unsplit

@@ -47,7 +47,7 @@
  *   1 x 8192 (32 chunks) shows a ~4.5 us merge tail, ~140 ns per state.
  * Recalibrate both from the GPU bench; they only steer the choice among a few candidates. */
 #define KVA__SCHED_ITEM_COST_KEYS 64
-/* Each later unit of a block costs this much instead (the makespan estimate): a plan that gives
+/* Each later unit of a block costs this much instead (estimate and simulator): a plan that gives
  * each block more, shorter units pays more than the 1.5-2 us per boundary of the trace. Ragged
  * batch (a) on the H200 (2026-11-23 22:50 UTC): 5.5 units per block (chunk 2176) 275.6 us
  * against 9 (chunk 1088) 287.2 us, ~3.3 us (~118 key-times) per extra unit; with one cost of 128
