@@ -44,6 +44,7 @@
 #include "test_cuda_util.h"
 #include "test_util.h"
 #include "../src/reference/reference.h"
+#include "../src/plan/workspace_layout.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -969,6 +970,84 @@ out:
     free(first_o);
     free(layer1_host);
     kva_free(ctx, layer1_dev);
+    kva_free(ctx, lse_dev);
+    tbuf_free(ctx, &o);
+    workspace_free(ctx, &ws);
+    problem_free(ctx, &pr);
+    batch_free(&b);
+    kva_context_destroy(ctx);
+}
+
+/* The Hopper kernel's work distribution (prefill_hopper.cuh): blocks after their first item draw
+ * tickets from the plan's workspace, and the run's last block puts them back to zero. One causal
+ * ragged plan runs four times -- grids capped at 3 and 7 blocks (many items per block, so most
+ * come from tickets), then uncapped -- each into poisoned outputs: every run matches the
+ * reference and the first bit for bit, and the tickets are zero after each. A run that left them
+ * behind would start the next one's tickets past the end: its items never computed (NaN). */
+KVA_TEST(cuda_prefill_work_distribution) {
+    kva_context *ctx = prefill_context();
+    if (!ctx) return;
+    kva_rng rng;
+    kva_rng_seed(&rng, kva_test_seed());
+    prefill_case c = plain_case(KVA_BF16, 128, 0);
+    c.hq = 8;
+    c.hk = 2;
+    c.causal = 1;
+    c.with_lse = true;
+    c.o_view = VIEW_NHD;
+    batch b;
+    batch_random(&b, &rng, 7, quick() ? 70 : 129, quick() ? 100 : 300, true);
+    problem pr;
+    kva_workspace ws = {0};
+    tbuf o = {0};
+    float *lse_dev = NULL;
+    unsigned char *first_o = NULL;
+    const size_t rows = (size_t)b.total_qo * c.hq;
+    if (!problem_make(ctx, &rng, &c, &b, true, &pr)) goto out;
+    kva_plan_limits lim = problem_limits(&pr);
+    if (!workspace_make(ctx, &lim, &ws)) goto out;
+    if (!tbuf_output(ctx, &o, c.dtype, c.o_view, b.total_qo, c.hq, c.head_dim)) goto out;
+    if (!(lse_dev = cuda_test_poisoned(ctx, sizeof(float) * (rows + LSE_GUARD)))) goto out;
+    kva_plan_options opt = {0, 0, KVA_DECODE_PARTIAL_ROWMAX};
+    kva_plan plan;
+    kva_status st = make_plan(ctx, &pr, &lim, &opt, ws, &plan);
+    CHECK_MSG(st == KVA_OK, "plan: %s (%s)", kva_status_str(st), kva_last_error());
+    if (st != KVA_OK) goto out;
+    static const char *const caps[4] = {"3", "3", "7", NULL};
+    for (int run = 0; run < 4; ++run) {
+        char what[64];
+        snprintf(what, sizeof what, "run %d (grid cap %s)", run, caps[run] ? caps[run] : "none");
+        kva_test_env env;
+        if (caps[run]) kva_test_env_set(&env, "KVA_PREFILL_PERSISTENT", caps[run]);
+        tbuf_poison(ctx, &o);
+        poison_device(ctx, lse_dev, sizeof(float) * (rows + LSE_GUARD));
+        st = kva_prefill_run_ragged(ctx, &plan, &pr.p, pr.q.d, pr.k.d, pr.v.d, o.d, lse_dev);
+        if (caps[run]) kva_test_env_restore(&env);
+        CHECK_MSG(st == KVA_OK, "%s: %s (%s)", what, kva_status_str(st), kva_last_error());
+        if (st != KVA_OK) break;
+        CHECK_OK(kva_synchronize(ctx));
+        tbuf_fetch(ctx, &o);
+        float *lse = cuda_test_download(ctx, lse_dev, sizeof(float) * (rows + LSE_GUARD));
+        run_out r = {o, lse, 0, 0, 0, true};
+        check_against_reference(&pr, &r, what);
+        free(lse);
+        if (run == 0) {
+            first_o = kva_test_alloc(o.bytes);
+            memcpy(first_o, o.host, o.bytes);
+        } else {
+            CHECK_MSG(memcmp(first_o, o.host, o.bytes) == 0, "%s differs from run 0", what);
+        }
+        if (!cpu_mode) {
+            const kva__plan_header *h = kva__plan_header_of(ws.host);
+            uint32_t *sched = cuda_test_download(ctx, (unsigned char *)ws.device + h->off_sched, 8);
+            CHECK_MSG(sched && sched[0] == 0 && sched[1] == 0, "%s: work tickets left at %u / %u",
+                      what, sched ? sched[0] : 0u, sched ? sched[1] : 0u);
+            free(sched);
+        }
+    }
+    if (kva_test_failures) print_lens(&b);
+out:
+    free(first_o);
     kva_free(ctx, lse_dev);
     tbuf_free(ctx, &o);
     workspace_free(ctx, &ws);

@@ -297,7 +297,8 @@ extern "C" kva_status kva__cuda_plan_upload(kva_context *ctx, void *device_part,
     KVA_TRY(kva__cuda_use_device(ctx));
     cudaStream_t s = kva__stream(ctx);
     KVA_CUDA_TRY(cudaMemcpyAsync(device_part, host_part, bytes, cudaMemcpyHostToDevice, s));
-    /* Merge counters start at zero (a run's last block leaves them at zero again). */
+    /* Merge counters and prefill work tickets start at zero (a run's last block leaves them at
+     * zero again). */
     const kva__plan_header *h = (const kva__plan_header *)host_part;
     if (h->off_scores > h->off_counters)
         KVA_CUDA_TRY(cudaMemsetAsync((char *)device_part + h->off_counters, 0,

@@ -7,8 +7,9 @@
  * Work split
  *   grid  = persistent: one 384-thread block per SM (the shared memory of the K/V stages)
  *           walks (KV head, work item) pairs, head-major, so the blocks on one head share its
- *           K/V through L2; the producer streams the next item's tiles while the consumers
- *           finish the current one.
+ *           K/V through L2; after its first pair a block takes the next one free (a ticket from
+ *           the plan's workspace), so blocks that finish early take more; the producer streams
+ *           the next item's tiles while the consumers finish the current one.
  *   block = 128 packed query rows (token, GQA head) as in prefill_kernel.cuh, and three
  *           warpgroups:
  *     producer  (warpgroup 0, 72 registers; 56 at d256): warp 0 streams K and V tiles of BN keys into a
@@ -48,6 +49,15 @@
 #endif
 #define KVA__HP_STAGES(D) ((D) <= 64 ? 4 : (D) <= 128 ? KVA__HP_STAGES_D128 : 2)
 
+/* How far (log2 units) a row's running max may lag the true one before O is rescaled: P then
+ * stays <= 2^8 = 256, well inside f16 and f32 (FlashAttention-4's threshold). With random
+ * inputs a tile raises some row's max of a warp in ~40% of a 16k row's tiles, each paying D / 2
+ * FMULs on the path between P V and the next issue; with the slack, almost none after the
+ * first. 0: rescale whenever the max rises (-D for comparisons). */
+#ifndef KVA__HP_RESCALE_SLACK
+#define KVA__HP_RESCALE_SLACK 8
+#endif
+
 /* The built-in ALiBi variant (variant_alibi.cuh) declares itself with KVA_VARIANT_ALIBI_SLOPES
  * (and the modifier must be its function, kva_alibi: KVA__FN_IS_KVA_ALIBI, variant_compile.c):
  * its bias slope[head] * (key - query) then costs the softmax no per-score work. Split as
@@ -85,6 +95,8 @@ struct kva__hopper_geom {
      * producer's loop fits in 72 without spilling; d256's O (128 floats) needs 224, leaving 56 */
     static constexpr int PRODUCER_REGS = D >= 256 ? 56 : 72;
     static constexpr int CONSUMER_REGS = D >= 256 ? 224 : 216;
+    /* work positions in flight from the producer to the consumers (see the kernel) */
+    static constexpr int RING = 2;
     static constexpr int BAR_BYTES = 8 * (4 * STAGES + 1); /* full/empty K/V per stage + the tail */
     /* native ALiBi's column-offset tile (BN rows of one 128-byte swizzled row block, of which the
      * first k16 slice is used). Reserved in every build: a variant module's kernel is launched with
@@ -156,20 +168,26 @@ __device__ __forceinline__ kva__hp_tile kva__hp_tile_of(int j, int lo, int lo_al
 __device__ __forceinline__ uint32_t kva__hp_group_magic(int g) { return g == 1 ? 0u : 0xffffffffu / (uint32_t)g + 1u; }
 __device__ __forceinline__ int kva__hp_div_group(int r, uint32_t m) { return m ? (int)__umulhi((uint32_t)r, m) : r; }
 
-/* One (work item, KV head) of a block's sequence and the keys its tiles cover. The grid is
- * persistent: block b takes L = b, b + gridDim.x, ... over (KV head, work item in launch order),
- * KV-head-major so that the blocks working on one head at a time share its K/V through L2. */
+#ifndef KVA__HP_DYNAMIC
+#define KVA__HP_DYNAMIC 1
+#endif
+
+/* One (work item, KV head) of a block's sequence and the keys its tiles cover. */
 struct kva__hp_work {
     kva__pf_item it;
     int kh, lo, hi, lo_al, n_tiles;
 };
 
+/* The (KV head, work item) pair at position p of the launch order, false past the end (or for
+ * p < 0). The positions run KV-head-major (the plan's last item first), so that the blocks
+ * working at one time share one head's K/V through L2. Which positions a block takes: see the
+ * kernel (work distribution). */
 template <int BN>
-__device__ __forceinline__ bool kva__hp_work_at(const kva__prefill_args &a, int L, int box, kva__hp_work &wk) {
+__device__ __forceinline__ bool kva__hp_work_at(const kva__prefill_args &a, int p, int box, kva__hp_work &wk) {
     const int num_work = a.num_work >= 0 ? a.num_work : __ldg(a.num_work_dev);
-    if (num_work <= 0 || (int64_t)L >= (int64_t)num_work * a.num_kv_heads) return false;
-    wk.kh = L / num_work;
-    if (!kva__pf_load_item(a, L - wk.kh * num_work, wk.it)) return false;
+    if (p < 0 || num_work <= 0 || (int64_t)p >= (int64_t)num_work * a.num_kv_heads) return false;
+    wk.kh = p / num_work;
+    kva__pf_load_record(a, num_work - 1 - (p - wk.kh * num_work), wk.it);
     const kva__pf_item &it = wk.it;
     int lo = it.key_beg, hi = it.key_end;
     const int q_last = it.q_pos0 + it.q_tokens - 1;
@@ -234,7 +252,31 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
     const bool paged = a.page_indices != NULL;
     const int box = paged ? ha.box_rows : BN;
     kva__hp_work wk;
-    if (!kva__hp_work_at<BN>(a, blockIdx.x, box, wk)) return;
+    /* Work distribution. Block b takes the pair at position b first. Without a plan (a.sched
+     * NULL) it then takes b + gridDim.x, b + 2 gridDim.x, ...; with one, each further position is
+     * a ticket drawn from a.sched[0] (plus gridDim.x) by the producer at the top of the item
+     * before it and passed to the consumers through the block's ring of slots in the workspace.
+     * A block that finishes early takes more items, so the blocks end within about one short
+     * item of each other whatever the items cost (a causal batch's items differ up to its
+     * longest request; the static walk could leave long items for the last round: 1 x 16k ~3%,
+     * ragged batches 15-20% over the mean block). Positions still run in launch order, so the
+     * blocks at work at one time keep sharing K/V through L2. Each block's producer counts
+     * itself into a.sched[1] after its last ticket (a block without work at once); the last one
+     * resets both to zero for the next run. (-DKVA__HP_DYNAMIC=0: the static walk for every
+     * call, comparisons) */
+    const bool dyn = KVA__HP_DYNAMIC && a.sched != nullptr && (int)gridDim.x <= a.sched_blocks &&
+                     a.sched_ring >= G::RING;
+    auto sched_done = [&]() {
+        __threadfence(); /* (this block's last ticket before its count) */
+        if (atomicAdd(a.sched + 1, 1u) == gridDim.x - 1) {
+            atomicExch(a.sched, 0u);
+            atomicExch(a.sched + 1, 0u);
+        }
+    };
+    if (!kva__hp_work_at<BN>(a, (int)blockIdx.x, box, wk)) {
+        if (dyn && tid == 0) sched_done();
+        return;
+    }
 
     const uint32_t smem_raw = kva__smem_addr(smem);
     const uint32_t q_s = (smem_raw + 1023u) & ~1023u;
@@ -248,6 +290,18 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
     auto empty_k = [&](int s) { return bars + 8u * (uint32_t)(2 * G::STAGES + s); };
     auto empty_v = [&](int s) { return bars + 8u * (uint32_t)(3 * G::STAGES + s); };
     const uint32_t tail_bar = bars + 8u * (uint32_t)(4 * G::STAGES);
+    /* the ring's slots (global memory: this block's in the workspace) and its named barriers
+     * (ids 5 .. 5 + 2 RING - 1; 0-4 are taken: the block, the consumers' epilogues, their
+     * turns): the producer warp arrives on "full" after writing a slot and syncs on "empty"
+     * before reusing it, the 256 consumer threads the other way round; a barrier orders the
+     * memory accesses of the threads arriving at it before those after it. (In shared memory,
+     * racecheck reports the consumers' read and the producer's next write of a slot as a
+     * hazard: it does not follow the ordering a bar.arrive gives. Global memory is outside
+     * what it checks; a slot is read once per item, off the critical path.) */
+    unsigned *const ring = dyn ? a.sched + 2 + (size_t)blockIdx.x * a.sched_ring : nullptr;
+    constexpr int RING_THREADS = 32 + 256;
+    auto ring_full = [&](int i) { return 5 + i; };
+    auto ring_empty = [&](int i) { return 5 + G::RING + i; };
 
     if (tid == 0) {
         for (int s = 0; s < G::STAGES; ++s) {
@@ -285,7 +339,35 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
         /* tiles produced so far (stage and phase run on across work items), tail uses */
         uint32_t gt = 0, tails = 0;
         int trace_n = 0; /* (KVA__HP_TRACE: items so far) */
-        for (int L = blockIdx.x; kva__hp_work_at<BN>(a, L, box, wk); L += gridDim.x, ++trace_n) {
+        /* the position of this block's item m >= 1 from lane 0's ticket, published in ring slot
+         * (m - 1) % RING (-1: none left) */
+        auto publish_position = [&](int m, unsigned ticket) -> int {
+            int p = -1;
+            if (lane == 0) {
+                const int num_work = a.num_work >= 0 ? a.num_work : __ldg(a.num_work_dev);
+                const int64_t t = (int64_t)gridDim.x + ticket;
+                p = t < (int64_t)num_work * a.num_kv_heads ? (int)t : -1;
+            }
+            p = __shfl_sync(0xffffffffu, p, 0);
+            const int i = (m - 1) % G::RING;
+            if (m > G::RING) kva__bar_sync(ring_empty(i), RING_THREADS); /* its last use read */
+            if (lane == 0) asm volatile("st.volatile.global.u32 [%0], %1;\n" ::"l"(ring + i), "r"(p) : "memory");
+            kva__bar_arrive(ring_full(i), RING_THREADS);
+            return p;
+        };
+        int p = (int)blockIdx.x;
+        for (int n = 0; kva__hp_work_at<BN>(a, p, box, wk); ++n, ++trace_n) {
+            /* the next position: a ticket drawn now, published once this item's first K tile is
+             * issued (the consumers read it after they used that tile: they never wait for it).
+             * (Drawing it an item earlier, to hide the atomic's round trip, measured worse: the
+             * earlier commitment cost ragged batches 10% of their balance, and short items
+             * gained nothing.) */
+            int p_next = p + (int)gridDim.x;
+            unsigned ticket = 0;
+            if (dyn && lane == 0) ticket = atomicAdd(a.sched, 1u);
+            auto publish = [&]() {
+                if (dyn) p_next = publish_position(n + 1, ticket);
+            };
             const kva__pf_item &it = wk.it;
             const int kh = wk.kh, lo = wk.lo, hi = wk.hi, lo_al = wk.lo_al, n_tiles = wk.n_tiles;
             KVA__HP_TRACE_AT(0, trace_n, KVA__HPT_P_START, clock64());
@@ -325,6 +407,7 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
                 kva__mbar_wait(empty_k(s), ph ^ 1u);
                 if (jn == 0) KVA__HP_TRACE_AT(0, trace_n, KVA__HPT_P_FIRST, clock64());
                 load_tile(0, j, k_stage(s), full_k(s));
+                if (jn == 0) publish();
                 kva__mbar_wait(empty_v(s), ph ^ 1u);
                 const kva__hp_tile t = kva__hp_tile_of<BN>(j, lo, lo_al, hi, paged);
                 /* V rows outside [kmin, hi) that may hold another request's values or stale data */
@@ -351,8 +434,11 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
                 }
             }
             KVA__HP_TRACE_AT(0, trace_n, KVA__HPT_P_LAST, clock64());
+            if (n_tiles == 0) publish();
             gt += (uint32_t)n_tiles;
+            p = p_next;
         }
+        if (dyn && lane == 0) sched_done();
         return;
     }
 
@@ -577,7 +663,11 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
              * -FLT_MAX as its max, which the epilogue turns into NaN */
             if (ms == -INFINITY && (mx != -INFINITY || (!KVA__HAS_SCORE_MOD && !need_mask)))
                 ms = -3.402823466e38f;
-            const float m_new = fmaxf(m_st[h], ms);
+            /* lazy rescaling: the row keeps its old max while the new one exceeds it by at most
+             * KVA__HP_RESCALE_SLACK (log2 units), so P <= 2^slack and O and l need no rescale
+             * (exact: O, l and the LSE all use the same max); a tile that raises it further
+             * rescales as before */
+            const float m_new = ms > m_st[h] + (float)KVA__HP_RESCALE_SLACK ? ms : m_st[h];
             const float m_use = m_new == -INFINITY ? 0.0f : m_new;
             const float alpha = exp2f(m_st[h] - m_use);
             m_st[h] = m_new;
@@ -623,15 +713,26 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
         pack_p();
     };
 
+    /* the position of this block's item m >= 1 (see work distribution); each consumer warp
+     * reads each ring slot once */
+    auto position_of = [&](int m) -> int {
+        if (!dyn) return (int)blockIdx.x + m * (int)gridDim.x;
+        const int i = (m - 1) % G::RING;
+        kva__bar_sync(ring_full(i), RING_THREADS);
+        int p;
+        asm volatile("ld.volatile.global.u32 %0, [%1];\n" : "=r"(p) : "l"(ring + i) : "memory");
+        kva__bar_arrive(ring_empty(i), RING_THREADS);
+        return p;
+    };
     uint32_t gt = 0; /* tiles consumed so far */
     int qb = 0;      /* the buffer holding wk's Q */
-    int L = blockIdx.x;
+    int n = 0;       /* wk is this block's n-th (KV head, work item) */
     kva__hp_work nx; /* G::XITEM: the next work item, whose Q is on its way to buffer qb ^ 1 */
-    bool have = kva__hp_work_at<BN>(a, L, box, wk), have_nx = false;
+    bool have = true, have_nx = false; /* (item 0: the block returned above without one) */
     if (have) {
         load_q(wk, 0);
         if constexpr (G::XITEM) {
-            have_nx = kva__hp_work_at<BN>(a, L + gridDim.x, box, nx);
+            have_nx = kva__hp_work_at<BN>(a, position_of(n + 1), box, nx);
             if (have_nx) load_q(nx, 1);
         }
     }
@@ -655,6 +756,8 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
             KVA__HP_TRACE_AT(1 + cw, trace_n, KVA__HPT_Q, clock64());
         }
         KVA__HP_TRACE_AT(1 + cw, trace_n, KVA__HPT_S0, clock64());
+        /* (the cross-item tail read it at the previous item's end) */
+        const int p_next = G::XITEM ? -1 : position_of(n + 1);
         for (int j = 1; j < n_tiles; ++j) {
             const int s = (int)((gt + j) % G::STAGES), sp = (int)((gt + j - 1) % G::STAGES);
             kva__mbar_wait(full_k(s), ((gt + j) / G::STAGES) & 1u);
@@ -825,17 +928,17 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
         gt = gn;
 
         /* ---- the next item ---- */
-        L += gridDim.x;
+        ++n;
         s0_done = nx_s0;
         if constexpr (G::XITEM) {
             have = have_nx;
             if (!have) break;
             if (!nx_s0) wk = nx;
             qb ^= 1;
-            have_nx = kva__hp_work_at<BN>(a, L + gridDim.x, box, nx);
+            have_nx = kva__hp_work_at<BN>(a, position_of(n + 1), box, nx);
             if (have_nx) load_q(nx, qb ^ 1);
         } else {
-            have = kva__hp_work_at<BN>(a, L, box, wk);
+            have = kva__hp_work_at<BN>(a, p_next, box, wk);
             if (have) load_q(wk, 0);
         }
         if (!s0_done) {

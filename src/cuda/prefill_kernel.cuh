@@ -139,11 +139,9 @@ typedef struct kva__pf_item {
     int q_row0, q_tokens, q_pos0;
 } kva__pf_item;
 
-/* Reads work item `i` (in launch order) of the plan or of the dense call; false past the end. */
-__device__ __forceinline__ bool kva__pf_load_item(const kva__prefill_args &a, int i, kva__pf_item &it) {
-    const int num_work = a.num_work >= 0 ? a.num_work : __ldg(a.num_work_dev);
-    if (i >= num_work) return false;
-    it.w = num_work - 1 - i;
+/* Reads work item w (its index in the plan) of the plan or of the dense call. */
+__device__ __forceinline__ void kva__pf_load_record(const kva__prefill_args &a, int w, kva__pf_item &it) {
+    it.w = w;
     if (a.records) {
         const int4 r0 = __ldg(a.records + 2 * it.w), r1 = __ldg(a.records + 2 * it.w + 1);
         it.b = r0.x;
@@ -171,6 +169,14 @@ __device__ __forceinline__ bool kva__pf_load_item(const kva__prefill_args &a, in
         it.q_tokens = left < a.qo_tile ? left : a.qo_tile;
         it.q_pos0 = a.dense_kv_len - a.dense_qo_len + it.q_row0;
     }
+}
+
+/* Reads work item `i` in launch order (the plan's last item first: under a causal mask a
+ * request's later query tiles see more keys); false past the end. */
+__device__ __forceinline__ bool kva__pf_load_item(const kva__prefill_args &a, int i, kva__pf_item &it) {
+    const int num_work = a.num_work >= 0 ? a.num_work : __ldg(a.num_work_dev);
+    if (i >= num_work) return false;
+    kva__pf_load_record(a, num_work - 1 - i, it);
     return true;
 }
 

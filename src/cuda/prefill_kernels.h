@@ -35,6 +35,10 @@ typedef struct kva__prefill_args {
     uint64_t page_div_m;
     float *lse;                   /* NULL or f32 [rows][num_qo_heads] */
     const int4 *records;          /* plan records, 2 int4 per work item; NULL: dense call */
+    unsigned *sched;              /* plans: the Hopper kernel's work tickets and finished blocks
+                                   * (zero between runs), then sched_blocks x sched_ring position
+                                   * slots (workspace_layout.h); NULL: a static walk (dense calls) */
+    int32_t sched_blocks, sched_ring;
     const int32_t *num_work_dev;  /* graph plans: the work count in the device header */
     int32_t num_work;             /* >= 0: work items (non-graph plans, dense); -1: read the header */
     int32_t qo_tile;              /* query tokens per work item */

@@ -303,6 +303,9 @@ static void fill_plan_args(kva__prefill_args *a, const kva_plan *plan, const kva
     if (pages) fill_pages(a, pages, ints_dev + h->off_page_indices);
     a->lse = lse;
     a->records = (const int4 *)(ints_dev + h->off_unit_records);
+    a->sched = (unsigned *)(dev + h->off_sched);
+    a->sched_blocks = KVA__SCHED_MAX_BLOCKS;
+    a->sched_ring = KVA__SCHED_RING;
     a->num_work_dev = &hdr_dev->num_work;
     a->num_work = (plan->flags & KVA_PLAN_GRAPH) ? -1 : plan->num_work;
     a->partial_o = (float *)(dev + h->off_partial_o);

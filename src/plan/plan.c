@@ -313,6 +313,7 @@ static kva_status make_plan(kva_context *ctx, const kva_plan_limits *limits, con
     h->off_counters = (int64_t)L.off_counters;
     h->off_run_counters = (int64_t)L.off_run_counters;
     h->off_run_lse = (int64_t)L.off_run_lse;
+    h->off_sched = (int64_t)L.off_sched;
     h->off_scores = (int64_t)L.off_scores;
     h->rows_per_work = L.rows_per_work;
     h->cap_work = L.cap_work;

@@ -74,6 +74,10 @@ typedef struct kva__plan_header {
                                 * by a run's first work item; zero between runs */
     int64_t off_run_lse;       /* f32 [cap_work][num_qo_heads]: a merged run's LSE (its O goes
                                 * into the run's first partial slot) */
+    int64_t off_sched;         /* CUDA: u32 [2 + KVA__SCHED_MAX_BLOCKS * KVA__SCHED_RING], the
+                                * Hopper prefill kernel's work tickets, finished blocks (both
+                                * zero between runs) and each block's next positions
+                                * (prefill_hopper.cuh) */
     int64_t off_scores;        /* f32 global-rowmax scratch (CPU decode) */
     int64_t rows_per_work;     /* qo_tile * num_qo_heads (decode: num_qo_heads) */
     int64_t cap_work;          /* capacity of the work arrays (= padded_work with GRAPH) */
@@ -81,6 +85,12 @@ typedef struct kva__plan_header {
      * KVA__UNIT_RECORD_INTS int32 (see below), [cap_work]; filled for decode plans only */
     int64_t off_unit_records;
 } kva__plan_header;
+
+/* The Hopper prefill kernel's dynamic work distribution (prefill_hopper.cuh): up to this many
+ * persistent blocks, each passing its next work positions to its consumers through this many
+ * slots in the workspace (a larger grid walks statically). */
+#define KVA__SCHED_MAX_BLOCKS 1024
+#define KVA__SCHED_RING 2
 
 /* CUDA decode merges a request of more than KVA__MERGE_RUN chunks as a two-level tree: each run
  * of KVA__MERGE_RUN consecutive work items is merged by its last block into the run's first
@@ -126,6 +136,7 @@ typedef struct kva__workspace_layout {
     size_t off_counters;          /* u32 [cap_groups][num_qo_heads], zero between runs */
     size_t off_run_counters;      /* CUDA decode: u32 [cap_split_work][num_qo_heads], zero between runs */
     size_t off_run_lse;           /* CUDA decode: f32 [cap_split_work][num_qo_heads] */
+    size_t off_sched;             /* CUDA: u32 [2] work tickets, zero between runs */
     size_t off_scores;            /* f32 global-rowmax scratch [num_qo_heads][max_total_kv] */
     size_t device_bytes;
     int64_t rows_per_work;        /* qo_tile * num_qo_heads (decode: num_qo_heads) */
