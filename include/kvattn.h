@@ -427,7 +427,10 @@ kva_status kva_attention(kva_context *ctx, const kva_attn_params *params, int32_
  * and a host part (the plan arrays, pinned staging on CUDA). On the CPU both are host memory
  * and may be given as one buffer each. Sizes come from *_workspace_size(); both parts must be
  * 64-byte aligned (kva_malloc and kva_host_alloc return such memory). A workspace holds one plan
- * at a time; the plan must not be changed while a run that uses it is in flight. */
+ * at a time; the plan must not be changed while a run that uses it is in flight, and on CUDA
+ * runs of one workspace must not overlap (keep them on one stream, or order them by events):
+ * a run keeps counters in the device part (split-KV merges, the Hopper prefill kernel's work
+ * tickets) that it leaves at zero when it ends. */
 typedef struct kva_workspace {
     void *device;
     size_t device_bytes;

@@ -980,15 +980,15 @@ out:
 
 /* The Hopper kernel's work distribution (prefill_hopper.cuh): blocks after their first item draw
  * tickets from the plan's workspace, and the run's last block puts them back to zero. One causal
- * ragged plan runs four times -- grids capped at 3 and 7 blocks (many items per block, so most
- * come from tickets), then uncapped -- each into poisoned outputs: every run matches the
- * reference and the first bit for bit, and the tickets are zero after each. A run that left them
- * behind would start the next one's tickets past the end: its items never computed (NaN). */
-KVA_TEST(cuda_prefill_work_distribution) {
-    kva_context *ctx = prefill_context();
-    if (!ctx) return;
-    kva_rng rng;
-    kva_rng_seed(&rng, kva_test_seed());
+ * ragged plan -- a plain one, then a KVA_PLAN_GRAPH one (its launch covers the padded work, so
+ * blocks without a first item must count themselves too) -- runs four times without re-planning:
+ * grids capped at 3 and 7 blocks (many items per block, so most come from tickets), then
+ * uncapped, each into poisoned outputs. Every run matches the reference and the first bit for
+ * bit, and the tickets are zero after each; a run that left them behind would start the next
+ * one's tickets past the end: its items never computed (NaN). On an sm_90 GPU block 0's ring
+ * slots must show it took tickets (its last position, -1), so the test knows the dynamic walk
+ * ran. */
+static void check_work_distribution(kva_context *ctx, kva_rng *rng, uint32_t flags) {
     prefill_case c = plain_case(KVA_BF16, 128, 0);
     c.hq = 8;
     c.hk = 2;
@@ -996,27 +996,30 @@ KVA_TEST(cuda_prefill_work_distribution) {
     c.with_lse = true;
     c.o_view = VIEW_NHD;
     batch b;
-    batch_random(&b, &rng, 7, quick() ? 70 : 129, quick() ? 100 : 300, true);
+    batch_random(&b, rng, 7, quick() ? 70 : 129, quick() ? 100 : 300, true);
     problem pr;
     kva_workspace ws = {0};
     tbuf o = {0};
     float *lse_dev = NULL;
     unsigned char *first_o = NULL;
     const size_t rows = (size_t)b.total_qo * c.hq;
-    if (!problem_make(ctx, &rng, &c, &b, true, &pr)) goto out;
+    int major = 0;
+    if (!cpu_mode) (void)cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
+    if (!problem_make(ctx, rng, &c, &b, true, &pr)) goto out;
     kva_plan_limits lim = problem_limits(&pr);
     if (!workspace_make(ctx, &lim, &ws)) goto out;
     if (!tbuf_output(ctx, &o, c.dtype, c.o_view, b.total_qo, c.hq, c.head_dim)) goto out;
     if (!(lse_dev = cuda_test_poisoned(ctx, sizeof(float) * (rows + LSE_GUARD)))) goto out;
-    kva_plan_options opt = {0, 0, KVA_DECODE_PARTIAL_ROWMAX};
+    kva_plan_options opt = {flags, 0, KVA_DECODE_PARTIAL_ROWMAX};
     kva_plan plan;
     kva_status st = make_plan(ctx, &pr, &lim, &opt, ws, &plan);
     CHECK_MSG(st == KVA_OK, "plan: %s (%s)", kva_status_str(st), kva_last_error());
     if (st != KVA_OK) goto out;
     static const char *const caps[4] = {"3", "3", "7", NULL};
     for (int run = 0; run < 4; ++run) {
-        char what[64];
-        snprintf(what, sizeof what, "run %d (grid cap %s)", run, caps[run] ? caps[run] : "none");
+        char what[96];
+        snprintf(what, sizeof what, "%s plan, run %d (grid cap %s)", flags ? "graph" : "plain", run,
+                 caps[run] ? caps[run] : "none");
         kva_test_env env;
         if (caps[run]) kva_test_env_set(&env, "KVA_PREFILL_PERSISTENT", caps[run]);
         tbuf_poison(ctx, &o);
@@ -1039,9 +1042,14 @@ KVA_TEST(cuda_prefill_work_distribution) {
         }
         if (!cpu_mode) {
             const kva__plan_header *h = kva__plan_header_of(ws.host);
-            uint32_t *sched = cuda_test_download(ctx, (unsigned char *)ws.device + h->off_sched, 8);
+            uint32_t *sched = cuda_test_download(ctx, (unsigned char *)ws.device + h->off_sched,
+                                                 sizeof(uint32_t) * (2 + KVA__SCHED_RING));
             CHECK_MSG(sched && sched[0] == 0 && sched[1] == 0, "%s: work tickets left at %u / %u",
                       what, sched ? sched[0] : 0u, sched ? sched[1] : 0u);
+            if (sched && major == 9 && caps[run])
+                CHECK_MSG(sched[2] == 0xffffffffu || sched[3] == 0xffffffffu,
+                          "%s: block 0 took no tickets (slots %u / %u): the dynamic walk did not run",
+                          what, sched[2], sched[3]);
             free(sched);
         }
     }
@@ -1053,6 +1061,15 @@ out:
     workspace_free(ctx, &ws);
     problem_free(ctx, &pr);
     batch_free(&b);
+}
+
+KVA_TEST(cuda_prefill_work_distribution) {
+    kva_context *ctx = prefill_context();
+    if (!ctx) return;
+    kva_rng rng;
+    kva_rng_seed(&rng, kva_test_seed());
+    check_work_distribution(ctx, &rng, 0);
+    check_work_distribution(ctx, &rng, KVA_PLAN_GRAPH);
     kva_context_destroy(ctx);
 }
 

@@ -50,7 +50,8 @@
 #define KVA__HP_STAGES(D) ((D) <= 64 ? 4 : (D) <= 128 ? KVA__HP_STAGES_D128 : 2)
 
 /* How far (log2 units) a row's running max may lag the true one before O is rescaled: P then
- * stays <= 2^8 = 256, well inside f16 and f32 (FlashAttention-4's threshold). With random
+ * stays <= 2^8 (2^10 with the exponent FMA's rounding), well inside f16 and f32
+ * (FlashAttention-4's threshold; see the softmax for the range where it applies). With random
  * inputs a tile raises some row's max of a warp in ~40% of a 16k row's tiles, each paying D / 2
  * FMULs on the path between P V and the next issue; with the slack, almost none after the
  * first. 0: rescale whenever the max rises (-D for comparisons). */
@@ -179,15 +180,20 @@ struct kva__hp_work {
 };
 
 /* The (KV head, work item) pair at position p of the launch order, false past the end (or for
- * p < 0). The positions run KV-head-major (the plan's last item first), so that the blocks
- * working at one time share one head's K/V through L2. Which positions a block takes: see the
+ * p < 0). The positions run KV-head-major (prefill items from the plan's last, decode records
+ * from its first), so that the blocks working at one time share one head's K/V through
+ * L2. Which positions a block takes: see the
  * kernel (work distribution). */
 template <int BN>
 __device__ __forceinline__ bool kva__hp_work_at(const kva__prefill_args &a, int p, int box, kva__hp_work &wk) {
     const int num_work = a.num_work >= 0 ? a.num_work : __ldg(a.num_work_dev);
     if (p < 0 || num_work <= 0 || (int64_t)p >= (int64_t)num_work * a.num_kv_heads) return false;
     wk.kh = p / num_work;
-    kva__pf_load_record(a, num_work - 1 - (p - wk.kh * num_work), wk.it);
+    /* (decode records are longest first in plan order, so they are walked in it: a dynamic walk
+     * then hands out the short ones last; prefill items from the plan's last, whose causal
+     * ranges are the longest) */
+    const int i = p - wk.kh * num_work;
+    kva__pf_load_record(a, a.decode_records ? i : num_work - 1 - i, wk.it);
     const kva__pf_item &it = wk.it;
     int lo = it.key_beg, hi = it.key_end;
     const int q_last = it.q_pos0 + it.q_tokens - 1;
@@ -201,7 +207,7 @@ __device__ __forceinline__ bool kva__hp_work_at(const kva__prefill_args &a, int 
     return true;
 }
 
-/* 2^x for x <= 0 on the FMA and integer pipes instead of the MUFU unit (whose 16 results per
+/* 2^x for x <= 10 (lazy rescaling lets P exceed 1) on the FMA and integer pipes instead of the MUFU unit (whose 16 results per
  * clock and SM bound the softmax; one in KVA__HP_EXP_FMA(D) of a row's exponentials takes
  * this path): floor(x) by a rounding-down add of 1.5 * 2^23, 2^frac by a cubic fitted
  * for the relative error (at most 9e-5, below bf16's and f16's rounding of P), the exponent added
@@ -256,10 +262,11 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
      * NULL) it then takes b + gridDim.x, b + 2 gridDim.x, ...; with one, each further position is
      * a ticket drawn from a.sched[0] (plus gridDim.x) by the producer at the top of the item
      * before it and passed to the consumers through the block's ring of slots in the workspace.
-     * A block that finishes early takes more items, so the blocks end within about one short
-     * item of each other whatever the items cost (a causal batch's items differ up to its
-     * longest request; the static walk could leave long items for the last round: 1 x 16k ~3%,
-     * ragged batches 15-20% over the mean block). Positions still run in launch order, so the
+     * A block that finishes early takes more items, so the blocks end within about the last
+     * items handed out of each other -- short ones under a causal mask, where launch order ends
+     * with each request's first query tiles (the static walk could leave long items for the
+     * last round: 1 x 16k ~3%, ragged batches 15-20% over the mean block). Decode records (GQA
+     * groups above 16 run here) come longest first in plan order and are walked in it. Positions still run in launch order, so the
      * blocks at work at one time keep sharing K/V through L2. Each block's producer counts
      * itself into a.sched[1] after its last ticket (a block without work at once); the last one
      * resets both to zero for the next run. (-DKVA__HP_DYNAMIC=0: the static walk for every
@@ -269,6 +276,7 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
     auto sched_done = [&]() {
         __threadfence(); /* (this block's last ticket before its count) */
         if (atomicAdd(a.sched + 1, 1u) == gridDim.x - 1) {
+            __threadfence(); /* (every block's last ticket before the reset) */
             atomicExch(a.sched, 0u);
             atomicExch(a.sched + 1, 0u);
         }
@@ -297,7 +305,9 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
      * memory accesses of the threads arriving at it before those after it. (In shared memory,
      * racecheck reports the consumers' read and the producer's next write of a slot as a
      * hazard: it does not follow the ordering a bar.arrive gives. Global memory is outside
-     * what it checks; a slot is read once per item, off the critical path.) */
+     * what it checks; a slot is read once per item, off the critical path. The consumers'
+     * arrivals on the last "empty" generations stay unmatched at exit, as nothing reuses
+     * those slots.) */
     unsigned *const ring = dyn ? a.sched + 2 + (size_t)blockIdx.x * a.sched_ring : nullptr;
     constexpr int RING_THREADS = 32 + 256;
     auto ring_full = [&](int i) { return 5 + i; };
@@ -664,10 +674,14 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
             if (ms == -INFINITY && (mx != -INFINITY || (!KVA__HAS_SCORE_MOD && !need_mask)))
                 ms = -3.402823466e38f;
             /* lazy rescaling: the row keeps its old max while the new one exceeds it by at most
-             * KVA__HP_RESCALE_SLACK (log2 units), so P <= 2^slack and O and l need no rescale
-             * (exact: O, l and the LSE all use the same max); a tile that raises it further
-             * rescales as before */
-            const float m_new = ms > m_st[h] + (float)KVA__HP_RESCALE_SLACK ? ms : m_st[h];
+             * KVA__HP_RESCALE_SLACK (log2 units), so O and l need no rescale (exact: O, l and the
+             * LSE all use the same max); a tile that raises it further rescales as before. Only
+             * below |max| 2^26, where max + slack is exact and the exponent's FMA (unrounded
+             * product) adds at most 2 more: P <= 2^10. Above, floats are 8+ apart, so the slack
+             * would round up to 16 and P overflow f16: there the max is exact as before (slack 0
+             * is fmaxf, -inf, -FLT_MAX and NaN included), and so is the NaN rule at 2^28. */
+            const float slack = fabsf(m_st[h]) < 0x1p26f ? (float)KVA__HP_RESCALE_SLACK : 0.0f;
+            const float m_new = ms > m_st[h] + slack ? ms : m_st[h];
             const float m_use = m_new == -INFINITY ? 0.0f : m_new;
             const float alpha = exp2f(m_st[h] - m_use);
             m_st[h] = m_new;
@@ -713,7 +727,7 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
         pack_p();
     };
 
-    /* the position of this block's item m >= 1 (see work distribution); each consumer warp
+    /* the position of this block's item m >= 1 (see work distribution); every consumer thread
      * reads each ring slot once */
     auto position_of = [&](int m) -> int {
         if (!dyn) return (int)blockIdx.x + m * (int)gridDim.x;

@@ -136,7 +136,8 @@ typedef struct kva__workspace_layout {
     size_t off_counters;          /* u32 [cap_groups][num_qo_heads], zero between runs */
     size_t off_run_counters;      /* CUDA decode: u32 [cap_split_work][num_qo_heads], zero between runs */
     size_t off_run_lse;           /* CUDA decode: f32 [cap_split_work][num_qo_heads] */
-    size_t off_sched;             /* CUDA: u32 [2] work tickets, zero between runs */
+    size_t off_sched;             /* CUDA: u32 [2 + KVA__SCHED_MAX_BLOCKS * KVA__SCHED_RING]: work
+                                   * tickets, finished blocks (zero between runs), ring slots */
     size_t off_scores;            /* f32 global-rowmax scratch [num_qo_heads][max_total_kv] */
     size_t device_bytes;
     int64_t rows_per_work;        /* qo_tile * num_qo_heads (decode: num_qo_heads) */
