@@ -172,6 +172,11 @@ __device__ __forceinline__ int kva__hp_div_group(int r, uint32_t m) { return m ?
 #ifndef KVA__HP_DYNAMIC
 #define KVA__HP_DYNAMIC 1
 #endif
+/* (-DKVA__HP_RING_PER_WG=0: one pair of the work ring's barriers for both consumer warpgroups,
+ * comparisons; see the kernel) */
+#ifndef KVA__HP_RING_PER_WG
+#define KVA__HP_RING_PER_WG 1
+#endif
 
 /* One (work item, KV head) of a block's sequence and the keys its tiles cover. */
 struct kva__hp_work {
@@ -266,8 +271,9 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
      * items handed out of each other -- short ones under a causal mask, where launch order ends
      * with each request's first query tiles (the static walk could leave long items for the
      * last round: 1 x 16k ~3%, ragged batches 15-20% over the mean block). Decode records (GQA
-     * groups above 16 run here) come longest first in plan order and are walked in it. Positions still run in launch order, so the
-     * blocks at work at one time keep sharing K/V through L2. Each block's producer counts
+     * groups above 16 run here) come longest first in plan order and are walked in it.
+     * Positions still run in launch order, so the blocks at work at one time keep sharing K/V
+     * through L2. Each block's producer counts
      * itself into a.sched[1] after its last ticket (a block without work at once); the last one
      * resets both to zero for the next run. (-DKVA__HP_DYNAMIC=0: the static walk for every
      * call, comparisons) */
@@ -304,17 +310,14 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
      * both warpgroups' "full" after writing a slot and syncs on both "empty" before reusing it,
      * each warpgroup's 128 threads the other way round; a barrier orders the memory accesses of
      * the threads arriving at it before those after it. (One barrier for all 256 consumers
-     * measured 3-5% slower on 32 x 512 causal at d64 / d128: it lined the two warpgroups up once
-     * per item, against the half-iteration offset of their ping-pong turns.) (In shared memory,
+     * measured 1.5% slower on 32 x 512 causal at d128: it lined the two warpgroups up once per
+     * item, against the half-iteration offset of their ping-pong turns.) (In shared memory,
      * racecheck reports the consumers' read and the producer's next write of a slot as a
      * hazard: it does not follow the ordering a bar.arrive gives. Global memory is outside
      * what it checks; a slot is read once per item, off the critical path. The consumers'
      * arrivals on the last "empty" generations stay unmatched at exit, as nothing reuses
      * those slots.) */
     unsigned *const ring = dyn ? a.sched + 2 + (size_t)blockIdx.x * a.sched_ring : nullptr;
-#ifndef KVA__HP_RING_PER_WG /* (-DKVA__HP_RING_PER_WG=0: one barrier pair for all 256, comparisons) */
-#define KVA__HP_RING_PER_WG 1
-#endif
     constexpr int RING_THREADS = 32 + (KVA__HP_RING_PER_WG ? 128 : 256);
     auto ring_full = [&](int i, int w) { return 5 + 2 * i + (KVA__HP_RING_PER_WG ? w : 0); };
     auto ring_empty = [&](int i, int w) { return 5 + 2 * G::RING + 2 * i + (KVA__HP_RING_PER_WG ? w : 0); };
