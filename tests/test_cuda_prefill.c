@@ -1004,7 +1004,9 @@ static void check_work_distribution(kva_context *ctx, kva_rng *rng, uint32_t fla
     unsigned char *first_o = NULL;
     const size_t rows = (size_t)b.total_qo * c.hq;
     int major = 0;
+#if KVA_HAVE_CUDA
     if (!cpu_mode) (void)cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
+#endif
     const char *path = getenv("KVA_PREFILL_PATH");
     const bool hopper = major == 9 && (!path || !*path || strcmp(path, "hopper") == 0);
     if (!problem_make(ctx, rng, &c, &b, true, &pr)) goto out;
