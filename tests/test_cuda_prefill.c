@@ -1077,6 +1077,63 @@ KVA_TEST(cuda_prefill_work_distribution) {
     kva_context_destroy(ctx);
 }
 
+/* Scores that rise steeply along the keys (q[0] = 1, k_j[0] = 1.6 j within each request: about
+ * +0.2 per key in log2 units after the scale, ~25 per 128-key tile) in f16 and bf16: every tile
+ * raises each row's max far beyond the Hopper kernel's rescale slack (8), so the rescale must run
+ * each time; a kernel that kept an old max too long would let P pass f16's 65504 (inf / NaN).
+ * Random inputs rarely raise a max by more than a few units, so the sweeps cannot tell. */
+KVA_TEST(cuda_prefill_rising_scores) {
+    kva_context *ctx = prefill_context();
+    if (!ctx) return;
+    kva_rng rng;
+    kva_rng_seed(&rng, kva_test_seed());
+    for (int i = 0; i < 3; ++i) {
+        prefill_case c = plain_case(i == 2 ? KVA_BF16 : KVA_F16, i == 1 ? 64 : 128, 0);
+        c.hq = 4;
+        c.hk = 1;
+        c.causal = i == 2;
+        c.q_view = c.k_view = c.v_view = c.o_view = VIEW_NHD;
+        c.with_lse = true;
+        const int32_t qo[2] = {40, 9}, kv[2] = {450, 300};
+        batch b;
+        batch_from(&b, 2, qo, kv);
+        problem pr;
+        if (problem_make(ctx, &rng, &c, &b, false, &pr)) {
+            const size_t es = kva_dtype_size(c.dtype);
+            for (int32_t r = 0; r < b.n; ++r)
+                for (int32_t j = 0; j < b.kv[r]; ++j) {
+                    const float x = 1.6f * (float)j;
+                    const int64_t t = b.kv_indptr[r] + j;
+                    kva_convert(&x, KVA_F32, (char *)pr.k.host + (size_t)(t * pr.k.h.stride_token) * es, c.dtype, 1);
+                }
+            for (int64_t t = 0; t < b.total_qo; ++t)
+                for (int32_t h = 0; h < c.hq; ++h) {
+                    const float one = 1.0f;
+                    kva_convert(&one, KVA_F32,
+                                (char *)pr.q.host + (size_t)(t * pr.q.h.stride_token + h * pr.q.h.stride_head) * es,
+                                c.dtype, 1);
+                }
+            tbuf_reupload(ctx, &pr.q);
+            tbuf_reupload(ctx, &pr.k);
+            const size_t rows = (size_t)b.total_qo * c.hq;
+            pr.o_ref = kva_test_alloc(sizeof(double) * rows * c.head_dim);
+            pr.lse_ref = kva_test_alloc(sizeof(double) * rows);
+            problem_reference(&pr);
+            char what[96];
+            snprintf(what, sizeof what, "rising scores, %s d%d %s", kva_dtype_name(c.dtype), c.head_dim,
+                     c.causal ? "causal" : "full");
+            kva_plan_options opt = {0, 0, KVA_DECODE_PARTIAL_ROWMAX};
+            run_out r;
+            plan_and_run(ctx, &pr, &opt, what, &r);
+            if (r.ok) check_against_reference(&pr, &r, what);
+            run_out_free(ctx, &r);
+        }
+        problem_free(ctx, &pr);
+        batch_free(&b);
+    }
+    kva_context_destroy(ctx);
+}
+
 /* ---- causal-mask independence (seed 003) -------------------------------------------------- */
 
 /* Packed [rows][hq][D] bytes of an output view, for bitwise comparison. */
@@ -1193,7 +1250,7 @@ KVA_TEST(cuda_prefill_causal_independence) {
         const int32_t n = 160, dpos = 77;
         dense_case d = {dtypes[di], head_dims[di], c.hq, c.hk, n, n, 1, -1, 0.f, 0.f,
                         VIEW_NHD, true};
-        tbuf q, k, v;
+        tbuf q = {0}, k = {0}, v = {0};
         if (tbuf_input(ctx, &rng, &q, d.dt, VIEW_NHD, n, d.hq, d.D, -2.f, 2.f) &&
             tbuf_input(ctx, &rng, &k, d.dt, VIEW_HND, n, d.hk, d.D, -1.f, 1.f) &&
             tbuf_input(ctx, &rng, &v, d.dt, v_view_for(VIEW_HND, VIEW_NHD), n, d.hk, d.D, -1.f, 1.f)) {
