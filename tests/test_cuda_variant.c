@@ -25,7 +25,8 @@
  *                                rebuilt; prints the times
  *   cuda_variant_bench           soft cap as a snippet vs the built-in soft cap, ALiBi vs plain, on
  *                                the decode (32/8 d128 bf16, 8 x 4096 and 64 x 4096) and prefill
- *                                (1 x 16384 causal) headline shapes; prints times and ratios
+ *                                (1 x 16384 causal) headline shapes, on random and on constant
+ *                                inputs; prints times and ratios
  *
  * The disk cache of these tests lives in a temporary XDG_CACHE_HOME (set once per process).
  * KVA_TEST_QUICK=1 (compute-sanitizer memcheck) shrinks the sweeps and skips the bench.
@@ -857,6 +858,22 @@ static bool time_modes(bench_fn fn, void *arg, kva_attn_params *p, const bench_v
     return true;
 }
 
+/* Bench inputs: random values in [-2, 2] (an 8 MB random block repeated; what the README tables
+ * use: real operands, so the tensor cores draw real power) or one constant (0x3c bytes: every
+ * score equal; the cheapest case for the plain kernel, kept for comparison with earlier runs). */
+static void fill_bench_input(kva_rng *rng, void *dev, size_t bytes, kva_dtype dt, bool random) {
+    if (!random) {
+        cudaMemset(dev, 0x3c, bytes);
+        return;
+    }
+    const size_t es = kva_dtype_size(dt), block = (size_t)8 << 20;
+    unsigned char *h = kva_test_alloc(block);
+    kva_fill_random(rng, h, dt, block / es, -2.f, 2.f);
+    for (size_t off = 0; off < bytes; off += block)
+        cudaMemcpy((unsigned char *)dev + off, h, bytes - off < block ? bytes - off : block, cudaMemcpyHostToDevice);
+    free(h);
+}
+
 KVA_TEST(cuda_variant_bench) {
     if (quick()) {
         kva_test_skip("KVA_TEST_QUICK");
@@ -884,7 +901,9 @@ KVA_TEST(cuda_variant_bench) {
     cap = cuda_test_upload(ctx, &host_cap, sizeof host_cap);
     const bench_variants bv = {alibi, snippet, identity, slopes, cap};
 
-    /* decode: B x 4096 keys, pages in order; the pool holds a constant (timing only) */
+    kva_rng rng;
+    kva_rng_seed(&rng, kva_test_seed());
+    /* decode: B x 4096 keys, pages in order */
     const int32_t L = 4096, maxB = 64, pages_per = L / ps, npages = maxB * pages_per;
     const size_t page_elems = (size_t)ps * Hk * D;
     const size_t pool_bytes = (size_t)npages * 2 * page_elems * 2;
@@ -892,8 +911,6 @@ KVA_TEST(cuda_variant_bench) {
     CHECK_OK(kva_malloc(ctx, (size_t)maxB * Hq * D * 2, &q));
     CHECK_OK(kva_malloc(ctx, (size_t)maxB * Hq * D * 2, &o));
     if (!pool || !q || !o || !slopes || !cap) goto out;
-    cudaMemset(pool, 0x3c, pool_bytes);
-    cudaMemset(q, 0x3c, (size_t)maxB * Hq * D * 2);
     indptr = kva_test_alloc(sizeof(int32_t) * (maxB + 1));
     indices = kva_test_alloc(sizeof(int32_t) * npages);
     last = kva_test_alloc(sizeof(int32_t) * maxB);
@@ -906,21 +923,27 @@ KVA_TEST(cuda_variant_bench) {
         CHECK_OK(kva_malloc(ctx, ws.device_bytes, &ws.device));
         CHECK_OK(kva_host_alloc(ctx, ws.host_bytes, &ws.host));
         const int32_t batches[2] = {8, 64};
-        for (int bi = 0; bi < 2; ++bi) {
-            bench_decode bd;
-            bd.ctx = ctx;
-            kva_page_table t = {batches[bi], indptr, indices, last};
-            CHECK_OK(kva_decode_plan(ctx, &lim, &t, npages, NULL, ws, &bd.plan));
-            bd.p = kva_attn_params_default(Hq, Hk, D);
-            bd.q = kva_tensor_nhd(q, dt, Hq, D);
-            bd.o = kva_tensor_nhd(o, dt, Hq, D);
-            bd.pages = kva_kv_pages_interleaved(pool, dt, npages, ps, Hk, D, KVA_LAYOUT_NHD);
-            double us[BENCH_MODES];
-            if (!time_modes(run_decode, &bd, &bd.p, &bv, 50, us)) continue;
-            printf("    decode 32/8 d128 bf16 %dx%d: plain %.1f us, alibi %.1f us (%+.1f%%), softcap built-in %.1f us, "
-                   "snippet %.1f us (%+.1f%%), identity snippet %.1f us (%+.1f%%)\n",
-                   batches[bi], L, us[0], us[1], 100.0 * (us[1] / us[0] - 1), us[2], us[3], 100.0 * (us[3] / us[2] - 1),
-                   us[4], 100.0 * (us[4] / us[0] - 1));
+        for (int inp = 0; inp < 2; ++inp) {
+            for (int bi = 0; bi < 2; ++bi) {
+                if (bi == 0) {
+                    fill_bench_input(&rng, pool, pool_bytes, dt, inp == 0);
+                    fill_bench_input(&rng, q, (size_t)maxB * Hq * D * 2, dt, inp == 0);
+                }
+                bench_decode bd;
+                bd.ctx = ctx;
+                kva_page_table t = {batches[bi], indptr, indices, last};
+                CHECK_OK(kva_decode_plan(ctx, &lim, &t, npages, NULL, ws, &bd.plan));
+                bd.p = kva_attn_params_default(Hq, Hk, D);
+                bd.q = kva_tensor_nhd(q, dt, Hq, D);
+                bd.o = kva_tensor_nhd(o, dt, Hq, D);
+                bd.pages = kva_kv_pages_interleaved(pool, dt, npages, ps, Hk, D, KVA_LAYOUT_NHD);
+                double us[BENCH_MODES];
+                if (!time_modes(run_decode, &bd, &bd.p, &bv, 50, us)) continue;
+                printf("    decode 32/8 d128 bf16 %dx%d, %s inputs: plain %.1f us, alibi %.1f us (%+.1f%%), softcap built-in %.1f us, "
+                       "snippet %.1f us (%+.1f%%), identity snippet %.1f us (%+.1f%%)\n",
+                       batches[bi], L, inp == 0 ? "random" : "constant", us[0], us[1], 100.0 * (us[1] / us[0] - 1), us[2], us[3], 100.0 * (us[3] / us[2] - 1),
+                       us[4], 100.0 * (us[4] / us[0] - 1));
+            }
         }
         kva_free(ctx, ws.device);
         kva_host_free(ctx, ws.host);
@@ -941,9 +964,6 @@ KVA_TEST(cuda_variant_bench) {
         CHECK_OK(kva_malloc(ctx, kb, &k));
         CHECK_OK(kva_malloc(ctx, kb, &v));
         if (!q || !o || !k || !v) goto out;
-        cudaMemset(q, 0x3c, qb);
-        cudaMemset(k, 0x3c, kb);
-        cudaMemset(v, 0x3c, kb);
         const int32_t qo_indptr[2] = {0, S}, kv_indptr[2] = {0, S};
         kva_plan_limits lim = {1, 0, S, S, Hq, Hk, D, 0, 0};
         CHECK_OK(kva_prefill_workspace_size(ctx, &lim, &ws.device_bytes, &ws.host_bytes));
@@ -958,13 +978,18 @@ KVA_TEST(cuda_variant_bench) {
         bp.o = kva_tensor_nhd(o, dt, Hq, D);
         bp.k = kva_tensor_nhd(k, dt, Hk, D);
         bp.v = kva_tensor_nhd(v, dt, Hk, D);
-        double us[BENCH_MODES];
-        if (!time_modes(run_prefill, &bp, &bp.p, &bv, 5, us)) goto out;
-        const double flop = 4.0 * S * (double)S / 2 * Hq * D;
-        printf("    prefill 32/8 d128 bf16 1x%d causal: plain %.0f us (%.0f TFLOP/s), alibi %.0f us (%+.1f%%), softcap "
-               "built-in %.0f us, snippet %.0f us (%+.1f%%), identity snippet %.0f us (%+.1f%%)\n",
-               S, us[0], flop / us[0] * 1e-6, us[1], 100.0 * (us[1] / us[0] - 1), us[2], us[3],
-               100.0 * (us[3] / us[2] - 1), us[4], 100.0 * (us[4] / us[0] - 1));
+        for (int inp = 0; inp < 2; ++inp) {
+            fill_bench_input(&rng, q, qb, dt, inp == 0);
+            fill_bench_input(&rng, k, kb, dt, inp == 0);
+            fill_bench_input(&rng, v, kb, dt, inp == 0);
+            double us[BENCH_MODES];
+            if (!time_modes(run_prefill, &bp, &bp.p, &bv, 5, us)) goto out;
+            const double flop = 4.0 * S * (double)S / 2 * Hq * D;
+            printf("    prefill 32/8 d128 bf16 1x%d causal, %s inputs: plain %.0f us (%.0f TFLOP/s), alibi %.0f us (%+.1f%%), softcap "
+                   "built-in %.0f us, snippet %.0f us (%+.1f%%), identity snippet %.0f us (%+.1f%%)\n",
+                   S, inp == 0 ? "random" : "constant", us[0], flop / us[0] * 1e-6, us[1], 100.0 * (us[1] / us[0] - 1), us[2], us[3],
+                   100.0 * (us[3] / us[2] - 1), us[4], 100.0 * (us[4] / us[0] - 1));
+        }
     }
 out:
     free(indptr);
