@@ -26,9 +26,9 @@
  *               tensor cores finish P V; then O is rescaled and P_j packed. At d <= 128 the two
  *               consumers take turns issuing ("ping-pong"), at d256 they issue independently
  *               (what measured faster for each); either way one's softmax overlaps the other's
- *               matrix products. At d = 64 a work item's last P V is issued with the next
- *               item's S_0 (its Q loaded into a second buffer during this item), and one in four
- *               exponentials runs on the FMA pipe (kva__hp_exp2_fma).
+ *               matrix products. At d <= 128 a work item's last P V is issued with the next
+ *               item's S_0 (its Q loaded into a second buffer during this item); at d = 64 one
+ *               in four exponentials runs on the FMA pipe (kva__hp_exp2_fma).
  *   out   = as prefill_kernel.cuh: O / l and LSE, or f32 partials for a split work item.
  *
  * Per key tile and block: bytes = 2 * BN * D * 2 from L2/DRAM (64 KB at D = 128, BN = 128);
@@ -101,9 +101,8 @@ struct kva__hopper_geom {
     static constexpr int BAR_BYTES = 8 * (4 * STAGES + 1); /* full/empty K/V per stage + the tail */
     /* native ALiBi's column-offset tile (BN rows of one 128-byte swizzled row block, of which the
      * first k16 slice is used). Reserved in every build: a variant module's kernel is launched with
-     * the library's own geometry, and with the default stages the extra 8-16 KB changes no SM's
-     * shared-memory carve-out (d64 / d128 stay under 196 KB, d256 under 228 KB) nor the one block
-     * per SM. */
+     * the library's own geometry, and with the default stages the extra 8-16 KB leaves one block
+     * per SM (d64 177 KB, d128 209 KB with their second Q buffers, d256 under 228 KB). */
     static constexpr int POS_BYTES = KVA__HP_POS_RESERVE || KVA__HP_ALIBI ? BN * 128 : 0;
     /* the consumers take turns issuing (see the consumer loop); -DKVA__HP_PINGPONG=0/1 forces it */
 #ifdef KVA__HP_PINGPONG
@@ -122,12 +121,14 @@ struct kva__hopper_geom {
     static constexpr bool REVERSE = KVA__HP_ALIBI;
 #endif
     /* the next work item's S_0 issued with this item's last P V, its Q loaded during this item
-     * into a second buffer (see the consumer's tail): where a second Q fits (d <= 128);
+     * into a second buffer (see the consumer's tail): where a second Q fits (d <= 128). At d128
+     * paired H200 runs (v6.25) measured 32 x 512 +4-5%, ragged +7%, chunked +1.5% and the rows
+     * from 2 x 8192 up level (it was 1-5% slower there before v6.15's uniform descriptors);
      * -DKVA__HP_XITEM=0/1 forces it */
 #ifdef KVA__HP_XITEM
     static constexpr bool XITEM = KVA__HP_XITEM && D <= 128;
 #else
-    static constexpr bool XITEM = D == 64;
+    static constexpr bool XITEM = D <= 128;
 #endif
     static constexpr int Q_BUFS = XITEM ? 2 : 1;
     static constexpr int SMEM = 1024 + Q_BUFS * Q_BYTES + STAGES * 2 * TILE_BYTES + POS_BYTES + BAR_BYTES;
