@@ -11,7 +11,8 @@
  *   S_0        until its first tile's softmax is done
  *   loop       the steady loop (tiles 1 .. n-1)
  *   tail       the last P V (with the cross-item tail: also the next item's S_0 and softmax)
- *   epilogue   o and lse written
+ *   normalise  the epilogue's O normalised (staged in shared memory at d >= 128) and lse written
+ *   store      o written from the stage (or directly)
  *   gap        until the next item's top
  * and the producer's start / first copy / last copy relative to warpgroup 0's top of the item.
  * --raw prints every item. Exits 1 if a launch left no trace (another kernel ran: run with
@@ -28,7 +29,7 @@
 int kva__hp_trace_read(long long *dst, size_t count);
 
 enum { BLOCKS = 2, ROLES = 3, ITEMS = 64, POINTS = 8 }; /* as prefill_hopper_trace.cuh */
-enum { TOP, Q, S0, LOOP, TAIL, EPILOGUE, TILES };
+enum { TOP, Q, S0, LOOP, TAIL, EPILOGUE, TILES, STAGED };
 enum { P_START, P_FIRST, P_LAST };
 
 static long long trace[BLOCKS][ROLES][ITEMS][POINTS];
@@ -77,9 +78,9 @@ static int complete_items(int b) {
 
 /* prints the phases of the last launch; false if no item was traced (not the Hopper kernel?) */
 static int report(int raw) {
-    static const char *names[] = {"top->Q", "S_0", "loop", "tail", "epilogue", "gap"};
+    static const char *names[] = {"top->Q", "S_0", "loop", "tail", "normalise", "store", "gap"};
     for (int w = 0; w < 2; ++w) {
-        long long v[6][BLOCKS * ITEMS], tiles = 0;
+        long long v[7][BLOCKS * ITEMS], tiles = 0;
         int n = 0;
         for (int b = 0; b < BLOCKS; ++b)
             for (int i = 0; i < complete_items(b); ++i, ++n) {
@@ -88,8 +89,9 @@ static int report(int raw) {
                 v[1][n] = t[S0] - t[Q];
                 v[2][n] = t[LOOP] - t[S0];
                 v[3][n] = t[TAIL] - t[LOOP];
-                v[4][n] = t[EPILOGUE] - t[TAIL];
-                v[5][n] = trace[b][1 + w][i + 1][TOP] - t[EPILOGUE];
+                v[4][n] = t[STAGED] - t[TAIL];
+                v[5][n] = t[EPILOGUE] - t[STAGED];
+                v[6][n] = trace[b][1 + w][i + 1][TOP] - t[EPILOGUE];
                 tiles += t[TILES];
             }
         if (n == 0) {
@@ -97,7 +99,7 @@ static int report(int raw) {
             return 0;
         }
         printf("    warpgroup %d, %d items, %.1f tiles per item, median cycles:", w, n, (double)tiles / n);
-        for (int k = 0; k < 6; ++k) printf(" %s %lld", names[k], median(v[k], n));
+        for (int k = 0; k < 7; ++k) printf(" %s %lld", names[k], median(v[k], n));
         printf("\n");
     }
     long long p[3][BLOCKS * ITEMS];
@@ -116,8 +118,9 @@ static int report(int raw) {
             printf("    b%d item %2d", b, i);
             for (int w = 0; w < 2; ++w) {
                 const long long *t = trace[b][1 + w][i];
-                printf(" | wg%d %lld tiles: %lld %lld %lld %lld %lld %lld", w, t[TILES], t[Q] - t[TOP], t[S0] - t[Q],
-                       t[LOOP] - t[S0], t[TAIL] - t[LOOP], t[EPILOGUE] - t[TAIL], trace[b][1 + w][i + 1][TOP] - t[EPILOGUE]);
+                printf(" | wg%d %lld tiles: %lld %lld %lld %lld %lld %lld %lld", w, t[TILES], t[Q] - t[TOP], t[S0] - t[Q],
+                       t[LOOP] - t[S0], t[TAIL] - t[LOOP], t[STAGED] - t[TAIL], t[EPILOGUE] - t[STAGED],
+                       trace[b][1 + w][i + 1][TOP] - t[EPILOGUE]);
             }
             printf("\n");
         }

@@ -925,6 +925,7 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
                 if ((lane & 3) == 0) a.partial_lse[prow] = lse;
             }
         }
+        KVA__HP_TRACE_AT(1 + cw, trace_n, KVA__HPT_STAGED, clock64());
         if (staged) {
             kva__bar_sync(1 + cw, 128);
 #pragma unroll 4
