@@ -1544,22 +1544,23 @@ KVA_TEST(cuda_prefill_quick) {
     CHECK_MSG(splits_seen > 0, "no forced-split plan split: the merge path went untested");
     {
         /* 16-bit d64 and d128 with the persistent grid capped at 3 blocks, so that every block
-         * walks many work items: the Hopper kernel's item boundary (at d64 the next item's first
-         * Q K^T issued with this one's last P V, from a second Q buffer) runs under the
-         * sanitizers too. Causal and full, GQA 4, ragged then paged. */
+         * walks many work items: the Hopper kernel's item boundary (at d64 and d128 the next
+         * item's first Q K^T issued with this one's last P V, from a second Q buffer; at d128
+         * with the epilogue staged in this item's Q buffer) runs under the sanitizers too.
+         * Causal and full, both dtypes at d128, GQA 4, ragged then paged. */
         kva_test_env env;
         kva_test_env_set(&env, "KVA_PREFILL_PERSISTENT", "3");
-        for (int i = 0; i < 3; ++i) {
-            prefill_case c = plain_case(i == 1 ? KVA_F16 : KVA_BF16, i == 2 ? 128 : 64, i);
+        for (int i = 0; i < 4; ++i) {
+            prefill_case c = plain_case(i % 2 ? KVA_F16 : KVA_BF16, i >= 2 ? 128 : 64, i);
             c.hq = 8;
             c.hk = 2;
-            c.causal = i != 1;
+            c.causal = i % 2 == 0;
             batch b;
             batch_random(&b, &rng, 5, 70, 90, true);
             check_case(ctx, &rng, &c, &b);
             batch_free(&b);
             c.page_size = i == 0 ? 16 : 3;
-            c.pool_layout = i + 1;
+            c.pool_layout = i % CUDA_TEST_NUM_LAYOUTS;
             batch_random(&b, &rng, 4, 40, 100, false);
             check_case(ctx, &rng, &c, &b);
             batch_free(&b);

@@ -858,19 +858,22 @@ static bool time_modes(bench_fn fn, void *arg, kva_attn_params *p, const bench_v
     return true;
 }
 
-/* Bench inputs: random values in [-2, 2] (an 8 MB random block repeated; what the README tables
- * use: real operands, so the tensor cores draw real power) or one constant (0x3c bytes: every
- * score equal; the cheapest case for the plain kernel, kept for comparison with earlier runs). */
+/* Bench inputs: random values, uniform in [-2, 2] (an 8 MB random block repeated; like the
+ * README tables' normal values, real operands, so the tensor cores draw real power) or one
+ * constant (0x3c bytes: every score equal; the cheapest case for the plain kernel, kept for
+ * comparison with earlier runs). */
 static void fill_bench_input(kva_rng *rng, void *dev, size_t bytes, kva_dtype dt, bool random) {
     if (!random) {
-        cudaMemset(dev, 0x3c, bytes);
+        CHECK_MSG(cudaMemset(dev, 0x3c, bytes) == cudaSuccess, "bench inputs: cudaMemset failed");
         return;
     }
     const size_t es = kva_dtype_size(dt), block = (size_t)8 << 20;
     unsigned char *h = kva_test_alloc(block);
     kva_fill_random(rng, h, dt, block / es, -2.f, 2.f);
     for (size_t off = 0; off < bytes; off += block)
-        cudaMemcpy((unsigned char *)dev + off, h, bytes - off < block ? bytes - off : block, cudaMemcpyHostToDevice);
+        CHECK_MSG(cudaMemcpy((unsigned char *)dev + off, h, bytes - off < block ? bytes - off : block,
+                             cudaMemcpyHostToDevice) == cudaSuccess,
+                  "bench inputs: cudaMemcpy failed");
     free(h);
 }
 

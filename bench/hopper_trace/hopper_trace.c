@@ -11,8 +11,9 @@
  *   S_0        until its first tile's softmax is done
  *   loop       the steady loop (tiles 1 .. n-1)
  *   tail       the last P V (with the cross-item tail: also the next item's S_0 and softmax)
- *   normalise  the epilogue's O normalised (staged in shared memory at d >= 128) and lse written
- *   store      o written from the stage (or directly)
+ *   normalise  the epilogue's O normalised and lse written (O staged in shared memory; where o
+ *              is stored directly -- d64, split items, unaligned o -- its stores too)
+ *   store      o written from the stage (~0 where o is stored directly)
  *   gap        until the next item's top
  * and the producer's start / first copy / last copy relative to warpgroup 0's top of the item.
  * --raw prints every item. Exits 1 if a launch left no trace (another kernel ran: run with

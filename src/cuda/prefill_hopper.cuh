@@ -42,8 +42,8 @@
 #include "hopper_sync.cuh"
 #include "prefill_hopper_trace.cuh"
 
-/* K/V stages in flight: as many as fit beside Q in 227 KB (a tile from L2 takes about as long
- * to land as a tile takes to compute). */
+/* K/V stages in flight: as many as fit beside the Q buffers in 227 KB (a tile from L2 takes
+ * about as long to land as a tile takes to compute). */
 #ifndef KVA__HP_STAGES_D128
 #define KVA__HP_STAGES_D128 2
 #endif
@@ -124,7 +124,8 @@ struct kva__hopper_geom {
      * into a second buffer (see the consumer's tail): where a second Q fits (d <= 128). At d128
      * paired H200 runs (v6.25) measured 32 x 512 +4-5%, ragged +7%, chunked +1.5% and the rows
      * from 2 x 8192 up level (it was 1-5% slower there before v6.15's uniform descriptors);
-     * -DKVA__HP_XITEM=0/1 forces it */
+     * -DKVA__HP_XITEM=0/1 forces it (comparisons only: NVRTC builds of variants keep the
+     * default geometry, and are launched with the library's shared-memory size) */
 #ifdef KVA__HP_XITEM
     static constexpr bool XITEM = KVA__HP_XITEM && D <= 128;
 #else
@@ -132,8 +133,9 @@ struct kva__hopper_geom {
 #endif
     static constexpr int Q_BUFS = XITEM ? 2 : 1;
     static constexpr int SMEM = 1024 + Q_BUFS * Q_BYTES + STAGES * 2 * TILE_BYTES + POS_BYTES + BAR_BYTES;
-    /* an sm_90 block gets at most 227 KB: a larger build (e.g. -DKVA__HP_STAGES_D128=3, which the
-     * 16 KB of POS_BYTES pushed over) would silently fall back to the wgmma kernel at launch */
+    /* an sm_90 block gets at most 227 KB: a larger build (e.g. -DKVA__HP_STAGES_D128=3, which
+     * needs -DKVA__HP_XITEM=0 as well to fit) would silently fall back to the wgmma kernel at
+     * launch */
     static_assert(SMEM <= 232448, "the Hopper prefill kernel's shared memory exceeds 227 KB");
 };
 

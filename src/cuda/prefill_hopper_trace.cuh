@@ -29,7 +29,8 @@ enum {
     KVA__HPT_TAIL = 4,     /* last P V done (with the cross-item tail: the next S_0's softmax too) */
     KVA__HPT_EPILOGUE = 5, /* o and lse written */
     KVA__HPT_TILES = 6,    /* the item's key tiles (a count, not a clock) */
-    KVA__HPT_STAGED = 7    /* the epilogue's O normalised (staged in shared memory) and lse written */
+    KVA__HPT_STAGED = 7    /* the epilogue's O normalised and lse written (O staged in shared
+                              memory; where o is stored directly, those stores too) */
 };
 /* producer points (and KVA__HPT_TILES) */
 enum { KVA__HPT_P_START = 0, KVA__HPT_P_FIRST = 1, KVA__HPT_P_LAST = 2 };
