@@ -11,7 +11,8 @@
 #      decode run from Python (python -m kvattn.bench --device cuda),
 #   5. the benchmark (bench/bench_torch.py: decode table -- read ceiling, ours vs PyTorch SDPA,
 #      graph replays -- and prefill table -- bf16 GEMM ceiling, ours ragged / paged / dense vs
-#      SDPA flash and cuDNN; both tables printed at the end, numbers in bench.json),
+#      SDPA flash and cuDNN; both tables printed at the end, numbers in bench.json; the board's
+#      power, SM clock and throttle reasons sampled meanwhile into bench-power.csv),
 #   6. a summary, printed last.
 # Full logs go to $OUT (default ./gpu-check-out). Knobs: GPU_CHECK_SOAK=S adds a soak of S seconds
 # (kvattn run --duration, prefix sharing on; host and device memory must stay flat),
@@ -162,6 +163,11 @@ fi
 # Both tables (decode, then prefill; ~2-3 minutes).
 if [ "${GPU_CHECK_BENCH:-1}" != 0 ]; then
     t=$(date +%s)
+    # The board's power, SM clock and throttle reasons every 250 ms while the tables run: the long
+    # prefill rows reach the power cap (bench/NOTES.md), which moves them from run to run.
+    nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,clocks_event_reasons.active --format=csv,noheader \
+        -lms 250 >"$OUT/bench-power.csv" 2>/dev/null &
+    smi_pid=$!
     # shellcheck disable=SC2086
     if PYTHONUNBUFFERED=1 python3 bench/bench_torch.py --build "$BUILD" --json "$OUT/bench.json" \
             ${GPU_CHECK_BENCH_ARGS:-} >"$OUT/bench.log" 2>&1; then
@@ -171,6 +177,15 @@ if [ "${GPU_CHECK_BENCH:-1}" != 0 ]; then
         tail -20 "$OUT/bench.log"
         note "bench: FAILED (see bench.log) $(grep -E '^prefill rows:' "$OUT/bench.log" | tail -1)"
     fi
+    kill "$smi_pid" 2>/dev/null
+    # samples under load (SM clock above 1000 MHz): power and clock ranges, how many had the
+    # software power cap (reason bit 0x4) active
+    awk -F', ' '$2 + 0 > 1000 { n++; c = $2 + 0; w = $3 + 0;
+            if (n == 1 || c < cmin) cmin = c; if (c > cmax) cmax = c; if (w > wmax) wmax = w;
+            if (index("4567cdefCDEF", substr($4, length($4), 1))) cap++ }
+        END { if (n) note = sprintf("bench power: %d loaded samples, SM clock %d-%d MHz, up to %.0f W, power cap active in %d",
+                                    n, cmin, cmax, wmax, cap); print note }' "$OUT/bench-power.csv" >"$OUT/bench-power.txt" 2>/dev/null
+    [ -s "$OUT/bench-power.txt" ] && note "$(cat "$OUT/bench-power.txt")"
     sed -n '/^## kvattn/,$p' "$OUT/bench.log"
     # The other prefill paths beside it (d = 128 rows), for the path comparison.
     if [ "${GPU_CHECK_BENCH_MMA:-1}" != 0 ]; then
