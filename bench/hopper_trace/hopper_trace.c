@@ -15,7 +15,9 @@
  *              is stored directly -- d64, split items, unaligned o -- its stores too)
  *   store      o written from the stage (~0 where o is stored directly)
  *   gap        until the next item's top
- * and the producer's start / first copy / last copy relative to warpgroup 0's top of the item.
+ * and, relative to warpgroup 0's top of the item, the producer's start / first copy / last copy,
+ * the scheduler warp's Q buffer free / Q copy issued and the store warp's O handed over / O
+ * stored.
  * --raw prints every item. Exits 1 if a launch left no trace (another kernel ran: run with
  * KVA_PREFILL_TMA_STRICT=1). Usage: hopper_trace [--raw] [head_dim ...]
  */
@@ -31,7 +33,7 @@ int kva__hp_trace_read(long long *dst, size_t count);
 
 enum { BLOCKS = 2, ROLES = 3, ITEMS = 64, POINTS = 8 }; /* as prefill_hopper_trace.cuh */
 enum { TOP, Q, S0, LOOP, TAIL, EPILOGUE, TILES, STAGED };
-enum { P_START, P_FIRST, P_LAST };
+enum { P_START, P_FIRST, P_LAST, S_Q, W_GOT, W_DONE, S_FREE = 7 };
 
 static long long trace[BLOCKS][ROLES][ITEMS][POINTS];
 
@@ -113,6 +115,15 @@ static int report(int raw) {
         }
     printf("    producer, relative to warpgroup 0's top: start %lld, first copy %lld, last copy %lld\n",
            median(p[0], n), median(p[1], n), median(p[2], n));
+    /* the scheduler's and the store warp's points of item i, relative to warpgroup 0's top of it */
+    long long s[4][BLOCKS * ITEMS];
+    static const int spts[4] = {S_FREE, S_Q, W_GOT, W_DONE};
+    n = 0;
+    for (int b = 0; b < BLOCKS; ++b)
+        for (int i = 1; i < complete_items(b); ++i, ++n)
+            for (int k = 0; k < 4; ++k) s[k][n] = trace[b][0][i][spts[k]] - trace[b][1][i][TOP];
+    printf("    scheduler / store warp, relative to warpgroup 0's top: Q buffer free %lld, Q copy issued %lld, "
+           "O handed over %lld, O stored %lld\n", median(s[0], n), median(s[1], n), median(s[2], n), median(s[3], n));
     if (!raw) return 1;
     for (int b = 0; b < BLOCKS; ++b)
         for (int i = 0; i < complete_items(b); ++i) {

@@ -28,6 +28,15 @@ __device__ __forceinline__ void kva__mbar_arrive_expect(uint32_t bar, uint32_t b
 __device__ __forceinline__ void kva__mbar_arrive(uint32_t bar) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
+/* Whether the phase of that parity has completed (no waiting). */
+__device__ __forceinline__ bool kva__mbar_test(uint32_t bar, uint32_t parity) {
+    uint32_t done;
+    asm volatile("{\n.reg .pred p;\nmbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                 : "=r"(done)
+                 : "r"(bar), "r"(parity)
+                 : "memory");
+    return done != 0;
+}
 __device__ __forceinline__ void kva__mbar_wait(uint32_t bar, uint32_t parity) {
     uint32_t done = 0;
     do {
@@ -36,6 +45,21 @@ __device__ __forceinline__ void kva__mbar_wait(uint32_t bar, uint32_t parity) {
                      : "r"(bar), "r"(parity)
                      : "memory");
     } while (!done);
+}
+
+/* The same for warps off the critical path that wait most of a work item (the Hopper prefill's
+ * scheduler and store warps): a probe every ~256 ns instead of back-to-back probes, whose issue
+ * slots and shared-memory traffic the computing warps of the same SM would lose. */
+__device__ __forceinline__ void kva__mbar_wait_idle(uint32_t bar, uint32_t parity) {
+    for (;;) {
+        uint32_t done;
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done)
+                     : "r"(bar), "r"(parity)
+                     : "memory");
+        if (done) return;
+        __nanosleep(256);
+    }
 }
 
 /* Tensor copies global -> shared through a tensor map (a __grid_constant__ kernel parameter),
@@ -53,6 +77,18 @@ __device__ __forceinline__ void kva__tma_load_5d(uint32_t dst, const void *map, 
                  ::"r"(dst), "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4), "r"(bar)
                  : "memory");
 }
+/* A tensor copy shared -> global through a tensor map, in the issuing thread's bulk group
+ * (out-of-bounds elements are not written); commit the group, then wait until the committed
+ * groups have read their shared memory (read) or are done. The shared memory written by
+ * ordinary stores must be fenced (kva__fence_proxy_async) by its writers first. */
+__device__ __forceinline__ void kva__tma_store_4d(const void *map, uint32_t src, int c0, int c1, int c2, int c3) {
+    asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%1, %2, %3, %4}], [%5];\n"
+                 ::"l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(src)
+                 : "memory");
+}
+__device__ __forceinline__ void kva__bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void kva__bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
+__device__ __forceinline__ void kva__bulk_wait() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
 __device__ __forceinline__ void kva__tma_prefetch_map(const void *map) {
     asm volatile("prefetch.tensormap [%0];\n" ::"l"(map) : "memory");
 }

@@ -93,12 +93,17 @@ struct kva__hopper_geom {
     static constexpr int TILE_BYTES = BN * D * 2;
     /* registers per thread after reallocation: 128 * producer + 256 * consumer may not exceed
      * what the launch gave the block (384 x 168 = 64512; a larger request never completes). The
-     * producer's loop fits in 72 without spilling; d256's O (128 floats) needs 224, leaving 56 */
-    static constexpr int PRODUCER_REGS = D >= 256 ? 56 : 72;
-    static constexpr int CONSUMER_REGS = D >= 256 ? 224 : 216;
-    /* work positions in flight from the producer to the consumers (see the kernel) */
-    static constexpr int RING = 2;
-    static constexpr int BAR_BYTES = 8 * (4 * STAGES + 1); /* full/empty K/V per stage + the tail */
+     * producer warps' loops fit in 72 without spilling, and since v6.28 (the O stores and Q
+     * copies moved off the consumers) d256's consumers fit in 216 as well (with 224 / 56 the K/V
+     * producer spilled) */
+    static constexpr int PRODUCER_REGS = 72;
+    static constexpr int CONSUMER_REGS = 216;
+    /* work records in flight from the scheduler warp to the other warps (slots of 16 words in
+     * the workspace, see the kernel and KVA__SCHED_RING) */
+    static constexpr int RING = 4;
+    /* mbarriers: full/empty K/V per stage, the tail; full/empty per record slot, the K/V
+     * producer's item starts; Q full, Q empty and O full per Q buffer (rounded to 16 bytes) */
+    static constexpr int BAR_BYTES = (8 * (4 * STAGES + 2 + 2 * RING + 3 * 2) + 15) / 16 * 16;
     /* native ALiBi's column-offset tile (BN rows of one 128-byte swizzled row block, of which the
      * first k16 slice is used). Reserved in every build: a variant module's kernel is launched with
      * the library's own geometry, and with the default stages the extra 8-16 KB leaves one block
@@ -175,17 +180,24 @@ __device__ __forceinline__ int kva__hp_div_group(int r, uint32_t m) { return m ?
 #ifndef KVA__HP_DYNAMIC
 #define KVA__HP_DYNAMIC 1
 #endif
-/* (-DKVA__HP_RING_PER_WG=0: one pair of the work ring's barriers for both consumer warpgroups,
- * comparisons; see the kernel) */
-#ifndef KVA__HP_RING_PER_WG
-#define KVA__HP_RING_PER_WG 1
+/* Q by a tensor copy only where the K/V copy boxes hold at least this many keys: paged K/V of
+ * 16-key pages take 16 copies per tile and column block, and a Q copy among them cost chunked
+ * prefill 4.5% (v6.28) */
+#ifndef KVA__HP_Q_TMA_MIN_BOX
+#define KVA__HP_Q_TMA_MIN_BOX 1
+#endif
+/* the smallest head dim whose O is staged in shared memory for the store warp (see the
+ * epilogue; -DKVA__HP_STAGED_MIN_D=64 stages d64 too, comparisons) */
+#ifndef KVA__HP_STAGED_MIN_D
+#define KVA__HP_STAGED_MIN_D 128
 #endif
 
 /* One (work item, KV head) of a block's sequence and the keys its tiles cover. */
 struct kva__hp_work {
-    kva__pf_item it;
-    int kh, lo, hi, lo_al, n_tiles;
+    kva__pf_item it; /* (words 0-8: w, b, key_beg, key_end, kv_len, kv_beg, q_row0, q_tokens, q_pos0) */
+    int kh, lo, hi, lo_al, n_tiles; /* (words 9-13: the K/V producer reads them by index) */
 };
+static_assert(sizeof(kva__hp_work) == 14 * 4 && sizeof(kva__pf_item) == 9 * 4, "kva__hp_work's words moved");
 
 /* The (KV head, work item) pair at position p of the launch order, false past the end (or for
  * p < 0). The positions run KV-head-major (prefill items from the plan's last, decode records
@@ -268,20 +280,18 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
     kva__hp_work wk;
     /* Work distribution. Block b takes the pair at position b first. Without a plan (a.sched
      * NULL) it then takes b + gridDim.x, b + 2 gridDim.x, ...; with one, each further position is
-     * a ticket drawn from a.sched[0] (plus gridDim.x) by the producer at the top of the item
-     * before it and passed to the consumers through the block's ring of slots in the workspace.
-     * A block that finishes early takes more items, so the blocks end within about the last
-     * items handed out of each other -- short ones under a causal mask, where launch order ends
-     * with each request's first query tiles (the static walk could leave long items for the
-     * last round: 1 x 16k ~3%, ragged batches 15-20% over the mean block). Decode records (GQA
-     * groups above 16 run here) come longest first in plan order and are walked in it.
-     * Positions still run in launch order, so the blocks at work at one time keep sharing K/V
-     * through L2. Each block's producer counts
-     * itself into a.sched[1] after its last ticket (a block without work at once); the last one
-     * resets both to zero for the next run. (-DKVA__HP_DYNAMIC=0: the static walk for every
-     * call, comparisons) */
+     * a ticket drawn from a.sched[0] (plus gridDim.x) when the K/V producer begins the item
+     * before it. A block that finishes early takes more items, so the blocks end within about
+     * the last items handed out of each other -- short ones under a causal mask, where launch
+     * order ends with each request's first query tiles (the static walk could leave long items
+     * for the last round: 1 x 16k ~3%, ragged batches 15-20% over the mean block). Decode
+     * records (GQA groups above 16 run here) come longest first in plan order and are walked in
+     * it. Positions still run in launch order, so the blocks at work at one time keep sharing
+     * K/V through L2. The scheduler warp counts its block into a.sched[1] after its last
+     * ticket (a block without work at once); the last one resets both to zero for the next run.
+     * (-DKVA__HP_DYNAMIC=0: the static walk for every call, comparisons) */
     const bool dyn = KVA__HP_DYNAMIC && a.sched != nullptr && (int)gridDim.x <= a.sched_blocks &&
-                     a.sched_ring >= G::RING;
+                     a.sched_ring >= 16 * G::RING + 1 && a.sched_ring % 4 == 0;
     auto sched_done = [&]() {
         __threadfence(); /* (this block's last ticket before its count) */
         if (atomicAdd(a.sched + 1, 1u) == gridDim.x - 1) {
@@ -298,32 +308,90 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
     const uint32_t smem_raw = kva__smem_addr(smem);
     const uint32_t q_s = (smem_raw + 1023u) & ~1023u;
     const uint32_t kv_s = q_s + G::Q_BUFS * G::Q_BYTES;
+    auto q_buf = [&](int b) { return q_s + (uint32_t)(b * G::Q_BYTES); };
     auto k_stage = [&](int s) { return kv_s + (uint32_t)(s * 2 * G::TILE_BYTES); };
     auto v_stage = [&](int s) { return kv_s + (uint32_t)(s * 2 * G::TILE_BYTES + G::TILE_BYTES); };
     const uint32_t pos_s = kv_s + G::STAGES * 2 * G::TILE_BYTES; /* (1024-aligned) */
     const uint32_t bars = pos_s + G::POS_BYTES;
-    auto full_k = [&](int s) { return bars + 8u * (uint32_t)s; };
-    auto full_v = [&](int s) { return bars + 8u * (uint32_t)(G::STAGES + s); };
-    auto empty_k = [&](int s) { return bars + 8u * (uint32_t)(2 * G::STAGES + s); };
-    auto empty_v = [&](int s) { return bars + 8u * (uint32_t)(3 * G::STAGES + s); };
-    const uint32_t tail_bar = bars + 8u * (uint32_t)(4 * G::STAGES);
-    /* the ring's slots (global memory: this block's in the workspace) and its named barriers, a
-     * "full" and an "empty" one per slot and consumer warpgroup (ids 5 .. 5 + 4 RING - 1; 0-4
-     * are taken: the block, the consumers' epilogues, their turns): the producer warp arrives on
-     * both warpgroups' "full" after writing a slot and syncs on both "empty" before reusing it,
-     * each warpgroup's 128 threads the other way round; a barrier orders the memory accesses of
-     * the threads arriving at it before those after it. (One barrier for all 256 consumers
-     * measured 1.5% slower on 32 x 512 causal at d128: it lined the two warpgroups up once per
-     * item, against the half-iteration offset of their ping-pong turns.) (In shared memory,
-     * racecheck reports the consumers' read and the producer's next write of a slot as a
-     * hazard: it does not follow the ordering a bar.arrive gives. Global memory is outside
-     * what it checks; a slot is read once per item, off the critical path. The consumers'
-     * arrivals on the last "empty" generations stay unmatched at exit, as nothing reuses
-     * those slots.) */
-    unsigned *const ring = dyn ? a.sched + 2 + (size_t)blockIdx.x * a.sched_ring : nullptr;
-    constexpr int RING_THREADS = 32 + (KVA__HP_RING_PER_WG ? 128 : 256);
-    auto ring_full = [&](int i, int w) { return 5 + 2 * i + (KVA__HP_RING_PER_WG ? w : 0); };
-    auto ring_empty = [&](int i, int w) { return 5 + 2 * G::RING + 2 * i + (KVA__HP_RING_PER_WG ? w : 0); };
+    auto bar_at = [&](int i) { return bars + 8u * (uint32_t)i; };
+    auto full_k = [&](int s) { return bar_at(s); };
+    auto full_v = [&](int s) { return bar_at(G::STAGES + s); };
+    auto empty_k = [&](int s) { return bar_at(2 * G::STAGES + s); };
+    auto empty_v = [&](int s) { return bar_at(3 * G::STAGES + s); };
+    const uint32_t tail_bar = bar_at(4 * G::STAGES);
+    /* Who hands what to whom. The producer warpgroup's warp 1 (the scheduler) decides the
+     * block's items and loads their Q; warp 0 streams their K/V tiles; warp 2 stores the O the
+     * consumers staged in shared memory. Item 0 (position blockIdx.x) every thread finds itself;
+     * so does it item m of the static walk. With tickets (dyn), item m >= 1's record
+     * (kva__hp_work; kh < 0: none left) reaches the others through slot (m - 1) % RING of the
+     * block's ring in the workspace, whose "full" barrier the scheduler arrives on after
+     * writing it; warp 0 reads it at the item's start, the store warp before the item's O, the
+     * consumers at the previous item's start (their loads land while they compute), each
+     * reading warp arriving on the slot's "empty" barrier once it used the record. (Global
+     * memory, not shared: racecheck does not follow mbarrier hand-overs of shared memory --
+     * ordinary stores or bulk copies -- and reported every slot.) The ticket of item m + 1 is
+     * drawn once warp 0 began item m (kv_top). Item m's Q goes to buffer m % Q_BUFS, by a
+     * tensor copy where the item is whole (else the consumers copy it themselves: the
+     * scheduler then only passes the buffer on, "q full"); the consumers stage the item's O in
+     * the same buffer and arrive on "o full"; warp 2 stores it by tensor copies and arrives on
+     * "q empty", which the scheduler waits for before the buffer's next Q. The consumers thus
+     * only compute: the record's decoding, the Q copies and the O stores (~3300 cycles per
+     * item on their critical path before, v6.25 trace) run on other warps. */
+    auto slot_full = [&](int i) { return bar_at(4 * G::STAGES + 1 + i); };
+    auto slot_empty = [&](int i) { return bar_at(4 * G::STAGES + 1 + G::RING + i); };
+    const uint32_t kv_top = bar_at(4 * G::STAGES + 1 + 2 * G::RING);
+    auto q_full = [&](int b) { return bar_at(4 * G::STAGES + 2 + 2 * G::RING + b); };
+    auto q_empty = [&](int b) { return bar_at(4 * G::STAGES + 4 + 2 * G::RING + b); };
+    auto o_full = [&](int b) { return bar_at(4 * G::STAGES + 6 + 2 * G::RING + b); };
+    const int lane_id = tid & 31;
+    /* item m >= 1 of this block into w (w.kh < 0: past the last; see above): with tickets its
+     * record's loads are issued here and land in w's registers later (volatile: not sunk to
+     * their first use); work_done(m) once w has been used frees the slot */
+    auto work_fetch = [&](int m, kva__hp_work &w) {
+        if (!dyn) {
+            if (!kva__hp_work_at<BN>(a, (int)blockIdx.x + m * (int)gridDim.x, box, w)) w.kh = -1;
+            return;
+        }
+        const int i = (m - 1) % G::RING;
+        kva__mbar_wait(slot_full(i), (uint32_t)((m - 1) / G::RING) & 1u);
+        const unsigned *src = a.sched + KVA__SCHED_HEAD + (size_t)blockIdx.x * a.sched_ring + 16 * i;
+        int *wd = reinterpret_cast<int *>(&w);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            int x, y, z, v;
+            asm volatile("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                         : "=r"(x), "=r"(y), "=r"(z), "=r"(v)
+                         : "l"(src + 4 * k));
+            wd[4 * k] = x;
+            wd[4 * k + 1] = y;
+            if (k < 3) {
+                wd[4 * k + 2] = z;
+                wd[4 * k + 3] = v;
+            }
+        }
+    };
+    /* work_fetch where item m's record is already published (static walk: always); false
+     * without waiting where not */
+    auto work_try_fetch = [&](int m, kva__hp_work &w) -> bool {
+        if (dyn && !kva__mbar_test(slot_full((m - 1) % G::RING), (uint32_t)((m - 1) / G::RING) & 1u)) return false;
+        work_fetch(m, w);
+        return true;
+    };
+    auto work_done = [&](int m) {
+        if (!dyn) return;
+        __syncwarp();
+        if (lane_id == 0) kva__mbar_arrive(slot_empty((m - 1) % G::RING));
+    };
+    /* whether item w's Q comes by a tensor copy (the scheduler's) or the consumers' copies */
+    auto q_by_tma = [&](const kva__hp_work &w) {
+        return (ha.qo_maps & 1) && w.it.q_tokens * g == ROWS && box >= KVA__HP_Q_TMA_MIN_BOX;
+    };
+    /* whether consumer warpgroup h's half of item w's O is staged for the store warp's tensor
+     * copies (else the consumers store it): whole halves of unsplit items (see the epilogue) */
+    auto o_staged = [&](const kva__hp_work &w, int h) {
+        return D >= KVA__HP_STAGED_MIN_D && (ha.qo_maps & 2) && 64 % g == 0 && w.it.q_tokens * g >= (h + 1) * 64 &&
+               w.it.key_beg <= 0 && w.it.key_end >= w.it.kv_len;
+    };
 
     if (tid == 0) {
         for (int s = 0; s < G::STAGES; ++s) {
@@ -333,6 +401,16 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
             kva__mbar_init(empty_v(s), 8);
         }
         kva__mbar_init(tail_bar, 1);
+        for (int i = 0; i < G::RING; ++i) {
+            kva__mbar_init(slot_full(i), 1);
+            kva__mbar_init(slot_empty(i), 1 + 8 + 1); /* warp 0, the consumer warps, the store warp */
+        }
+        kva__mbar_init(kv_top, 1);
+        for (int b = 0; b < G::Q_BUFS; ++b) {
+            kva__mbar_init(q_full(b), 1);
+            kva__mbar_init(q_empty(b), 1);
+            kva__mbar_init(o_full(b), 8);
+        }
         kva__mbar_init_fence();
     }
     if constexpr (KVA__HP_ALIBI) {
@@ -349,10 +427,106 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
     __syncthreads();
 
     if (tid < 128) {
-        /* ================= producer ================= */
         kva__setmaxnreg_dec<G::PRODUCER_REGS>();
-        if (tid >= 32) return;
-        const int lane = tid;
+        const int warp = tid >> 5, lane = tid & 31;
+        if (warp == 1) {
+            /* ================= scheduler: items and their Q ================= */
+            /* item w's Q -> buffer b: one tensor copy of a whole item (g heads x 128 / g tokens x
+             * every column block, never past the item's rows); for other items the consumers
+             * copy it (q_by_tma), this only passes the buffer on */
+            auto load_q = [&](const kva__hp_work &w, int b, int m) {
+                if (lane == 0) {
+                    if (q_by_tma(w)) {
+                        kva__mbar_arrive_expect(q_full(b), (uint32_t)G::Q_BYTES);
+                        kva__tma_load_4d(q_buf(b), &ha.q_map, q_full(b), 0, w.kh * g, w.it.q_row0, 0);
+                    } else {
+                        kva__mbar_arrive(q_full(b));
+                    }
+                }
+                KVA__HP_TRACE_WARP(m, KVA__HPT_S_Q, clock64());
+            };
+            if (lane == 0 && (ha.qo_maps & 1)) kva__tma_prefetch_map(&ha.q_map);
+            load_q(wk, 0, 0);
+            unsigned *const ring = dyn ? a.sched + KVA__SCHED_HEAD + (size_t)blockIdx.x * a.sched_ring : nullptr;
+            int m = 0;
+            for (;; ++m) {
+                kva__hp_work nx{};
+                bool ok;
+                if (dyn) {
+                    /* item m + 1: a ticket drawn once warp 0 began item m. (Drawing it an item
+                     * earlier, to hide the atomic's round trip, measured worse: the earlier
+                     * commitment cost ragged batches 10% of their balance, and short items
+                     * gained nothing.) */
+                    if (m >= 1) kva__mbar_wait_idle(kv_top, (uint32_t)(m - 1) & 1u);
+                    unsigned ticket = 0;
+                    if (lane == 0) ticket = atomicAdd(a.sched, 1u);
+                    ticket = __shfl_sync(0xffffffffu, ticket, 0);
+                    const int num_work = a.num_work >= 0 ? a.num_work : __ldg(a.num_work_dev);
+                    const int64_t t = (int64_t)gridDim.x + ticket;
+                    ok = kva__hp_work_at<BN>(a, t < (int64_t)num_work * a.num_kv_heads ? (int)t : -1, box, nx);
+                    if (!ok) nx.kh = -1;
+                    const int i = m % G::RING;
+                    kva__mbar_wait_idle(slot_empty(i), ((uint32_t)(m / G::RING) & 1u) ^ 1u);
+                    if (lane == 0) {
+                        const int *wd = reinterpret_cast<const int *>(&nx); /* (14 words) */
+                        unsigned *const dst = ring + 16 * i;
+#pragma unroll
+                        for (int k = 0; k < 14; ++k) dst[k] = (unsigned)wd[k];
+                        kva__mbar_arrive(slot_full(i)); /* (release: the record before it) */
+                    }
+                } else {
+                    work_fetch(m + 1, nx);
+                    ok = nx.kh >= 0;
+                }
+                if (!ok) break;
+                const int b = (m + 1) % G::Q_BUFS;
+                kva__mbar_wait_idle(q_empty(b), ((uint32_t)((m + 1) / G::Q_BUFS) & 1u) ^ 1u);
+                KVA__HP_TRACE_WARP(m + 1, KVA__HPT_S_FREE, clock64());
+                load_q(nx, b, m + 1);
+            }
+            if (dyn && lane == 0) {
+                /* (the tickets this block drew, for the tests: the dynamic walk ran) */
+                ring[a.sched_ring - 1] = (unsigned)(m + 1);
+                sched_done();
+            }
+            return;
+        }
+        if (warp == 2) {
+            /* ================= O store ================= */
+            /* item m's staged halves: one tensor copy per half and column block (g heads x 64 / g
+             * tokens; a warp's 16-byte stores, or a bulk copy per row, took ~12000 cycles per
+             * item beside the consumers' matrix products: v6.28 trace) */
+            if (lane == 0 && (ha.qo_maps & 2)) kva__tma_prefetch_map(&ha.o_map);
+            kva__hp_work w = wk;
+            for (int m = 0;; ++m) {
+                if (m >= 1) {
+                    work_fetch(m, w);
+                    const bool more = w.kh >= 0;
+                    work_done(m);
+                    if (!more) break;
+                }
+                const int b = m % G::Q_BUFS;
+                kva__mbar_wait_idle(o_full(b), (uint32_t)(m / G::Q_BUFS) & 1u);
+                KVA__HP_TRACE_WARP(m, KVA__HPT_W_GOT, clock64());
+                if (lane == 0) {
+                    for (int h = 0; h < 2; ++h) {
+                        if (!o_staged(w, h)) continue;
+#pragma unroll
+                        for (int c = 0; c < CB; ++c)
+                            kva__tma_store_4d(&ha.o_map, q_buf(b) + (uint32_t)(c * ROWS * 128 + h * 64 * 128), 0, w.kh * g,
+                                              w.it.q_row0 + h * (64 / g), c);
+                    }
+                    kva__bulk_commit();
+                    kva__bulk_wait_read(); /* (the buffer may take the next Q) */
+                    kva__mbar_arrive(q_empty(b));
+                }
+                KVA__HP_TRACE_WARP(m, KVA__HPT_W_DONE, clock64());
+            }
+            if (lane == 0) kva__bulk_wait(); /* (every copy's writes done before the block ends) */
+            return;
+        }
+        if (warp != 0) return;
+        /* ================= K/V producer ================= */
         const void *kmap = &ha.k_map, *vmap = &ha.v_map;
         if (lane == 0) {
             kva__tma_prefetch_map(kmap);
@@ -360,44 +534,17 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
         }
         /* tiles produced so far (stage and phase run on across work items), tail uses */
         uint32_t gt = 0, tails = 0;
-        int trace_n = 0; /* (KVA__HP_TRACE: items so far) */
-        /* the position of this block's item m >= 1 from lane 0's ticket, published in ring slot
-         * (m - 1) % RING (-1: none left) */
-        auto publish_position = [&](int m, unsigned ticket) -> int {
-            int p = -1;
-            if (lane == 0) {
-                const int num_work = a.num_work >= 0 ? a.num_work : __ldg(a.num_work_dev);
-                const int64_t t = (int64_t)gridDim.x + ticket;
-                p = t < (int64_t)num_work * a.num_kv_heads ? (int)t : -1;
+        for (int m = 0;; ++m) {
+            if (m >= 1) { /* item m's record */
+                work_fetch(m, wk);
+                const bool more = wk.kh >= 0;
+                work_done(m);
+                if (dyn && lane == 0) kva__mbar_arrive(kv_top);
+                if (!more) break;
             }
-            p = __shfl_sync(0xffffffffu, p, 0);
-            const int i = (m - 1) % G::RING;
-            if (m > G::RING) { /* its last use read */
-                kva__bar_sync(ring_empty(i, 0), RING_THREADS);
-                if (KVA__HP_RING_PER_WG) kva__bar_sync(ring_empty(i, 1), RING_THREADS);
-            }
-            if (lane == 0) asm volatile("st.volatile.global.u32 [%0], %1;\n" ::"l"(ring + i), "r"(p) : "memory");
-            kva__bar_arrive(ring_full(i, 0), RING_THREADS);
-            if (KVA__HP_RING_PER_WG) kva__bar_arrive(ring_full(i, 1), RING_THREADS);
-            return p;
-        };
-        int p = (int)blockIdx.x;
-        for (int n = 0; kva__hp_work_at<BN>(a, p, box, wk); ++n, ++trace_n) {
-            /* the next position: a ticket drawn now, published once this item's first K tile is
-             * issued (the consumers read it after they used that tile: they never wait for it).
-             * (Drawing it an item earlier, to hide the atomic's round trip, measured worse: the
-             * earlier commitment cost ragged batches 10% of their balance, and short items
-             * gained nothing.) */
-            int p_next = p + (int)gridDim.x;
-            unsigned ticket = 0;
-            if (dyn && lane == 0) ticket = atomicAdd(a.sched, 1u);
-            auto publish = [&]() {
-                if (dyn) p_next = publish_position(n + 1, ticket);
-            };
-            const kva__pf_item &it = wk.it;
-            const int kh = wk.kh, lo = wk.lo, hi = wk.hi, lo_al = wk.lo_al, n_tiles = wk.n_tiles;
-            KVA__HP_TRACE_AT(0, trace_n, KVA__HPT_P_START, clock64());
-            KVA__HP_TRACE_AT(0, trace_n, KVA__HPT_TILES, n_tiles);
+            const int kv_beg = wk.it.kv_beg, kh = wk.kh, lo = wk.lo, hi = wk.hi, lo_al = wk.lo_al, n_tiles = wk.n_tiles;
+            KVA__HP_TRACE_AT(0, m, KVA__HPT_P_START, clock64());
+            KVA__HP_TRACE_AT(0, m, KVA__HPT_TILES, n_tiles);
             const int nbox = BN / box;
             /* issues the copies of tile j of K (which 0) or V (1) onto barrier `bar`; returns the
              * bytes announced (by lane 0, before any copy is issued) */
@@ -407,7 +554,7 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
                 if (!paged) {
                     if (lane == 0) {
                         kva__mbar_arrive_expect(bar, (uint32_t)G::TILE_BYTES);
-                        kva__tma_load_4d(dst, map, bar, 0, it.kv_beg + t.kb, kh, 0);
+                        kva__tma_load_4d(dst, map, bar, 0, kv_beg + t.kb, kh, 0);
                     }
                     return;
                 }
@@ -420,7 +567,7 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
                     const int key = t.kb + i * box;
                     const int pg = (int)(((uint64_t)(uint32_t)key * a.page_div_m) >> a.page_div_s);
                     const int slot = key - pg * a.page_size;
-                    const int pid = __ldg(a.page_indices + it.kv_beg + pg);
+                    const int pid = __ldg(a.page_indices + kv_beg + pg);
 #pragma unroll
                     for (int c = 0; c < CB; ++c)
                         kva__tma_load_5d(dst + (uint32_t)(c * BN * 128 + i * box * 128), map, bar, 0, slot, kh, c, pid);
@@ -431,9 +578,8 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
                 const uint32_t ph = ((gt + jn) / G::STAGES) & 1u;
                 const int j = G::REVERSE ? n_tiles - 1 - jn : jn; /* the tile's place in key order */
                 kva__mbar_wait(empty_k(s), ph ^ 1u);
-                if (jn == 0) KVA__HP_TRACE_AT(0, trace_n, KVA__HPT_P_FIRST, clock64());
+                if (jn == 0) KVA__HP_TRACE_AT(0, m, KVA__HPT_P_FIRST, clock64());
                 load_tile(0, j, k_stage(s), full_k(s));
-                if (jn == 0) publish();
                 kva__mbar_wait(empty_v(s), ph ^ 1u);
                 const kva__hp_tile t = kva__hp_tile_of<BN>(j, lo, lo_al, hi, paged);
                 /* V rows outside [kmin, hi) that may hold another request's values or stale data */
@@ -459,12 +605,9 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
                     if (lane == 0) kva__mbar_arrive(full_v(s));
                 }
             }
-            KVA__HP_TRACE_AT(0, trace_n, KVA__HPT_P_LAST, clock64());
-            if (n_tiles == 0) publish();
+            KVA__HP_TRACE_AT(0, m, KVA__HPT_P_LAST, clock64());
             gt += (uint32_t)n_tiles;
-            p = p_next;
         }
-        if (dyn && lane == 0) sched_done();
         return;
     }
 
@@ -503,28 +646,35 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
     if (cw == 1) turn_pass();
 
     /* Q buffers: with G::XITEM the next work item's Q lands in the other buffer during this
-     * item, so the next item's first Q K^T can be issued together with this item's last P V
-     * (below) instead of after this item's epilogue. */
-    auto q_buf = [&](int b) { return q_s + (uint32_t)(b * G::Q_BYTES); };
-    /* my warpgroup's 64 Q rows of work item w -> buffer b (rows past the item are zero) */
+     * item (the scheduler warp's copies), so the next item's first Q K^T can be issued together
+     * with this item's last P V (below) instead of after this item's epilogue. */
+    /* my warpgroup's 64 Q rows of work item w -> buffer b (rows past the item are zero), where
+     * no tensor copy brings them (q_by_tma) */
     auto load_q = [&](const kva__hp_work &w, int b) {
-        const T *qb = (const T *)a.q;
+        const T *qg = (const T *)a.q;
         const int rows_w = w.it.q_tokens * g;
 #pragma unroll 4
         for (int j = 0; j < 64 * CPR / 128; ++j) {
             const int i = wt + j * 128, r = cw * 64 + i / CPR, c = i % CPR;
             const bool ok = r < rows_w;
             const int t = ok ? kva__hp_div_group(r, g_magic) : 0, hh = ok ? r - t * g : 0;
-            const T *src = qb + (int64_t)(w.it.q_row0 + t) * a.q_st + (int64_t)(w.kh * g + hh) * a.q_sh + c * 8;
+            const T *src = qg + (int64_t)(w.it.q_row0 + t) * a.q_st + (int64_t)(w.kh * g + hh) * a.q_sh + c * 8;
             kva__pf_cp16(q_buf(b) + kva__pf_tile_off<D * 2, ROWS, true>(r, c), ok ? (const void *)src : a.q, ok);
         }
         kva__cp_async_commit();
-    };
-    /* every Q copy of mine landed and visible to my warpgroup's wgmma */
-    auto q_ready = [&]() {
         kva__cp_async_wait<0>();
         kva__fence_proxy_async();
         kva__bar_sync(1 + cw, 128);
+    };
+    /* item m's buffer passed on (and, by a tensor copy, its Q landed) */
+    auto q_wait = [&](int m) { kva__mbar_wait(q_full(m % G::Q_BUFS), (uint32_t)(m / G::Q_BUFS) & 1u); };
+    /* item m (record w) whose Q no tensor copy brings: the buffer passed on, then my copies
+     * (after the previous item's epilogue, where O holds no values: in the item's own top they
+     * spilled registers at d128) */
+    auto q_own = [&](int m, const kva__hp_work &w) {
+        if (q_by_tma(w)) return;
+        q_wait(m);
+        load_q(w, m % G::Q_BUFS);
     };
 
     /* the item whose scores the softmax works on; its row positions and mask ranges */
@@ -743,32 +893,21 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
         pack_p();
     };
 
-    /* the position of this block's item m >= 1 (see work distribution); every consumer thread
-     * reads each ring slot once */
-    auto position_of = [&](int m) -> int {
-        if (!dyn) return (int)blockIdx.x + m * (int)gridDim.x;
-        const int i = (m - 1) % G::RING;
-        kva__bar_sync(ring_full(i, cw), RING_THREADS);
-        int p;
-        asm volatile("ld.volatile.global.u32 %0, [%1];\n" : "=r"(p) : "l"(ring + i) : "memory");
-        kva__bar_arrive(ring_empty(i, cw), RING_THREADS);
-        return p;
-    };
     uint32_t gt = 0; /* tiles consumed so far */
     int qb = 0;      /* the buffer holding wk's Q */
-    int n = 0;       /* wk is this block's n-th (KV head, work item) */
-    kva__hp_work nx; /* G::XITEM: the next work item, whose Q is on its way to buffer qb ^ 1 */
-    bool have = true, have_nx = false; /* (item 0: the block returned above without one) */
-    if (have) {
-        load_q(wk, 0);
-        if constexpr (G::XITEM) {
-            have_nx = kva__hp_work_at<BN>(a, position_of(n + 1), box, nx);
-            if (have_nx) load_q(nx, 1);
-        }
-    }
+    int m = 0;       /* wk is this block's m-th (KV head, work item) */
+    kva__hp_work nx; /* the next one (read at this one's tail) */
     bool s0_done = false; /* wk's first tile already went through the softmax (the last item's tail) */
+    /* the next item's record: with G::XITEM read at the top of this one where published (its
+     * tail needs it); without, after this one's epilogue (live across it, it spilled at d256) */
+    bool have_nx = false;
+    /* (G::XITEM: read early where published, else in the tail: waiting for it at the item's
+     * top stalled the consumers where the scheduler had not yet drawn it) */
+    bool nx_pending = false;
+    if constexpr (G::XITEM) nx_pending = !work_try_fetch(1, nx);
+    q_own(0, wk);
     int trace_n = 0;      /* (KVA__HP_TRACE: items so far) */
-    while (have) {
+    for (;;) {
         /* (the tile and buffer indices feed the descriptors: after the cross-item tail's
          * branches the compiler no longer knew them to be uniform) */
         gt = KVA__HP_BCAST(gt);
@@ -779,15 +918,13 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
         KVA__HP_TRACE_AT(1 + cw, trace_n, KVA__HPT_TILES, n_tiles);
         if (!s0_done) {
             item_setup(false);
-            q_ready();
+            q_wait(m);
             KVA__HP_TRACE_AT(1 + cw, trace_n, KVA__HPT_Q, clock64());
             if (n_tiles > 0) first_tile(gt, qb);
         } else {
             KVA__HP_TRACE_AT(1 + cw, trace_n, KVA__HPT_Q, clock64());
         }
         KVA__HP_TRACE_AT(1 + cw, trace_n, KVA__HPT_S0, clock64());
-        /* (the cross-item tail read it at the previous item's end) */
-        const int p_next = G::XITEM ? -1 : position_of(n + 1);
         for (int j = 1; j < n_tiles; ++j) {
             const int s = (int)((gt + j) % G::STAGES), sp = (int)((gt + j - 1) % G::STAGES);
             kva__mbar_wait(full_k(s), ((gt + j) / G::STAGES) & 1u);
@@ -827,7 +964,13 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
         /* ---- the tail: this item's last P V, with (G::XITEM) the next item's S_0 ---- */
         const kva__pf_item it = wk.it; /* (the epilogue's copy: wk may move on below) */
         const int kh = wk.kh, rows_o = rows;
-        const bool nx_s0 = G::XITEM && have_nx && nx.n_tiles > 0 && n_tiles > 0;
+        /* (only where the next Q comes by a tensor copy: the consumers' own copies of it here
+         * spilled registers at d128) */
+        if constexpr (G::XITEM) {
+            if (nx_pending) work_fetch(m + 1, nx);
+            have_nx = nx.kh >= 0;
+        }
+        const bool nx_s0 = G::XITEM && have_nx && nx.n_tiles > 0 && n_tiles > 0 && q_by_tma(nx);
         const uint32_t gn = gt + (uint32_t)n_tiles; /* the next item's first tile */
         const int sl = (int)((gn - 1) % G::STAGES), sn = (int)(gn % G::STAGES);
         float m_o[2] = {m_st[0], m_st[1]}, l_o[2] = {l_st[0], l_st[1]};
@@ -837,7 +980,7 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
             /* (this item's last Q K^T and softmax are done; the slope loads overlap the waits) */
             alibi_rows(nx.kh);
             kva__mbar_wait(full_v(sl), ((gn - 1) / G::STAGES) & 1u);
-            q_ready();
+            q_wait(m + 1);
             kva__mbar_wait(full_k(sn), (gn / G::STAGES) & 1u);
             turn_wait();
             issue_qk(sn, q_desc(qb ^ 1));
@@ -863,6 +1006,8 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
             kva__pf_fence_regs<DT * 4>(&o_acc[0][0]);
             kva__pf_fence_regs_u<BN / 4>(&pa[0][0]);
             release(empty_v(sl));
+            /* (packed before the epilogue: P's 32 registers live across it instead of S's 64) */
+            pack_p();
         } else if (n_tiles > 0) {
             kva__mbar_wait(full_v(sl), ((gn - 1) / G::STAGES) & 1u);
             turn_wait();
@@ -880,14 +1025,13 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
         const bool split = it.key_beg > 0 || it.key_end < it.kv_len;
         const int Hq = a.num_qo_heads;
         const uint32_t q_o = q_buf(qb); /* this item's Q rows: free since its last Q K^T */
-        /* O through shared memory: each thread's 4-byte pieces of 8 rows made every store
-         * instruction touch 8 rows, and the item's store phase took ~3000 cycles (a clock64 trace
-         * of 32 x 512 on an H200: 12% of an item); staged in my warpgroup's Q rows and written as
-         * whole 16-byte chunks of each row. Needs 16-byte aligned rows of o (else the direct
-         * stores below). Paired H200 runs: d128 and d256 rows +1-3%, d64 3-6% slower (16k
-         * causal), so d64 stores directly. */
+        /* O through shared memory: staged in my warpgroup's Q rows and written by the store warp
+         * as whole 16-byte chunks of each row (bench/NOTES.md, v6.17, v6.28). Needs 16-byte
+         * aligned rows of o (else the direct stores below). d64 stores directly (3-6% faster at
+         * 16k causal when the consumers stored the staged rows themselves). */
         static_assert(sizeof(T) == 2, "the Hopper kernel is built for 16-bit elements");
-        const bool staged = D >= 128 && !split && (((unsigned long long)a.o | (unsigned long long)(a.o_st * 2) | (unsigned long long)(a.o_sh * 2)) & 15) == 0;
+        const bool staged = D >= KVA__HP_STAGED_MIN_D && !split && (ha.qo_maps & 2) && 64 % g == 0 && rows_o >= (cw + 1) * 64;
+        /* (o_staged's test, which the store warp makes) */
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             float l = l_o[h];
@@ -928,51 +1072,30 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
             }
         }
         KVA__HP_TRACE_AT(1 + cw, trace_n, KVA__HPT_STAGED, clock64());
-        if (staged) {
-            kva__bar_sync(1 + cw, 128);
-#pragma unroll 4
-            for (int j = 0; j < 64 * CPR / 128; ++j) {
-                const int i = wt + j * 128, r = cw * 64 + i / CPR, c = i % CPR;
-                if (r >= rows_o) continue;
-                const int t = kva__hp_div_group(r, g_magic), qh = kh * g + (r - t * g);
-                uint4 v;
-                asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                             : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                             : "r"(q_o + kva__pf_tile_off<D * 2, ROWS, true>(r, c))
-                             : "memory");
-                /* (one 16-byte store: assigning the uint4 compiled to four 4-byte stores) */
-                asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"l"((T *)a.o + (int64_t)(it.q_row0 + t) * a.o_st +
-                                                                            (int64_t)qh * a.o_sh + c * 8),
-                             "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
-                             : "memory");
-            }
-        }
-        /* (every read of buffer qb is done before a Q copy lands there) */
-        kva__bar_sync(1 + cw, 128);
+        if (staged) kva__fence_proxy_async(); /* (the tensor copies read it) */
+        /* buffer qb to the store warp (staged or not: its "q empty" frees it for a later Q) */
+        __syncwarp();
+        if (lane == 0) kva__mbar_arrive(o_full(qb));
 #pragma unroll
         for (int dt = 0; dt < DT; ++dt)
 #pragma unroll
             for (int e = 0; e < 4; ++e) o_acc[dt][e] = 0.0f;
         KVA__HP_TRACE_AT(1 + cw, trace_n, KVA__HPT_EPILOGUE, clock64());
         ++trace_n;
-        if (nx_s0) pack_p();
         gt = gn;
 
         /* ---- the next item ---- */
-        ++n;
+        ++m;
         s0_done = nx_s0;
-        if constexpr (G::XITEM) {
-            have = have_nx;
-            if (!have) break;
-            if (!nx_s0) wk = nx;
-            qb ^= 1;
-            have_nx = kva__hp_work_at<BN>(a, position_of(n + 1), box, nx);
-            if (have_nx) load_q(nx, qb ^ 1);
-        } else {
-            have = kva__hp_work_at<BN>(a, p_next, box, wk);
-            if (have) load_q(wk, 0);
-        }
+        if constexpr (!G::XITEM) work_fetch(m, nx);
+        have_nx = nx.kh >= 0;
+        work_done(m);
+        if (!have_nx) break;
+        if (!nx_s0) wk = nx;
+        qb = G::Q_BUFS == 2 ? qb ^ 1 : 0;
+        if constexpr (G::XITEM) nx_pending = !work_try_fetch(m + 1, nx);
         if (!s0_done) {
+            q_own(m, wk);
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 m_st[h] = -INFINITY;

@@ -32,8 +32,18 @@ enum {
     KVA__HPT_STAGED = 7    /* the epilogue's O normalised and lse written (O staged in shared
                               memory; where o is stored directly, those stores too) */
 };
-/* producer points (and KVA__HPT_TILES) */
-enum { KVA__HPT_P_START = 0, KVA__HPT_P_FIRST = 1, KVA__HPT_P_LAST = 2 };
+/* producer warpgroup points (and KVA__HPT_TILES): the K/V producer's, the scheduler warp's (item
+ * m's buffer free: its Q copy begins; the copy issued or the buffer passed on) and the store
+ * warp's (item m's O handed over; its copies read and the buffer freed) */
+enum {
+    KVA__HPT_P_START = 0,
+    KVA__HPT_P_FIRST = 1,
+    KVA__HPT_P_LAST = 2,
+    KVA__HPT_S_Q = 3,
+    KVA__HPT_W_GOT = 4,
+    KVA__HPT_W_DONE = 5,
+    KVA__HPT_S_FREE = 7
+};
 
 #ifdef KVA__HP_TRACE
 static __device__ long long kva__hp_trace_buf[KVA__HP_TRACE_BLOCKS][KVA__HP_TRACE_ROLES][KVA__HP_TRACE_ITEMS]
@@ -43,8 +53,15 @@ static __device__ long long kva__hp_trace_buf[KVA__HP_TRACE_BLOCKS][KVA__HP_TRAC
         if (blockIdx.x < KVA__HP_TRACE_BLOCKS && (item) < KVA__HP_TRACE_ITEMS && (threadIdx.x & 127) == 0) \
             kva__hp_trace_buf[blockIdx.x][role][item][point] = (long long)(value);                    \
     } while (0)
+/* (from lane 0 of a producer-warpgroup warp other than warp 0) */
+#define KVA__HP_TRACE_WARP(item, point, value)                                                     \
+    do {                                                                                           \
+        if (blockIdx.x < KVA__HP_TRACE_BLOCKS && (item) < KVA__HP_TRACE_ITEMS && (threadIdx.x & 31) == 0) \
+            kva__hp_trace_buf[blockIdx.x][0][item][point] = (long long)(value);                   \
+    } while (0)
 #else
 #define KVA__HP_TRACE_AT(role, item, point, value) ((void)(item))
+#define KVA__HP_TRACE_WARP(item, point, value) ((void)(item))
 #endif
 
 #endif /* KVA_PREFILL_HOPPER_TRACE_CUH */

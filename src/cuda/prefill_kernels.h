@@ -36,8 +36,9 @@ typedef struct kva__prefill_args {
     float *lse;                   /* NULL or f32 [rows][num_qo_heads] */
     const int4 *records;          /* plan records, 2 int4 per work item; NULL: dense call */
     unsigned *sched;              /* plans: the Hopper kernel's work tickets and finished blocks
-                                   * (zero between runs), then sched_blocks x sched_ring position
-                                   * slots (workspace_layout.h); NULL: a static walk (dense calls) */
+                                   * (zero between runs), then sched_blocks x sched_ring words of
+                                   * work-record slots (workspace_layout.h); NULL: a static walk
+                                   * (dense calls) */
     int32_t sched_blocks, sched_ring;
     const int32_t *num_work_dev;  /* graph plans: the work count in the device header */
     int32_t num_work;             /* >= 0: work items (non-graph plans, dense); -1: read the header */
@@ -59,12 +60,15 @@ typedef struct kva__prefill_args {
 
 /* The warp-specialised Hopper kernel's argument block (prefill_hopper.cuh): the tensor maps of
  * K and V (built by the launcher per call: pointers and strides; ragged: dims 64 elements x
- * token x head x column block; paged: 64 x slot x head x column block x page) and the plain
- * arguments. */
+ * token x head x column block; paged: 64 x slot x head x column block x page), of Q and O
+ * (dims 64 x head x token x column block; a Q box is a whole 128-row item, an O box one
+ * consumer warpgroup's 64 rows) and the plain arguments. */
 typedef struct kva__hopper_prefill_args {
-    CUtensorMap k_map, v_map;
+    CUtensorMap k_map, v_map, q_map, o_map;
     kva__prefill_args a;
     int32_t box_rows;  /* paged: keys per copy box (divides the page size and the key tile) */
+    int32_t qo_maps;   /* 1: q_map holds (the group divides 128), 2: o_map holds (it divides 64);
+                        * without one the kernel copies Q / stores O itself */
 } kva__hopper_prefill_args;
 
 /* A prefill kernel and how to launch it. */

@@ -156,6 +156,17 @@ static bool ragged_map(CUtensorMap *m, kva_dtype dt, const void *base, int64_t s
     return encode(m, dt, 4, base, dims, strides, box);
 }
 
+/* Q or O: [token][head][D]: dims 64 x head x token x column block, one box = g heads x `tokens`
+ * tokens (x every column block: `all_blocks`). Unbounded token extent: the kernel copies only
+ * whole items' rows. */
+static bool qo_map(CUtensorMap *m, kva_dtype dt, const void *base, int64_t st, int64_t sh, int heads, int D, int g,
+                   int tokens, bool all_blocks) {
+    const uint64_t dims[4] = {64, (uint64_t)heads, 0x7fffffffu, (uint64_t)(D / 64)};
+    const int64_t strides[3] = {sh, st, 64};
+    const uint32_t box[4] = {64, (uint32_t)g, (uint32_t)tokens, all_blocks ? (uint32_t)(D / 64) : 1u};
+    return encode(m, dt, 4, base, dims, strides, box);
+}
+
 /* A paged pool: dims 64 x slot x head x column block x page, one box = `box_rows` slots of one
  * column block. */
 static bool paged_map(CUtensorMap *m, kva_dtype dt, const void *base, const kva_kv_pages *p, int box_rows) {
@@ -234,6 +245,15 @@ static kva_status launch_prefill(kva_context *ctx, const char *call, kva_dtype d
              ragged_map(&h.v_map, dt, a->v, a->v_st, a->v_sh, a->num_kv_heads, head_dim, k->block_n);
     }
     if (ok) {
+        /* Q and O by tensor copies where a map describes them (else the kernel's own copies) */
+        const int g = a->group;
+        if (KVA__PREFILL_ROWS_LARGE % g == 0 &&
+            qo_map(&h.q_map, dt, a->q, a->q_st, a->q_sh, a->num_qo_heads, head_dim, g, KVA__PREFILL_ROWS_LARGE / g,
+                   true))
+            h.qo_maps |= 1;
+        if (a->o && 64 % g == 0 &&
+            qo_map(&h.o_map, dt, a->o, a->o_st, a->o_sh, a->num_qo_heads, head_dim, g, 64 / g, false))
+            h.qo_maps |= 2;
         /* persistent: one block per SM walks (KV head, work item) pairs; KVA_PREFILL_PERSISTENT=0
          * launches one block per pair instead (comparisons), =N at most N blocks (tests: small
          * batches then still walk several items per block, through the cross-item tail) */

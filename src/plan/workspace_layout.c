@@ -155,7 +155,7 @@ kva_status kva__compute_layout(const kva_context *ctx, const kva_plan_limits *li
     if (tree) fits = fits && add_f32_region(&off, (uint64_t)L.cap_split_work, (uint64_t)limits->num_qo_heads, 1);
     L.off_sched = off;
     if (ctx->device == KVA_DEVICE_CUDA)
-        fits = fits && add_f32_region(&off, 1, 1, 2 + KVA__SCHED_MAX_BLOCKS * KVA__SCHED_RING);
+        fits = fits && add_f32_region(&off, 1, 1, KVA__SCHED_HEAD + KVA__SCHED_MAX_BLOCKS * KVA__SCHED_RING);
     L.off_scores = off;
     if (kind == KVA__PLAN_DECODE && ctx->device == KVA_DEVICE_CPU) {
         int64_t total_kv = limits->max_total_kv > 0

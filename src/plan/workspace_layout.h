@@ -74,7 +74,7 @@ typedef struct kva__plan_header {
                                 * by a run's first work item; zero between runs */
     int64_t off_run_lse;       /* f32 [cap_work][num_qo_heads]: a merged run's LSE (its O goes
                                 * into the run's first partial slot) */
-    int64_t off_sched;         /* CUDA: u32 [2 + KVA__SCHED_MAX_BLOCKS * KVA__SCHED_RING], the
+    int64_t off_sched;         /* CUDA: u32 [KVA__SCHED_HEAD + KVA__SCHED_MAX_BLOCKS * KVA__SCHED_RING], the
                                 * Hopper prefill kernel's work tickets, finished blocks (both
                                 * zero between runs) and each block's next positions
                                 * (prefill_hopper.cuh) */
@@ -87,10 +87,13 @@ typedef struct kva__plan_header {
 } kva__plan_header;
 
 /* The Hopper prefill kernel's dynamic work distribution (prefill_hopper.cuh): up to this many
- * persistent blocks, each passing its next work positions to its consumers through this many
- * slots in the workspace (a larger grid walks statically). */
+ * persistent blocks (a larger grid walks statically). The region holds KVA__SCHED_HEAD words
+ * (the ticket counter, the count of finished blocks, padding to 16 bytes), then per block
+ * KVA__SCHED_RING words: 4 work-record slots of 16 words (bulk-copied from here into shared
+ * memory, hence the alignment); its last word counts the tickets it drew (read by the tests). */
 #define KVA__SCHED_MAX_BLOCKS 1024
-#define KVA__SCHED_RING 2
+#define KVA__SCHED_HEAD 4
+#define KVA__SCHED_RING 68
 
 /* CUDA decode merges a request of more than KVA__MERGE_RUN chunks as a two-level tree: each run
  * of KVA__MERGE_RUN consecutive work items is merged by its last block into the run's first
@@ -136,7 +139,7 @@ typedef struct kva__workspace_layout {
     size_t off_counters;          /* u32 [cap_groups][num_qo_heads], zero between runs */
     size_t off_run_counters;      /* CUDA decode: u32 [cap_split_work][num_qo_heads], zero between runs */
     size_t off_run_lse;           /* CUDA decode: f32 [cap_split_work][num_qo_heads] */
-    size_t off_sched;             /* CUDA: u32 [2 + KVA__SCHED_MAX_BLOCKS * KVA__SCHED_RING]: work
+    size_t off_sched;             /* CUDA: u32 [KVA__SCHED_HEAD + KVA__SCHED_MAX_BLOCKS * KVA__SCHED_RING]: work
                                    * tickets, finished blocks (zero between runs), ring slots */
     size_t off_scores;            /* f32 global-rowmax scratch [num_qo_heads][max_total_kv] */
     size_t device_bytes;
