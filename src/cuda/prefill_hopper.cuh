@@ -12,7 +12,10 @@
  *           the next item's tiles while the consumers finish the current one.
  *   block = 128 packed query rows (token, GQA head) as in prefill_kernel.cuh, and three
  *           warpgroups:
- *     producer  (warpgroup 0, 72 registers; 56 at d256): warp 0 streams K and V tiles of BN keys into a
+ *     producer  (warpgroup 0, 72 registers): warp 1 (the scheduler) draws the tickets, hands
+ *               the items' records to the other warps and loads a whole item's Q by one tensor
+ *               copy; warp 2 writes the O the consumers staged by tensor copies (see "who hands
+ *               what to whom" in the kernel); warp 0 streams K and V tiles of BN keys into a
  *               2-stage ring with tensor copies (TMA) that complete on "full" mbarriers, and
  *               waits on "empty" mbarriers before reusing a stage. Ragged K/V: one 4-d copy per
  *               tile (dims: 64 elements, token, head, 64-element column block). Paged K/V: one
@@ -20,7 +23,7 @@
  *               size and BN, so a box never crosses a page); the warp's lanes load page ids
  *               and issue boxes in parallel. Out-of-range V rows of the last tile are zeroed
  *               (0 * inf would poison P V).
- *     consumers (warpgroups 1 and 2, 216 registers; 224 at d256): 64 rows each. Per key tile j:
+ *     consumers (warpgroups 1 and 2, 216 registers): 64 rows each. Per key tile j:
  *               S_j = Q K_j^T (wgmma from shared memory) is issued together with
  *               O += P_{j-1} V_{j-1} (P from registers); the softmax of S_j runs while the
  *               tensor cores finish P V; then O is rescaled and P_j packed. At d <= 128 the two
