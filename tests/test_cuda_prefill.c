@@ -986,8 +986,9 @@ out:
  * uncapped, each into poisoned outputs. Every run matches the reference and the first bit for
  * bit, and the tickets are zero after each; a run that left them behind would start the next
  * one's tickets past the end: its items never computed (NaN). Where the Hopper kernel runs (an
- * sm_90 GPU, KVA_PREFILL_PATH unset or "hopper") block 0's ring slots must show it took tickets
- * (its last position, -1), so the test knows the dynamic walk ran. */
+ * sm_90 GPU, KVA_PREFILL_PATH unset or "hopper") block 0's ticket count (the last word of its
+ * ring, zeroed before each capped run) must show it drew tickets, so the test knows the dynamic
+ * walk ran. */
 static void check_work_distribution(kva_context *ctx, kva_rng *rng, uint32_t flags) {
     prefill_case c = plain_case(KVA_BF16, 128, 0);
     c.hq = 8;
@@ -1028,6 +1029,14 @@ static void check_work_distribution(kva_context *ctx, kva_rng *rng, uint32_t fla
         if (caps[run]) kva_test_env_set(&env, "KVA_PREFILL_PERSISTENT", caps[run]);
         tbuf_poison(ctx, &o);
         poison_device(ctx, lse_dev, sizeof(float) * (rows + LSE_GUARD));
+        if (!cpu_mode && caps[run]) { /* (block 0's ticket count, read below) */
+            const uint32_t zero = 0;
+            const kva__plan_header *h = kva__plan_header_of(ws.host);
+            CHECK_OK(kva_memcpy(ctx,
+                                (unsigned char *)ws.device + h->off_sched +
+                                    sizeof(uint32_t) * (KVA__SCHED_HEAD + KVA__SCHED_RING - 1),
+                                &zero, sizeof zero, KVA_COPY_HOST_TO_DEVICE));
+        }
         st = kva_prefill_run_ragged(ctx, &plan, &pr.p, pr.q.d, pr.k.d, pr.v.d, o.d, lse_dev);
         if (caps[run]) kva_test_env_restore(&env);
         CHECK_MSG(st == KVA_OK, "%s: %s (%s)", what, kva_status_str(st), kva_last_error());

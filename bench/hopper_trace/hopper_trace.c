@@ -12,8 +12,10 @@
  *   loop       the steady loop (tiles 1 .. n-1)
  *   tail       the last P V (with the cross-item tail: also the next item's S_0 and softmax)
  *   normalise  the epilogue's O normalised and lse written (O staged in shared memory; where o
- *              is stored directly -- d64, split items, unaligned o -- its stores too)
- *   store      o written from the stage (~0 where o is stored directly)
+ *              is stored directly -- d64, split items, halves that are not whole -- its stores
+ *              too)
+ *   store      the staged buffer handed to the store warp (whose copies are its O handed over
+ *              -> O stored, below)
  *   gap        until the next item's top
  * and, relative to warpgroup 0's top of the item, the producer's start / first copy / last copy,
  * the scheduler warp's Q buffer free / Q copy issued and the store warp's O handed over / O

@@ -30,7 +30,8 @@
  *               consumers take turns issuing ("ping-pong"), at d256 they issue independently
  *               (what measured faster for each); either way one's softmax overlaps the other's
  *               matrix products. At d <= 128 a work item's last P V is issued with the next
- *               item's S_0 (its Q loaded into a second buffer during this item); at d = 64 one
+ *               item's S_0 (its Q loaded into a second buffer during this item, where a tensor
+ *               copy brings it: a whole item); at d = 64 one
  *               in four exponentials runs on the FMA pipe (kva__hp_exp2_fma).
  *   out   = as prefill_kernel.cuh: O / l and LSE, or f32 partials for a split work item.
  *
@@ -129,7 +130,8 @@ struct kva__hopper_geom {
     static constexpr bool REVERSE = KVA__HP_ALIBI;
 #endif
     /* the next work item's S_0 issued with this item's last P V, its Q loaded during this item
-     * into a second buffer (see the consumer's tail): where a second Q fits (d <= 128). At d128
+     * into a second buffer (see the consumer's tail): where a second Q fits (d <= 128), and for
+     * next items whose Q a tensor copy brings (whole items, q_by_tma). At d128
      * paired H200 runs (v6.25) measured 32 x 512 +4-5%, ragged +7%, chunked +1.5% and the rows
      * from 2 x 8192 up level (it was 1-5% slower there before v6.15's uniform descriptors);
      * -DKVA__HP_XITEM=0/1 forces it (comparisons only: NVRTC builds of variants keep the
@@ -183,9 +185,9 @@ __device__ __forceinline__ int kva__hp_div_group(int r, uint32_t m) { return m ?
 #ifndef KVA__HP_DYNAMIC
 #define KVA__HP_DYNAMIC 1
 #endif
-/* Q by a tensor copy only where the K/V copy boxes hold at least this many keys: paged K/V of
- * 16-key pages take 16 copies per tile and column block, and a Q copy among them cost chunked
- * prefill 4.5% (v6.28) */
+/* Q by a tensor copy only where the K/V copy boxes hold at least this many keys (comparisons:
+ * -DKVA__HP_Q_TMA_MIN_BOX=64 gives paged K/V of small pages the consumers' own Q copies; v6.28
+ * measured chunked prefill (16-key pages) the same either way) */
 #ifndef KVA__HP_Q_TMA_MIN_BOX
 #define KVA__HP_Q_TMA_MIN_BOX 1
 #endif
@@ -324,22 +326,26 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
     const uint32_t tail_bar = bar_at(4 * G::STAGES);
     /* Who hands what to whom. The producer warpgroup's warp 1 (the scheduler) decides the
      * block's items and loads their Q; warp 0 streams their K/V tiles; warp 2 stores the O the
-     * consumers staged in shared memory. Item 0 (position blockIdx.x) every thread finds itself;
-     * so does it item m of the static walk. With tickets (dyn), item m >= 1's record
+     * consumers staged in shared memory. Item 0 (position blockIdx.x) every thread finds itself,
+     * and so every item of the static walk. With tickets (dyn), item m >= 1's record
      * (kva__hp_work; kh < 0: none left) reaches the others through slot (m - 1) % RING of the
      * block's ring in the workspace, whose "full" barrier the scheduler arrives on after
      * writing it; warp 0 reads it at the item's start, the store warp before the item's O, the
-     * consumers at the previous item's start (their loads land while they compute), each
-     * reading warp arriving on the slot's "empty" barrier once it used the record. (Global
-     * memory, not shared: racecheck does not follow mbarrier hand-overs of shared memory --
-     * ordinary stores or bulk copies -- and reported every slot.) The ticket of item m + 1 is
+     * consumers (with G::XITEM) at the previous item's start where it is published by then
+     * (their loads land while they compute), else in that item's tail (without G::XITEM after
+     * its epilogue), each reading warp arriving on the slot's "empty" barrier once it used the
+     * record. (Global memory, not shared: racecheck does not follow mbarrier hand-overs of
+     * shared memory and reported the slots -- every one with ordinary stores, 14 hazards with
+     * bulk copies filling them.) The ticket of item m + 1 is
      * drawn once warp 0 began item m (kv_top). Item m's Q goes to buffer m % Q_BUFS, by a
      * tensor copy where the item is whole (else the consumers copy it themselves: the
      * scheduler then only passes the buffer on, "q full"); the consumers stage the item's O in
      * the same buffer and arrive on "o full"; warp 2 stores it by tensor copies and arrives on
-     * "q empty", which the scheduler waits for before the buffer's next Q. The consumers thus
-     * only compute: the record's decoding, the Q copies and the O stores (~3300 cycles per
-     * item on their critical path before, v6.25 trace) run on other warps. */
+     * "q empty", which the scheduler waits for before the buffer's next Q. The record's
+     * decoding, whole items' Q copies and whole halves' O stores (~3300 cycles per item on the
+     * consumers' critical path before, v6.25 trace) thus run on other warps; the consumers still
+     * copy other items' Q, store O themselves at d64, for split items and halves that are not
+     * whole (or without the maps), and write the LSE. */
     auto slot_full = [&](int i) { return bar_at(4 * G::STAGES + 1 + i); };
     auto slot_empty = [&](int i) { return bar_at(4 * G::STAGES + 1 + G::RING + i); };
     const uint32_t kv_top = bar_at(4 * G::STAGES + 1 + 2 * G::RING);
@@ -1028,10 +1034,12 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
         const bool split = it.key_beg > 0 || it.key_end < it.kv_len;
         const int Hq = a.num_qo_heads;
         const uint32_t q_o = q_buf(qb); /* this item's Q rows: free since its last Q K^T */
-        /* O through shared memory: staged in my warpgroup's Q rows and written by the store warp
-         * as whole 16-byte chunks of each row (bench/NOTES.md, v6.17, v6.28). Needs 16-byte
-         * aligned rows of o (else the direct stores below). d64 stores directly (3-6% faster at
-         * 16k causal when the consumers stored the staged rows themselves). */
+        /* O through shared memory: staged in my warpgroup's Q rows and written by the store
+         * warp's tensor copies (bench/NOTES.md, v6.17, v6.28). Needs the O map (16-byte aligned
+         * o and strides, a group dividing 64: qo_maps & 2) and my whole 64-row half of an
+         * unsplit item (else the direct stores below). d64 stores directly (3-6% faster at 16k
+         * causal when the consumers stored the staged rows themselves; not re-measured with the
+         * store warp: -DKVA__HP_STAGED_MIN_D=64). */
         static_assert(sizeof(T) == 2, "the Hopper kernel is built for 16-bit elements");
         const bool staged = D >= KVA__HP_STAGED_MIN_D && !split && (ha.qo_maps & 2) && 64 % g == 0 && rows_o >= (cw + 1) * 64;
         /* (o_staged's test, which the store warp makes) */

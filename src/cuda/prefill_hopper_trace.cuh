@@ -27,7 +27,7 @@ enum {
     KVA__HPT_S0 = 2,       /* S_0's softmax done */
     KVA__HPT_LOOP = 3,     /* steady loop done */
     KVA__HPT_TAIL = 4,     /* last P V done (with the cross-item tail: the next S_0's softmax too) */
-    KVA__HPT_EPILOGUE = 5, /* o and lse written */
+    KVA__HPT_EPILOGUE = 5, /* epilogue done (staged O handed to the store warp) */
     KVA__HPT_TILES = 6,    /* the item's key tiles (a count, not a clock) */
     KVA__HPT_STAGED = 7    /* the epilogue's O normalised and lse written (O staged in shared
                               memory; where o is stored directly, those stores too) */

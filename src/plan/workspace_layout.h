@@ -76,7 +76,7 @@ typedef struct kva__plan_header {
                                 * into the run's first partial slot) */
     int64_t off_sched;         /* CUDA: u32 [KVA__SCHED_HEAD + KVA__SCHED_MAX_BLOCKS * KVA__SCHED_RING], the
                                 * Hopper prefill kernel's work tickets, finished blocks (both
-                                * zero between runs) and each block's next positions
+                                * zero between runs) and each block's work-record slots
                                 * (prefill_hopper.cuh) */
     int64_t off_scores;        /* f32 global-rowmax scratch (CPU decode) */
     int64_t rows_per_work;     /* qo_tile * num_qo_heads (decode: num_qo_heads) */
@@ -89,8 +89,8 @@ typedef struct kva__plan_header {
 /* The Hopper prefill kernel's dynamic work distribution (prefill_hopper.cuh): up to this many
  * persistent blocks (a larger grid walks statically). The region holds KVA__SCHED_HEAD words
  * (the ticket counter, the count of finished blocks, padding to 16 bytes), then per block
- * KVA__SCHED_RING words: 4 work-record slots of 16 words (bulk-copied from here into shared
- * memory, hence the alignment); its last word counts the tickets it drew (read by the tests). */
+ * KVA__SCHED_RING words: 4 work-record slots of 16 words (read with 16-byte loads, hence the
+ * alignment); its last word counts the tickets it drew (read by the tests). */
 #define KVA__SCHED_MAX_BLOCKS 1024
 #define KVA__SCHED_HEAD 4
 #define KVA__SCHED_RING 68
