@@ -42,12 +42,16 @@ cmake --build "$WORK/cmake/build" >/dev/null
 echo "find_package(kvattn): kvattn::kvattn ok, kvattn::kvattn_static ok ($(tail -1 "$WORK/out1.txt"))"
 
 # 3, 4: pkg-config
-export PKG_CONFIG_PATH="$(dirname "$(find "$PREFIX" -name kvattn.pc)")"
+PKG_CONFIG_PATH="$(dirname "$(find "$PREFIX" -name kvattn.pc)")"
+export PKG_CONFIG_PATH
+# (pkg-config's flags are meant to split into words)
+# shellcheck disable=SC2046
 cc -O2 examples/decode_step.c $(pkg-config --cflags --libs kvattn) -Wl,-rpath,"$(pkg-config --variable=libdir kvattn)" \
     -o "$WORK/decode_step_pc"
 "$WORK/decode_step_pc" >"$WORK/out3.txt"
 libdir=$(pkg-config --variable=libdir kvattn)
 # static: the archive in place of -lkvattn, then Libs.private (OpenMP, threads, libm, CUDA runtime)
+# shellcheck disable=SC2046
 cc -O2 examples/decode_step.c $(pkg-config --cflags kvattn) \
     $(pkg-config --static --libs kvattn | sed "s|-lkvattn|$libdir/libkvattn.a|") -o "$WORK/decode_step_pc_static"
 "$WORK/decode_step_pc_static" >"$WORK/out4.txt"

@@ -24,7 +24,7 @@
 # GPU_CHECK_TRACE=1 adds the Hopper prefill kernel's per-item phase trace (bench/hopper_trace, its
 # own build; GPU_CHECK_TRACE_DIMS head dims, default "64 128 256").
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 OUT=${OUT:-$PWD/gpu-check-out}
 BUILD=${BUILD:-build-gpu}
 TESTS=${GPU_CHECK_TESTS:-cuda}
@@ -59,7 +59,8 @@ fi
 run_tests() { # name, log, command...
     local name=$1 log=$2
     shift 2
-    local t=$(date +%s)
+    local t
+    t=$(date +%s)
     "$@" >"$OUT/$log" 2>&1
     local rc=$?
     local line

@@ -5,7 +5,7 @@
 # Exits non-zero if either fails. Without pytest or the extension the Python suite is skipped
 # with a note (under CI=true that is a failure: CI installs both).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 BUILD=${1:-build}
 PY=${PYTHON:-python3}
 py_rc=0
