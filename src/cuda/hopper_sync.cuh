@@ -28,7 +28,8 @@ __device__ __forceinline__ void kva__mbar_arrive_expect(uint32_t bar, uint32_t b
 __device__ __forceinline__ void kva__mbar_arrive(uint32_t bar) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
-/* Whether the phase of that parity has completed (no waiting). */
+/* Whether the phase of that parity has completed: test_wait answers at once, try_wait may
+ * first wait a while (a time the hardware chooses) for it. */
 __device__ __forceinline__ bool kva__mbar_test(uint32_t bar, uint32_t parity) {
     uint32_t done;
     asm volatile("{\n.reg .pred p;\nmbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
@@ -37,29 +38,23 @@ __device__ __forceinline__ bool kva__mbar_test(uint32_t bar, uint32_t parity) {
                  : "memory");
     return done != 0;
 }
-__device__ __forceinline__ void kva__mbar_wait(uint32_t bar, uint32_t parity) {
-    uint32_t done = 0;
-    do {
-        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-                     : "=r"(done)
-                     : "r"(bar), "r"(parity)
-                     : "memory");
-    } while (!done);
+__device__ __forceinline__ bool kva__mbar_try(uint32_t bar, uint32_t parity) {
+    uint32_t done;
+    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                 : "=r"(done)
+                 : "r"(bar), "r"(parity)
+                 : "memory");
+    return done != 0;
 }
-
+__device__ __forceinline__ void kva__mbar_wait(uint32_t bar, uint32_t parity) {
+    while (!kva__mbar_try(bar, parity)) {
+    }
+}
 /* The same for warps off the critical path that wait most of a work item (the Hopper prefill's
  * scheduler and store warps): a probe every ~256 ns instead of back-to-back probes, whose issue
  * slots and shared-memory traffic the computing warps of the same SM would lose. */
 __device__ __forceinline__ void kva__mbar_wait_idle(uint32_t bar, uint32_t parity) {
-    for (;;) {
-        uint32_t done;
-        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-                     : "=r"(done)
-                     : "r"(bar), "r"(parity)
-                     : "memory");
-        if (done) return;
-        __nanosleep(256);
-    }
+    while (!kva__mbar_try(bar, parity)) __nanosleep(256);
 }
 
 /* Tensor copies global -> shared through a tensor map (a __grid_constant__ kernel parameter),
