@@ -1006,6 +1006,13 @@ def case_chunked(F, l2, iters, gemm, dname="bf16", d=128):
     torch_res = time_torch(F, variants, rep, check, nsets, iters, o, ours_res.get("ours_state") == "ok")
     row = finish_case(row, ours_res, torch_res, attn_flops([nq], [nk], True, hq, d), gemm)
     ours.free()
+    # ours on the same keys contiguous (a ragged plan), what the prefill issue compares the paged
+    # row with (after torch, which compares its output with ours' in o)
+    contig = OurPrefill(hq, hk, d, True, [nq], [nk], q, o, kv_sets=list(zip(k, v)))
+    contig_res = ours_check_and_time(contig, check, o, nsets, iters)
+    contig.free()
+    if contig_res.get("ours_ms"):
+        row["ours_contig_ms"] = contig_res["ours_ms"]
     del q, kp, vp, k, v, o, tq, tk, tv, ours, check, mask
     torch.cuda.empty_cache()
     return row
@@ -1152,6 +1159,9 @@ def print_prefill_table(dev_name, date, res):
                 if name:
                     note = next((t["note"] for t in r.get("torch", []) if t["name"] == name), "")
                     notes.append("%s %s: torch %s = %s (%s)" % (r["kind"], col, col, name, note))
+        if r["kind"] == "chunked" and r.get("ours_contig_ms") and r.get("ours_ms"):
+            notes.append("chunked, ours on the same keys contiguous (ragged plan): %.3f ms; paged / "
+                         "contiguous time %.2f" % (r["ours_contig_ms"], r["ours_ms"] / r["ours_contig_ms"]))
         if r.get("ours_error"):
             notes.append("%s d%d %s %s: %s" % (r["dtype"], r["d"], row_label(r),
                                                "causal" if r["causal"] else "full", r["ours_error"]))

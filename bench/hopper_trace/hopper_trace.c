@@ -20,8 +20,13 @@
  * and, relative to warpgroup 0's top of the item, the producer's start / first copy / last copy,
  * the scheduler warp's Q buffer free / Q copy issued and the store warp's O handed over / O
  * stored.
- * --raw prints every item. Exits 1 if a launch left no trace (another kernel ran: run with
- * KVA_PREFILL_TMA_STRICT=1). Usage: hopper_trace [--raw] [head_dim ...]
+ * --raw prints every item; --chunked runs the README's chunked-prefill row instead (512 new tokens
+ * over a 16384-token prefix, causal), on contiguous keys and paged (shuffled pages of 16 tokens,
+ * or of each --page N given);
+ * --alibi-slopes passes ALiBi slopes as the modifier's caller data (for a measurement build whose
+ * bf16 Hopper kernel is the native ALiBi one; the plain kernel ignores them). Exits 1 if a launch
+ * left no trace (another kernel ran: run with KVA_PREFILL_TMA_STRICT=1).
+ * Usage: hopper_trace [--raw] [--chunked [--page N ...]] [--alibi-slopes] [head_dim ...]
  */
 #include "kvattn.h"
 
@@ -141,71 +146,183 @@ static int report(int raw) {
     return 1;
 }
 
+/* One traced case: warm-up, `reps` timed calls, the trace of the last; false if none was traced. */
+typedef struct trace_case {
+    kva_context *ctx;
+    kva_plan plan;
+    kva_attn_params p;
+    kva_tensor q, k, v, o;
+    const kva_kv_pages *pages; /* NULL: ragged */
+} trace_case;
+
+static kva_status run_case(trace_case *c) {
+    return c->pages ? kva_prefill_run_paged(c->ctx, &c->plan, &c->p, c->q, c->pages, c->o, NULL)
+                    : kva_prefill_run_ragged(c->ctx, &c->plan, &c->p, c->q, c->k, c->v, c->o, NULL);
+}
+
+static int time_and_report(trace_case *c, const char *label, double flop, int raw) {
+    for (int i = 0; i < 3; ++i) OK(run_case(c));
+    OK(kva_synchronize(c->ctx));
+    const int reps = 20;
+    const double t0 = now_us();
+    for (int i = 0; i < reps; ++i) OK(run_case(c));
+    OK(kva_synchronize(c->ctx));
+    const double us = (now_us() - t0) / reps;
+    if (kva__hp_trace_read(&trace[0][0][0][0], sizeof trace / sizeof(long long)) != 0) {
+        fprintf(stderr, "reading the trace failed\n");
+        exit(1);
+    }
+    printf("%s: %.1f us per call, %.0f TFLOP/s\n", label, us, flop / us * 1e-6);
+    return report(raw);
+}
+
+/* device copy of n random bf16 values (seed) */
+static void *upload_random(kva_context *ctx, size_t n, uint32_t seed) {
+    uint16_t *h = malloc(n * sizeof *h);
+    void *d = NULL;
+    if (!h) exit(1);
+    fill_bf16(h, n, seed);
+    OK(kva_malloc(ctx, n * 2, &d));
+    OK(kva_memcpy(ctx, d, h, n * 2, KVA_COPY_HOST_TO_DEVICE));
+    free(h);
+    return d;
+}
+
+static void *upload_slopes(kva_context *ctx, int Hq) {
+    float sl[256];
+    void *d = NULL;
+    kva_alibi_slopes(Hq, sl);
+    OK(kva_malloc(ctx, sizeof(float) * (size_t)Hq, &d));
+    OK(kva_memcpy(ctx, d, sl, sizeof(float) * (size_t)Hq, KVA_COPY_HOST_TO_DEVICE));
+    return d;
+}
+
+enum { Hq = 32, Hk = 8, CHUNK_NEW = 512, CHUNK_PREFIX = 16384 };
+
+/* Ragged: B x S tokens, K/V as long as Q. */
+static int ragged_case(kva_context *ctx, int D, int B, int S, int causal, void *user, int raw) {
+    const int T = B * S;
+    trace_case c;
+    memset(&c, 0, sizeof c);
+    c.ctx = ctx;
+    void *q = upload_random(ctx, (size_t)T * Hq * D, 1), *o = NULL;
+    void *k = upload_random(ctx, (size_t)T * Hk * D, 2), *v = upload_random(ctx, (size_t)T * Hk * D, 3);
+    OK(kva_malloc(ctx, (size_t)T * Hq * D * 2, &o));
+    int32_t *indptr = malloc(sizeof(int32_t) * (size_t)(B + 1));
+    if (!indptr) exit(1);
+    for (int b = 0; b <= B; ++b) indptr[b] = b * S;
+    const kva_plan_limits lim = {B, 0, T, T, Hq, Hk, D, 0, 0};
+    kva_workspace ws = {0};
+    OK(kva_prefill_workspace_size(ctx, &lim, &ws.device_bytes, &ws.host_bytes));
+    OK(kva_malloc(ctx, ws.device_bytes, &ws.device));
+    OK(kva_host_alloc(ctx, ws.host_bytes, &ws.host));
+    OK(kva_prefill_plan(ctx, &lim, B, indptr, indptr, NULL, 0, NULL, ws, &c.plan));
+    c.p = kva_attn_params_default(Hq, Hk, D);
+    c.p.causal = causal;
+    c.p.score_mod_user = user;
+    c.q = kva_tensor_nhd(q, KVA_BF16, Hq, D);
+    c.o = kva_tensor_nhd(o, KVA_BF16, Hq, D);
+    c.k = kva_tensor_nhd(k, KVA_BF16, Hk, D);
+    c.v = kva_tensor_nhd(v, KVA_BF16, Hk, D);
+    char label[64];
+    snprintf(label, sizeof label, "d%d %dx%d %s", D, B, S, causal ? "causal" : "full");
+    const int traced = time_and_report(&c, label, 4.0 * S * (double)S * Hq * D * B * (causal ? 0.5 : 1.0), raw);
+    kva_free(ctx, q);
+    kva_free(ctx, k);
+    kva_free(ctx, v);
+    kva_free(ctx, o);
+    kva_free(ctx, ws.device);
+    kva_host_free(ctx, ws.host);
+    free(indptr);
+    return traced;
+}
+
+/* The README's chunked-prefill row: CHUNK_NEW new tokens over a CHUNK_PREFIX-token prefix, causal
+ * (bottom-right), K/V in shuffled pages of ps tokens (paged) or the same keys contiguous
+ * (ragged): the two plans side by side. */
+static int chunked_case(kva_context *ctx, int D, int paged, int ps, void *user, int raw) {
+    const int nq = CHUNK_NEW, nk = CHUNK_PREFIX + CHUNK_NEW, np = (nk + ps - 1) / ps;
+    trace_case c;
+    memset(&c, 0, sizeof c);
+    c.ctx = ctx;
+    void *q = upload_random(ctx, (size_t)nq * Hq * D, 1), *o = NULL;
+    void *k = upload_random(ctx, (size_t)np * ps * Hk * D, 2), *v = upload_random(ctx, (size_t)np * ps * Hk * D, 3);
+    OK(kva_malloc(ctx, (size_t)nq * Hq * D * 2, &o));
+    int32_t *perm = malloc(sizeof(int32_t) * (size_t)np);
+    if (!perm) exit(1);
+    uint32_t seed = 7;
+    for (int i = 0; i < np; ++i) perm[i] = i;
+    for (int i = np - 1; i > 0; --i) { /* Fisher-Yates */
+        seed = seed * 1664525u + 1013904223u;
+        const int j = (int)((seed >> 8) % (uint32_t)(i + 1)), t = perm[i];
+        perm[i] = perm[j];
+        perm[j] = t;
+    }
+    const int32_t qo_indptr[2] = {0, nq}, kv_indptr[2] = {0, nk}, p_indptr[2] = {0, np};
+    const int32_t last = nk - (np - 1) * ps;
+    const kva_page_table table = {1, p_indptr, perm, &last};
+    const kva_plan_limits lim = {1, np, nk, nq, Hq, Hk, D, ps, 0};
+    kva_workspace ws = {0};
+    OK(kva_prefill_workspace_size(ctx, &lim, &ws.device_bytes, &ws.host_bytes));
+    OK(kva_malloc(ctx, ws.device_bytes, &ws.device));
+    OK(kva_host_alloc(ctx, ws.host_bytes, &ws.host));
+    kva_kv_pages pages = kva_kv_pages_separate(k, v, KVA_BF16, np, ps, Hk, D, KVA_LAYOUT_NHD);
+    if (paged) {
+        OK(kva_prefill_plan(ctx, &lim, 1, qo_indptr, NULL, &table, np, NULL, ws, &c.plan));
+        c.pages = &pages;
+    } else {
+        OK(kva_prefill_plan(ctx, &lim, 1, qo_indptr, kv_indptr, NULL, 0, NULL, ws, &c.plan));
+    }
+    c.p = kva_attn_params_default(Hq, Hk, D);
+    c.p.causal = 1;
+    c.p.score_mod_user = user;
+    c.q = kva_tensor_nhd(q, KVA_BF16, Hq, D);
+    c.o = kva_tensor_nhd(o, KVA_BF16, Hq, D);
+    c.k = kva_tensor_nhd(k, KVA_BF16, Hk, D);
+    c.v = kva_tensor_nhd(v, KVA_BF16, Hk, D);
+    char label[96];
+    if (paged) snprintf(label, sizeof label, "d%d chunked %d over %d, paged %d (shuffled)", D, nq, CHUNK_PREFIX, ps);
+    else snprintf(label, sizeof label, "d%d chunked %d over %d, contiguous (ragged plan)", D, nq, CHUNK_PREFIX);
+    /* keys visible to query i: nk - nq + i + 1 */
+    const double pairs = (double)nq * (nk - nq) + (double)nq * (nq + 1) / 2;
+    const int traced = time_and_report(&c, label, 4.0 * pairs * Hq * D, raw);
+    kva_free(ctx, q);
+    kva_free(ctx, k);
+    kva_free(ctx, v);
+    kva_free(ctx, o);
+    kva_free(ctx, ws.device);
+    kva_host_free(ctx, ws.host);
+    free(perm);
+    return traced;
+}
+
 int main(int argc, char **argv) {
-    int raw = 0, dims[8], ndims = 0, traced = 1;
+    int raw = 0, chunked = 0, alibi = 0, dims[8], ndims = 0, traced = 1, pages[8], npages = 0;
     for (int i = 1; i < argc; ++i) {
         if (!strcmp(argv[i], "--raw")) raw = 1;
+        else if (!strcmp(argv[i], "--chunked")) chunked = 1;
+        else if (!strcmp(argv[i], "--alibi-slopes")) alibi = 1;
+        else if (!strcmp(argv[i], "--page") && i + 1 < argc && npages < 8) pages[npages++] = atoi(argv[++i]);
         else if (ndims < 8) dims[ndims++] = atoi(argv[i]);
     }
     if (ndims == 0) dims[ndims++] = 128;
+    if (npages == 0) pages[npages++] = 16;
     kva_context *ctx = NULL;
     OK(kva_context_create(KVA_DEVICE_CUDA, 0, &ctx));
-    const int Hq = 32, Hk = 8, shapes[3][2] = {{32, 512}, {8, 2048}, {1, 16384}};
-    for (int di = 0; di < ndims; ++di)
+    void *user = alibi ? upload_slopes(ctx, Hq) : NULL;
+    if (user) printf("ALiBi slopes passed as the modifier's data\n");
+    const int shapes[3][2] = {{32, 512}, {8, 2048}, {1, 16384}};
+    for (int di = 0; di < ndims; ++di) {
+        if (chunked) {
+            traced &= chunked_case(ctx, dims[di], 0, 16, user, raw);
+            for (int pi = 0; pi < npages; ++pi) traced &= chunked_case(ctx, dims[di], 1, pages[pi], user, raw);
+            continue;
+        }
         for (int si = 0; si < 3; ++si)
-            for (int causal = 0; causal < 2; ++causal) {
-                const int D = dims[di], B = shapes[si][0], S = shapes[si][1], T = B * S;
-                const size_t qn = (size_t)T * Hq * D, kn = (size_t)T * Hk * D;
-                uint16_t *h = malloc(qn * sizeof *h);
-                int32_t *indptr = malloc(sizeof(int32_t) * (size_t)(B + 1));
-                void *q, *k, *v, *o;
-                if (!h || !indptr) return 1;
-                OK(kva_malloc(ctx, qn * 2, &q));
-                OK(kva_malloc(ctx, qn * 2, &o));
-                OK(kva_malloc(ctx, kn * 2, &k));
-                OK(kva_malloc(ctx, kn * 2, &v));
-                fill_bf16(h, qn, 1);
-                OK(kva_memcpy(ctx, q, h, qn * 2, KVA_COPY_HOST_TO_DEVICE));
-                fill_bf16(h, kn, 2);
-                OK(kva_memcpy(ctx, k, h, kn * 2, KVA_COPY_HOST_TO_DEVICE));
-                fill_bf16(h, kn, 3);
-                OK(kva_memcpy(ctx, v, h, kn * 2, KVA_COPY_HOST_TO_DEVICE));
-                for (int b = 0; b <= B; ++b) indptr[b] = b * S;
-                const kva_plan_limits lim = {B, 0, T, T, Hq, Hk, D, 0, 0};
-                kva_workspace ws = {0};
-                OK(kva_prefill_workspace_size(ctx, &lim, &ws.device_bytes, &ws.host_bytes));
-                OK(kva_malloc(ctx, ws.device_bytes, &ws.device));
-                OK(kva_host_alloc(ctx, ws.host_bytes, &ws.host));
-                kva_plan plan;
-                OK(kva_prefill_plan(ctx, &lim, B, indptr, indptr, NULL, 0, NULL, ws, &plan));
-                kva_attn_params p = kva_attn_params_default(Hq, Hk, D);
-                p.causal = causal;
-                const kva_tensor tq = kva_tensor_nhd(q, KVA_BF16, Hq, D), to = kva_tensor_nhd(o, KVA_BF16, Hq, D);
-                const kva_tensor tk = kva_tensor_nhd(k, KVA_BF16, Hk, D), tv = kva_tensor_nhd(v, KVA_BF16, Hk, D);
-                for (int i = 0; i < 3; ++i) OK(kva_prefill_run_ragged(ctx, &plan, &p, tq, tk, tv, to, NULL));
-                OK(kva_synchronize(ctx));
-                const int reps = 20;
-                const double t0 = now_us();
-                for (int i = 0; i < reps; ++i) OK(kva_prefill_run_ragged(ctx, &plan, &p, tq, tk, tv, to, NULL));
-                OK(kva_synchronize(ctx));
-                const double us = (now_us() - t0) / reps;
-                const double flop = 4.0 * S * (double)S * Hq * D * B * (causal ? 0.5 : 1.0);
-                if (kva__hp_trace_read(&trace[0][0][0][0], sizeof trace / sizeof(long long)) != 0) {
-                    fprintf(stderr, "reading the trace failed\n");
-                    return 1;
-                }
-                printf("d%d %dx%d %s: %.1f us per call, %.0f TFLOP/s\n", D, B, S, causal ? "causal" : "full", us,
-                       flop / us * 1e-6);
-                traced &= report(raw);
-                kva_free(ctx, q);
-                kva_free(ctx, k);
-                kva_free(ctx, v);
-                kva_free(ctx, o);
-                kva_free(ctx, ws.device);
-                kva_host_free(ctx, ws.host);
-                free(h);
-                free(indptr);
-            }
+            for (int causal = 0; causal < 2; ++causal)
+                traced &= ragged_case(ctx, dims[di], shapes[si][0], shapes[si][1], causal, user, raw);
+    }
+    if (user) kva_free(ctx, user);
     kva_context_destroy(ctx);
     return traced ? 0 : 1;
 }
