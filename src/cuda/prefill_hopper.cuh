@@ -15,12 +15,12 @@
  *     producer  (warpgroup 0, 72 registers): warp 1 (the scheduler) draws the tickets, hands
  *               the items' records to the other warps and loads a whole item's Q by one tensor
  *               copy; warp 2 writes the O the consumers staged by tensor copies (see "who hands
- *               what to whom" in the kernel); warp 0 streams K and V tiles of BN keys into a
- *               2-stage ring with tensor copies (TMA) that complete on "full" mbarriers, and
- *               waits on "empty" mbarriers before reusing a stage. Ragged K/V: one 4-d copy per
+ *               what to whom" in the kernel); warps 0 and 3 stream the K and the V tiles of
+ *               BN keys into a 2-stage ring with tensor copies (TMA) that complete on "full"
+ *               mbarriers, and wait on "empty" mbarriers before reusing a stage. Ragged K/V: one 4-d copy per
  *               tile (dims: 64 elements, token, head, 64-element column block). Paged K/V: one
  *               5-d copy per box of `box_rows` keys and column block (box_rows divides the page
- *               size and BN, so a box never crosses a page); the warp's lanes load page ids
+ *               size and BN, so a box never crosses a page); each warp's lanes load page ids
  *               and issue boxes in parallel. Out-of-range V rows of the last tile are zeroed
  *               (0 * inf would poison P V).
  *     consumers (warpgroups 1 and 2, 216 registers): 64 rows each. Per key tile j:
@@ -79,6 +79,10 @@
 #define KVA__HP_ALIBI true
 #else
 #define KVA__HP_ALIBI false
+#endif
+/* (-DKVA__HP_ALIBI_TENSOR=0: every row's bias by an FFMA per score, no extra k-step) */
+#ifndef KVA__HP_ALIBI_TENSOR
+#define KVA__HP_ALIBI_TENSOR 1
 #endif
 
 /* (-DKVA__HP_POS_RESERVE=0 leaves the reservation below out of the library's own builds: a
@@ -190,6 +194,14 @@ __device__ __forceinline__ int kva__hp_div_group(int r, uint32_t m) { return m ?
  * measured chunked prefill (16-key pages) the same either way) */
 #ifndef KVA__HP_Q_TMA_MIN_BOX
 #define KVA__HP_Q_TMA_MIN_BOX 1
+#endif
+/* K and V tiles issued by two producer warps (0: K, 3: V) instead of warp 0 alone: a paged tile
+ * of small pages takes one tensor copy per page and column block (16 per tile and operand at
+ * page 16, d128), and one warp issuing them all left the consumers waiting (chunked prefill over
+ * 16-key pages 1.6x slower than over contiguous K/V, v6.29). -DKVA__HP_KV_WARPS=1: warp 0 both
+ * (comparisons) */
+#ifndef KVA__HP_KV_WARPS
+#define KVA__HP_KV_WARPS 2
 #endif
 /* the smallest head dim whose O is staged in shared memory for the store warp (see the
  * epilogue; -DKVA__HP_STAGED_MIN_D=64 stages d64 too, comparisons) */
@@ -325,12 +337,12 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
     auto empty_v = [&](int s) { return bar_at(3 * G::STAGES + s); };
     const uint32_t tail_bar = bar_at(4 * G::STAGES);
     /* Who hands what to whom. The producer warpgroup's warp 1 (the scheduler) decides the
-     * block's items and loads their Q; warp 0 streams their K/V tiles; warp 2 stores the O the
-     * consumers staged in shared memory. Item 0 (position blockIdx.x) every thread finds itself,
+     * block's items and loads their Q; warps 0 and 3 stream their K and V tiles; warp 2 stores
+     * the O the consumers staged in shared memory. Item 0 (position blockIdx.x) every thread finds itself,
      * and so every item of the static walk. With tickets (dyn), item m >= 1's record
      * (kva__hp_work; kh < 0: none left) reaches the others through slot (m - 1) % RING of the
      * block's ring in the workspace, whose "full" barrier the scheduler arrives on after
-     * writing it; warp 0 reads it at the item's start, the store warp before the item's O, the
+     * writing it; warps 0 and 3 read it at the item's start, the store warp before the item's O, the
      * consumers (with G::XITEM) at the previous item's start where it is published by then
      * (their loads land while they compute), else in that item's tail (without G::XITEM after
      * its epilogue), each reading warp arriving on the slot's "empty" barrier once it used the
@@ -412,7 +424,8 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
         kva__mbar_init(tail_bar, 1);
         for (int i = 0; i < G::RING; ++i) {
             kva__mbar_init(slot_full(i), 1);
-            kva__mbar_init(slot_empty(i), 1 + 8 + 1); /* warp 0, the consumer warps, the store warp */
+            /* the K/V producer warps, the consumer warps, the store warp */
+            kva__mbar_init(slot_empty(i), KVA__HP_KV_WARPS + 8 + 1);
         }
         kva__mbar_init(kv_top, 1);
         for (int b = 0; b < G::Q_BUFS; ++b) {
@@ -534,12 +547,14 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
             if (lane == 0) kva__bulk_wait(); /* (every copy's writes done before the block ends) */
             return;
         }
-        if (warp != 0) return;
-        /* ================= K/V producer ================= */
+        if (warp != 0 && (KVA__HP_KV_WARPS == 1 || warp != 3)) return;
+        /* ================= K/V producers ================= */
+        /* (warp 0 issues K and draws the pace of tickets, kv_top; warp 3 V -- or warp 0 both) */
+        const bool k_warp = warp == 0, v_warp = warp == 3 || KVA__HP_KV_WARPS == 1;
         const void *kmap = &ha.k_map, *vmap = &ha.v_map;
         if (lane == 0) {
-            kva__tma_prefetch_map(kmap);
-            kva__tma_prefetch_map(vmap);
+            if (k_warp) kva__tma_prefetch_map(kmap);
+            if (v_warp) kva__tma_prefetch_map(vmap);
         }
         /* tiles produced so far (stage and phase run on across work items), tail uses */
         uint32_t gt = 0, tails = 0;
@@ -548,12 +563,14 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
                 work_fetch(m, wk);
                 const bool more = wk.kh >= 0;
                 work_done(m);
-                if (dyn && lane == 0) kva__mbar_arrive(kv_top);
+                if (dyn && k_warp && lane == 0) kva__mbar_arrive(kv_top);
                 if (!more) break;
             }
             const int kv_beg = wk.it.kv_beg, kh = wk.kh, lo = wk.lo, hi = wk.hi, lo_al = wk.lo_al, n_tiles = wk.n_tiles;
-            KVA__HP_TRACE_AT(0, m, KVA__HPT_P_START, clock64());
-            KVA__HP_TRACE_AT(0, m, KVA__HPT_TILES, n_tiles);
+            if (k_warp) {
+                KVA__HP_TRACE_AT(0, m, KVA__HPT_P_START, clock64());
+                KVA__HP_TRACE_AT(0, m, KVA__HPT_TILES, n_tiles);
+            }
             const int nbox = BN / box;
             /* issues the copies of tile j of K (which 0) or V (1) onto barrier `bar`; returns the
              * bytes announced (by lane 0, before any copy is issued) */
@@ -586,9 +603,12 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
                 const int s = (int)((gt + jn) % G::STAGES);
                 const uint32_t ph = ((gt + jn) / G::STAGES) & 1u;
                 const int j = G::REVERSE ? n_tiles - 1 - jn : jn; /* the tile's place in key order */
-                kva__mbar_wait(empty_k(s), ph ^ 1u);
-                if (jn == 0) KVA__HP_TRACE_AT(0, m, KVA__HPT_P_FIRST, clock64());
-                load_tile(0, j, k_stage(s), full_k(s));
+                if (k_warp) {
+                    kva__mbar_wait(empty_k(s), ph ^ 1u);
+                    if (jn == 0) KVA__HP_TRACE_AT(0, m, KVA__HPT_P_FIRST, clock64());
+                    load_tile(0, j, k_stage(s), full_k(s));
+                }
+                if (!v_warp) continue;
                 kva__mbar_wait(empty_v(s), ph ^ 1u);
                 const kva__hp_tile t = kva__hp_tile_of<BN>(j, lo, lo_al, hi, paged);
                 /* V rows outside [kmin, hi) that may hold another request's values or stale data */
@@ -614,7 +634,7 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
                     if (lane == 0) kva__mbar_arrive(full_v(s));
                 }
             }
-            KVA__HP_TRACE_AT(0, m, KVA__HPT_P_LAST, clock64());
+            if (k_warp) KVA__HP_TRACE_AT(0, m, KVA__HPT_P_LAST, clock64());
             gt += (uint32_t)n_tiles;
         }
         return;
@@ -650,7 +670,7 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
     };
     const bool capped = a.cap_log2 > 0.0f;
     /* with a variant (KVA__HAS_SCORE_MOD) scores reach the softmax in natural-log units
-     * (native ALiBi: raw or capped like the built-in path's, the bias in them or in alibi_off) */
+     * (native ALiBi: raw or capped like the built-in path's, the bias in them or in alibi_pre/_post) */
     const float mul = KVA__HAS_SCORE_MOD && !KVA__HP_ALIBI ? KVA__PF_LOG2E : capped ? 1.0f : a.scale_log2;
     if (cw == 1) turn_pass();
 
@@ -706,7 +726,7 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
                 const int r = row_base + (lane >> 2) + 8 * h, t = kva__hp_div_group(r, g_magic);
                 const float slope = ((const float *)a.mod_user)[kh * g + (r - t * g)] * KVA__PF_LOG2E;
                 const float raw = slope / a.scale_log2;
-                const bool tensor = !capped && fabsf(raw) < 16384.0f; /* (NaN: FFMAs, NaN rows) */
+                const bool tensor = KVA__HP_ALIBI_TENSOR && !capped && fabsf(raw) < 16384.0f; /* (NaN: FFMAs) */
                 alibi_slope[h] = slope;
                 alibi_ffma[h] = tensor ? 0.0f : capped ? slope : raw;
                 const float s = tensor ? raw : 0.0f;
@@ -758,7 +778,7 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
             const uint64_t db = kva__wgmma_desc_add(kd0, blk * BN * 128 + (kd & 3) * 32);
             kva__wgmma_ss<T, BN>(&sc[0][0], da, db, kd > 0);
         }
-        if constexpr (KVA__HP_ALIBI) kva__wgmma_rs_kmajor<T, BN>(&sc[0][0], alibi_a, pos_desc);
+        if constexpr (KVA__HP_ALIBI && KVA__HP_ALIBI_TENSOR) kva__wgmma_rs_kmajor<T, BN>(&sc[0][0], alibi_a, pos_desc);
         kva__wgmma_commit();
     };
     auto issue_pv = [&](int s) {
@@ -805,24 +825,26 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
                     }
             }
         }
-        /* native ALiBi: the tile's per-row constant slope * (kb - q), log2 units, where the tensor
-         * cores added slope * (key - kb) to the raw scores */
-        float alibi_off[2] = {0.0f, 0.0f};
+        /* native ALiBi, row h's bias slope * (key - q) for key = kb + 2 (lane % 4) + 8 nt + e % 2:
+         * where the tensor cores added slope * (key - kb) to the raw scores, the tile's per-row
+         * constant slope * (kb - q) (log2 units) is added to the row max and the exponent's
+         * offset (alibi_post); elsewhere one FFMA per score adds slope * (8 nt + e % 2) (an
+         * immediate) and my lanes' constant slope * (kb + 2 (lane % 4) - q), in the scores'
+         * units (log2 after a cap), goes into my lane's max before the row's shuffles and into
+         * the exponent's offset (alibi_pre). Masked scores stay -inf. */
+        float alibi_pre[2] = {0.0f, 0.0f}, alibi_post[2] = {0.0f, 0.0f};
         if constexpr (KVA__HP_ALIBI) {
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
-                if (alibi_ffma[h] == 0.0f) {
-                    alibi_off[h] = alibi_slope[h] * (float)(t.kb - alibi_q[h]);
+                if (KVA__HP_ALIBI_TENSOR && alibi_ffma[h] == 0.0f) {
+                    alibi_post[h] = alibi_slope[h] * (float)(t.kb - alibi_q[h]);
                 } else {
-                    /* y = score + slope * (key - q) in the scores' units (after a cap: log2), key =
-                     * kb + 2 (lane % 4) + 8 nt + e: a base per row and tile and an immediate per
-                     * score (masked scores stay -inf) */
-                    const float base = alibi_ffma[h] * (float)(t.kb + 2 * (lane & 3) - alibi_q[h]);
+                    alibi_pre[h] = alibi_ffma[h] * (float)(t.kb + 2 * (lane & 3) - alibi_q[h]);
 #pragma unroll
                     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
                         for (int e = 2 * h; e < 2 * h + 2; ++e)
-                            sc[nt][e] = fmaf(alibi_ffma[h], (float)(nt * 8 + (e & 1)), sc[nt][e] + base);
+                            sc[nt][e] = fmaf(alibi_ffma[h], (float)(nt * 8 + (e & 1)), sc[nt][e]);
                 }
             }
         } else if constexpr (KVA__HAS_SCORE_MOD) /* a variant's modifier (prefill_kernel.cuh) */
@@ -840,10 +862,11 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt) tr[nt] = fmaxf(sc[nt][2 * h], sc[nt][2 * h + 1]);
             float mx = kva__hp_tree<NT, true>(tr);
+            if constexpr (KVA__HP_ALIBI) mx += alibi_pre[h];
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
             float ms = __fmul_rn(mx, mul);
-            if constexpr (KVA__HP_ALIBI) ms = __fadd_rn(ms, alibi_off[h]);
+            if constexpr (KVA__HP_ALIBI) ms = __fadd_rn(ms, alibi_post[h]);
             /* as prefill_kernel.cuh: a row whose visible scores all left f32 range keeps
              * -FLT_MAX as its max, which the epilogue turns into NaN */
             if (ms == -INFINITY && (mx != -INFINITY || (!KVA__HAS_SCORE_MOD && !need_mask)))
@@ -860,7 +883,7 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
             const float m_use = m_new == -INFINITY ? 0.0f : m_new;
             const float alpha = exp2f(m_st[h] - m_use);
             m_st[h] = m_new;
-            const float sub = KVA__HP_ALIBI ? alibi_off[h] - m_use : -m_use;
+            const float sub = KVA__HP_ALIBI ? fmaf(alibi_pre[h], mul, alibi_post[h]) - m_use : -m_use;
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt) {
                 const float x0 = fmaf(sc[nt][2 * h], mul, sub), x1 = fmaf(sc[nt][2 * h + 1], mul, sub);
