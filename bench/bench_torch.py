@@ -950,7 +950,8 @@ def case_ragged(F, l2, iters, gemm, dname="bf16", d=128, causal=True):
 
 def case_chunked(F, l2, iters, gemm, dname="bf16", d=128):
     """512 new tokens over a 16384-token cached prefix (kv_len 16896), causal bottom-right.
-    Ours paged (page 16, shuffled); torch on contiguous K/V."""
+    Ours paged (page 16, shuffled), then ours on the same keys contiguous (ragged plan, the
+    issue's comparison); torch on contiguous K/V."""
     tdt = PF_DTYPES[dname]
     hq, hk, g = PF_HQ, PF_HK, PF_HQ // PF_HK
     nq, nk, ps = CHUNK_NEW, CHUNK_PREFIX + CHUNK_NEW, CHUNK_PAGE
@@ -1013,6 +1014,9 @@ def case_chunked(F, l2, iters, gemm, dname="bf16", d=128):
     contig.free()
     if contig_res.get("ours_ms"):
         row["ours_contig_ms"] = contig_res["ours_ms"]
+    else:  # (failed, unsupported or inaccurate: said in the notes)
+        row["ours_contig_error"] = "%s, rel err %s: %s" % (
+            contig_res.get("ours_state"), contig_res.get("rel_err_ref"), contig_res.get("ours_error", ""))
     del q, kp, vp, k, v, o, tq, tk, tv, ours, check, mask
     torch.cuda.empty_cache()
     return row
@@ -1159,6 +1163,8 @@ def print_prefill_table(dev_name, date, res):
                 if name:
                     note = next((t["note"] for t in r.get("torch", []) if t["name"] == name), "")
                     notes.append("%s %s: torch %s = %s (%s)" % (r["kind"], col, col, name, note))
+        if r.get("ours_contig_error"):
+            notes.append("chunked, ours on the same keys contiguous: no time (%s)" % r["ours_contig_error"])
         if r["kind"] == "chunked" and r.get("ours_contig_ms") and r.get("ours_ms"):
             notes.append("chunked, ours on the same keys contiguous (ragged plan): %.3f ms; paged / "
                          "contiguous time %.2f" % (r["ours_contig_ms"], r["ours_ms"] / r["ours_contig_ms"]))

@@ -17,7 +17,8 @@
  *   store      the staged buffer handed to the store warp (whose copies are its O handed over
  *              -> O stored, below)
  *   gap        until the next item's top
- * and, relative to warpgroup 0's top of the item, the producer's start / first copy / last copy,
+ * and, relative to warpgroup 0's top of the item, the K producer's start / first copy / last copy
+ * (warp 0; the V warp's copies are not traced),
  * the scheduler warp's Q buffer free / Q copy issued and the store warp's O handed over / O
  * stored.
  * --raw prints every item; --chunked runs the README's chunked-prefill row instead (512 new tokens
@@ -238,8 +239,9 @@ static int ragged_case(kva_context *ctx, int D, int B, int S, int causal, void *
 }
 
 /* The README's chunked-prefill row: CHUNK_NEW new tokens over a CHUNK_PREFIX-token prefix, causal
- * (bottom-right), K/V in shuffled pages of ps tokens (paged) or the same keys contiguous
- * (ragged): the two plans side by side. */
+ * (bottom-right), K/V in shuffled pages of ps tokens (paged) or the pool read in its physical
+ * order as one contiguous sequence (ragged; other keys than the paged case's, the same amount):
+ * the two plans side by side, for timing. */
 static int chunked_case(kva_context *ctx, int D, int paged, int ps, void *user, int raw) {
     const int nq = CHUNK_NEW, nk = CHUNK_PREFIX + CHUNK_NEW, np = (nk + ps - 1) / ps;
     trace_case c;
@@ -302,7 +304,14 @@ int main(int argc, char **argv) {
         if (!strcmp(argv[i], "--raw")) raw = 1;
         else if (!strcmp(argv[i], "--chunked")) chunked = 1;
         else if (!strcmp(argv[i], "--alibi-slopes")) alibi = 1;
-        else if (!strcmp(argv[i], "--page") && i + 1 < argc && npages < 8) pages[npages++] = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--page")) {
+            const int ps = i + 1 < argc ? atoi(argv[++i]) : 0;
+            if (ps < 1 || npages == 8) {
+                fprintf(stderr, "--page needs a page size >= 1 (at most 8 of them)\n");
+                return 2;
+            }
+            pages[npages++] = ps;
+        }
         else if (ndims < 8) dims[ndims++] = atoi(argv[i]);
     }
     if (ndims == 0) dims[ndims++] = 128;

@@ -298,11 +298,12 @@ extern "C" kva_status kva__cuda_plan_upload(kva_context *ctx, void *device_part,
     cudaStream_t s = kva__stream(ctx);
     KVA_CUDA_TRY(cudaMemcpyAsync(device_part, host_part, bytes, cudaMemcpyHostToDevice, s));
     /* Merge counters and prefill work tickets start at zero (a run's last block leaves them at
-     * zero again). */
+     * zero again): the counters up to the scheduling region, then its head words only (its
+     * per-block record slots, 272 KB, are written before they are read) */
     const kva__plan_header *h = (const kva__plan_header *)host_part;
-    if (h->off_scores > h->off_counters)
-        KVA_CUDA_TRY(cudaMemsetAsync((char *)device_part + h->off_counters, 0,
-                                     (size_t)(h->off_scores - h->off_counters), s));
+    const int64_t clear_end = h->off_scores > h->off_sched ? h->off_sched + 4 * KVA__SCHED_HEAD : h->off_scores;
+    if (clear_end > h->off_counters)
+        KVA_CUDA_TRY(cudaMemsetAsync((char *)device_part + h->off_counters, 0, (size_t)(clear_end - h->off_counters), s));
     int slot = upload_slot_of(priv, host_part);
     if (slot < 0) {
         /* Reuse the oldest slot; its upload must be over before we forget it. */

@@ -72,9 +72,11 @@
  * |slope / scale| >= 2^14, beyond f16's range, adds its bias with FFMAs) and whose B operand is a
  * constant tile of column offsets 0 .. BN-1 in shared memory (exact in 16 bits) -- and the second
  * is a per-row constant of the tile, folded into the exponent's FFMA and the row max. With a soft
- * cap the bias must follow the cap, so the slopes stay 0 there and the scores take two FFMAs
- * after the cap (one per-row base per tile, one immediate column offset per score); the rows of
- * out-of-range slopes take the same two FFMAs on their raw scores (see alibi_rows). */
+ * cap the bias must follow the cap, so the slopes stay 0 there and each score takes one FFMA
+ * after the cap (an immediate column offset), the lane's base going into its partial row max and
+ * the exponent's offset; the rows of out-of-range slopes take the same FFMA on their raw scores
+ * (see alibi_rows and the softmax). Measured (v6.29): the k-step costs +7.5% per key tile at
+ * d128, the FFMA form for every row (-DKVA__HP_ALIBI_TENSOR=0) +11.6%. */
 #if defined(KVA_VARIANT_ALIBI_SLOPES) && defined(KVA__FN_IS_KVA_ALIBI)
 #define KVA__HP_ALIBI true
 #else
@@ -203,6 +205,7 @@ __device__ __forceinline__ int kva__hp_div_group(int r, uint32_t m) { return m ?
 #ifndef KVA__HP_KV_WARPS
 #define KVA__HP_KV_WARPS 2
 #endif
+static_assert(KVA__HP_KV_WARPS == 1 || KVA__HP_KV_WARPS == 2, "KVA__HP_KV_WARPS: 1 or 2 producer warps");
 /* the smallest head dim whose O is staged in shared memory for the store warp (see the
  * epilogue; -DKVA__HP_STAGED_MIN_D=64 stages d64 too, comparisons) */
 #ifndef KVA__HP_STAGED_MIN_D
@@ -392,9 +395,11 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
         }
     };
     /* work_fetch where item m's record is already published (static walk: always); false
-     * without waiting where not */
+     * without waiting where not. (The warp decides together -- published if any lane saw it, and
+     * work_fetch's own wait then returns at once -- so that its lanes never split here.) */
     auto work_try_fetch = [&](int m, kva__hp_work &w) -> bool {
-        if (dyn && !kva__mbar_test(slot_full((m - 1) % G::RING), (uint32_t)((m - 1) / G::RING) & 1u)) return false;
+        if (dyn && !__any_sync(0xffffffffu, kva__mbar_test(slot_full((m - 1) % G::RING), (uint32_t)((m - 1) / G::RING) & 1u)))
+            return false;
         work_fetch(m, w);
         return true;
     };
@@ -549,7 +554,10 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
         }
         if (warp != 0 && (KVA__HP_KV_WARPS == 1 || warp != 3)) return;
         /* ================= K/V producers ================= */
-        /* (warp 0 issues K and draws the pace of tickets, kv_top; warp 3 V -- or warp 0 both) */
+        /* (warp 0 issues K and sets the pace of tickets, kv_top; warp 3 V -- or warp 0 both. With
+         * two warps warp 0 may run up to STAGES tiles ahead of V, so tickets are drawn up to that
+         * much earlier than with one: ragged batches measured level, 469-491 TFLOP/s against
+         * 460-488, v6.29) */
         const bool k_warp = warp == 0, v_warp = warp == 3 || KVA__HP_KV_WARPS == 1;
         const void *kmap = &ha.k_map, *vmap = &ha.v_map;
         if (lane == 0) {
@@ -829,7 +837,7 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
          * where the tensor cores added slope * (key - kb) to the raw scores, the tile's per-row
          * constant slope * (kb - q) (log2 units) is added to the row max and the exponent's
          * offset (alibi_post); elsewhere one FFMA per score adds slope * (8 nt + e % 2) (an
-         * immediate) and my lanes' constant slope * (kb + 2 (lane % 4) - q), in the scores'
+         * immediate) and my lane's constant slope * (kb + 2 (lane % 4) - q), in the scores'
          * units (log2 after a cap), goes into my lane's max before the row's shuffles and into
          * the exponent's offset (alibi_pre). Masked scores stay -inf. */
         float alibi_pre[2] = {0.0f, 0.0f}, alibi_post[2] = {0.0f, 0.0f};

@@ -32,7 +32,8 @@ enum {
     KVA__HPT_STAGED = 7    /* the epilogue's O normalised and lse written (O staged in shared
                               memory; where o is stored directly, those stores too) */
 };
-/* producer warpgroup points (and KVA__HPT_TILES): the K/V producer's, the scheduler warp's (item
+/* producer warpgroup points (and KVA__HPT_TILES): the K producer's (warp 0; the V warp's copies
+ * are not traced), the scheduler warp's (item
  * m's buffer free: its Q copy begins; the copy issued or the buffer passed on) and the store
  * warp's (item m's O handed over; its copies read and the buffer freed) */
 enum {
