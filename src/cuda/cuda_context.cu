@@ -67,9 +67,11 @@ bool kva__decode_kernel_for(const kva_context *ctx, kva_dtype dtype, int head_di
     choice->nt = nt;
     choice->sub = sub;
     choice->nsub = nsub;
-    /* KVA_DECODE_GROUP_PATH=subgroups keeps the sub-group kernel (tests, comparisons) */
+    /* KVA_DECODE_GROUP_PATH=subgroups keeps the sub-group kernel, =prefill sends every group the
+     * Hopper prefill kernel can take there (tests, comparisons) */
     const char *force = getenv("KVA_DECODE_GROUP_PATH");
-    choice->via_prefill = priv && priv->prefill_path == KVA__PREFILL_HOPPER && gr == 0 && nsub > 1 &&
+    const bool force_prefill = force && strcmp(force, "prefill") == 0;
+    choice->via_prefill = priv && priv->prefill_path == KVA__PREFILL_HOPPER && gr == 0 && (nsub > 1 || force_prefill) &&
                           group <= KVA__PREFILL_ROWS_LARGE && dtype != KVA_F32 &&
                           (head_dim == 64 || head_dim == 128 || head_dim == 256) &&
                           !(force && strcmp(force, "subgroups") == 0);
