@@ -200,40 +200,58 @@ static void *upload_slopes(kva_context *ctx, int Hq) {
 
 enum { Hq = 32, Hk = 8, CHUNK_NEW = 512, CHUNK_PREFIX = 16384 };
 
+/* A case's device memory: q / o of nq tokens, k / v of nkv rows (random bf16), the workspace for
+ * `lim`; and the case's params and tensors over them. */
+typedef struct case_memory {
+    void *q, *o, *k, *v;
+    kva_workspace ws;
+} case_memory;
+
+static void case_setup(trace_case *c, case_memory *m, kva_context *ctx, int D, int nq, int nkv,
+                       const kva_plan_limits *lim, int causal, void *user) {
+    memset(c, 0, sizeof *c);
+    memset(m, 0, sizeof *m);
+    c->ctx = ctx;
+    m->q = upload_random(ctx, (size_t)nq * Hq * D, 1);
+    m->k = upload_random(ctx, (size_t)nkv * Hk * D, 2);
+    m->v = upload_random(ctx, (size_t)nkv * Hk * D, 3);
+    OK(kva_malloc(ctx, (size_t)nq * Hq * D * 2, &m->o));
+    OK(kva_prefill_workspace_size(ctx, lim, &m->ws.device_bytes, &m->ws.host_bytes));
+    OK(kva_malloc(ctx, m->ws.device_bytes, &m->ws.device));
+    OK(kva_host_alloc(ctx, m->ws.host_bytes, &m->ws.host));
+    c->p = kva_attn_params_default(Hq, Hk, D);
+    c->p.causal = causal;
+    c->p.score_mod_user = user;
+    c->q = kva_tensor_nhd(m->q, KVA_BF16, Hq, D);
+    c->o = kva_tensor_nhd(m->o, KVA_BF16, Hq, D);
+    c->k = kva_tensor_nhd(m->k, KVA_BF16, Hk, D);
+    c->v = kva_tensor_nhd(m->v, KVA_BF16, Hk, D);
+}
+
+static void case_free(kva_context *ctx, case_memory *m) {
+    kva_free(ctx, m->q);
+    kva_free(ctx, m->k);
+    kva_free(ctx, m->v);
+    kva_free(ctx, m->o);
+    kva_free(ctx, m->ws.device);
+    kva_host_free(ctx, m->ws.host);
+}
+
 /* Ragged: B x S tokens, K/V as long as Q. */
 static int ragged_case(kva_context *ctx, int D, int B, int S, int causal, void *user, int raw) {
     const int T = B * S;
+    const kva_plan_limits lim = {B, 0, T, T, Hq, Hk, D, 0, 0};
     trace_case c;
-    memset(&c, 0, sizeof c);
-    c.ctx = ctx;
-    void *q = upload_random(ctx, (size_t)T * Hq * D, 1), *o = NULL;
-    void *k = upload_random(ctx, (size_t)T * Hk * D, 2), *v = upload_random(ctx, (size_t)T * Hk * D, 3);
-    OK(kva_malloc(ctx, (size_t)T * Hq * D * 2, &o));
+    case_memory m;
+    case_setup(&c, &m, ctx, D, T, T, &lim, causal, user);
     int32_t *indptr = malloc(sizeof(int32_t) * (size_t)(B + 1));
     if (!indptr) exit(1);
     for (int b = 0; b <= B; ++b) indptr[b] = b * S;
-    const kva_plan_limits lim = {B, 0, T, T, Hq, Hk, D, 0, 0};
-    kva_workspace ws = {0};
-    OK(kva_prefill_workspace_size(ctx, &lim, &ws.device_bytes, &ws.host_bytes));
-    OK(kva_malloc(ctx, ws.device_bytes, &ws.device));
-    OK(kva_host_alloc(ctx, ws.host_bytes, &ws.host));
-    OK(kva_prefill_plan(ctx, &lim, B, indptr, indptr, NULL, 0, NULL, ws, &c.plan));
-    c.p = kva_attn_params_default(Hq, Hk, D);
-    c.p.causal = causal;
-    c.p.score_mod_user = user;
-    c.q = kva_tensor_nhd(q, KVA_BF16, Hq, D);
-    c.o = kva_tensor_nhd(o, KVA_BF16, Hq, D);
-    c.k = kva_tensor_nhd(k, KVA_BF16, Hk, D);
-    c.v = kva_tensor_nhd(v, KVA_BF16, Hk, D);
+    OK(kva_prefill_plan(ctx, &lim, B, indptr, indptr, NULL, 0, NULL, m.ws, &c.plan));
     char label[64];
     snprintf(label, sizeof label, "d%d %dx%d %s", D, B, S, causal ? "causal" : "full");
     const int traced = time_and_report(&c, label, 4.0 * S * (double)S * Hq * D * B * (causal ? 0.5 : 1.0), raw);
-    kva_free(ctx, q);
-    kva_free(ctx, k);
-    kva_free(ctx, v);
-    kva_free(ctx, o);
-    kva_free(ctx, ws.device);
-    kva_host_free(ctx, ws.host);
+    case_free(ctx, &m);
     free(indptr);
     return traced;
 }
@@ -244,12 +262,10 @@ static int ragged_case(kva_context *ctx, int D, int B, int S, int causal, void *
  * the two plans side by side, for timing. */
 static int chunked_case(kva_context *ctx, int D, int paged, int ps, void *user, int raw) {
     const int nq = CHUNK_NEW, nk = CHUNK_PREFIX + CHUNK_NEW, np = (nk + ps - 1) / ps;
+    const kva_plan_limits lim = {1, np, nk, nq, Hq, Hk, D, ps, 0};
     trace_case c;
-    memset(&c, 0, sizeof c);
-    c.ctx = ctx;
-    void *q = upload_random(ctx, (size_t)nq * Hq * D, 1), *o = NULL;
-    void *k = upload_random(ctx, (size_t)np * ps * Hk * D, 2), *v = upload_random(ctx, (size_t)np * ps * Hk * D, 3);
-    OK(kva_malloc(ctx, (size_t)nq * Hq * D * 2, &o));
+    case_memory m;
+    case_setup(&c, &m, ctx, D, nq, np * ps, &lim, 1, user);
     int32_t *perm = malloc(sizeof(int32_t) * (size_t)np);
     if (!perm) exit(1);
     uint32_t seed = 7;
@@ -263,37 +279,20 @@ static int chunked_case(kva_context *ctx, int D, int paged, int ps, void *user, 
     const int32_t qo_indptr[2] = {0, nq}, kv_indptr[2] = {0, nk}, p_indptr[2] = {0, np};
     const int32_t last = nk - (np - 1) * ps;
     const kva_page_table table = {1, p_indptr, perm, &last};
-    const kva_plan_limits lim = {1, np, nk, nq, Hq, Hk, D, ps, 0};
-    kva_workspace ws = {0};
-    OK(kva_prefill_workspace_size(ctx, &lim, &ws.device_bytes, &ws.host_bytes));
-    OK(kva_malloc(ctx, ws.device_bytes, &ws.device));
-    OK(kva_host_alloc(ctx, ws.host_bytes, &ws.host));
-    kva_kv_pages pages = kva_kv_pages_separate(k, v, KVA_BF16, np, ps, Hk, D, KVA_LAYOUT_NHD);
+    kva_kv_pages pages = kva_kv_pages_separate(m.k, m.v, KVA_BF16, np, ps, Hk, D, KVA_LAYOUT_NHD);
     if (paged) {
-        OK(kva_prefill_plan(ctx, &lim, 1, qo_indptr, NULL, &table, np, NULL, ws, &c.plan));
+        OK(kva_prefill_plan(ctx, &lim, 1, qo_indptr, NULL, &table, np, NULL, m.ws, &c.plan));
         c.pages = &pages;
     } else {
-        OK(kva_prefill_plan(ctx, &lim, 1, qo_indptr, kv_indptr, NULL, 0, NULL, ws, &c.plan));
+        OK(kva_prefill_plan(ctx, &lim, 1, qo_indptr, kv_indptr, NULL, 0, NULL, m.ws, &c.plan));
     }
-    c.p = kva_attn_params_default(Hq, Hk, D);
-    c.p.causal = 1;
-    c.p.score_mod_user = user;
-    c.q = kva_tensor_nhd(q, KVA_BF16, Hq, D);
-    c.o = kva_tensor_nhd(o, KVA_BF16, Hq, D);
-    c.k = kva_tensor_nhd(k, KVA_BF16, Hk, D);
-    c.v = kva_tensor_nhd(v, KVA_BF16, Hk, D);
     char label[96];
     if (paged) snprintf(label, sizeof label, "d%d chunked %d over %d, paged %d (shuffled)", D, nq, CHUNK_PREFIX, ps);
     else snprintf(label, sizeof label, "d%d chunked %d over %d, contiguous (ragged plan)", D, nq, CHUNK_PREFIX);
     /* keys visible to query i: nk - nq + i + 1 */
     const double pairs = (double)nq * (nk - nq) + (double)nq * (nq + 1) / 2;
     const int traced = time_and_report(&c, label, 4.0 * pairs * Hq * D, raw);
-    kva_free(ctx, q);
-    kva_free(ctx, k);
-    kva_free(ctx, v);
-    kva_free(ctx, o);
-    kva_free(ctx, ws.device);
-    kva_host_free(ctx, ws.host);
+    case_free(ctx, &m);
     free(perm);
     return traced;
 }
