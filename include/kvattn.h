@@ -386,10 +386,10 @@ typedef struct kva_attn_params {
     int32_t num_qo_heads;
     int32_t num_kv_heads;    /* must divide num_qo_heads; CUDA decode: any group; CUDA
                                 prefill: groups of up to 16 query heads per KV head */
-    int32_t head_dim;        /* CPU: any multiple of 16 up to 256. CUDA decode: any multiple of
-                                16 in 32..256 (64, 128, 256 run on their own kernels, others on
-                                the next of them with the tail zero-filled). CUDA prefill and
-                                kva_attention: 64, 128 or 256 */
+    int32_t head_dim;        /* CPU: any multiple of 16 up to 256. CUDA (decode, prefill,
+                                kva_attention): any multiple of 16 in 32..256 (64, 128, 256 run
+                                on their own kernels, others on the next of them with the tail
+                                zero-filled: d96 costs what d128 does) */
     float sm_scale;          /* <= 0 means 1/sqrt(head_dim); must be finite (NaN, inf refused) */
     int32_t causal;          /* 0 or 1 */
     int32_t window_left;     /* < 0: no sliding window */

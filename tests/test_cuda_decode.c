@@ -295,7 +295,7 @@ out:
 }
 
 /* GQA groups above 16: on a device with the warp-specialised prefill kernel, groups of 17..128
- * heads at head dims 64/128/256 (bf16, f16) run the decode plan on it (the whole group in one
+ * heads (bf16, f16; padded head dims too, on the next built prefill kernel) run the decode plan on it (the whole group in one
  * 128-row tile, the prefill merge); otherwise, and under KVA_DECODE_GROUP_PATH=subgroups, they are
  * served in sub-groups of <= 16 query heads (one unit each). Groups up to 16 keep one unit. Split
  * (fused merge over all sub-groups of a KV head) and unsplit plans, padded and built head dims,

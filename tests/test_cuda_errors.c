@@ -84,16 +84,19 @@ KVA_TEST(cuda_errors_are_reported) {
                  KVA_ERR_OUT_OF_RANGE);
     pb.indices[0] = saved;
 
-    /* Prefill workspaces refuse head dims with no CUDA prefill kernel (decode has them) at
-     * sizing time, before any plan could succeed; decode ones refuse dims no kernel serves. */
+    /* Decode and prefill workspaces serve every multiple of 16 in 32..256 (d96 on the d128
+     * kernels) and refuse other head dims at sizing time, before any plan could succeed. */
     kva_plan_limits odd = lim;
     odd.head_dim = 96;
     odd.max_total_qo = 64;
     size_t db = 0, hb = 0;
-    CHECK_STATUS(kva_prefill_workspace_size(ctx, &odd, &db, &hb), KVA_ERR_UNSUPPORTED);
+    CHECK_OK(kva_prefill_workspace_size(ctx, &odd, &db, &hb));
     CHECK_OK(kva_decode_workspace_size(ctx, &odd, &db, &hb));
     odd.head_dim = 24;
     CHECK_STATUS(kva_decode_workspace_size(ctx, &odd, &db, &hb), KVA_ERR_UNSUPPORTED);
+    CHECK_STATUS(kva_prefill_workspace_size(ctx, &odd, &db, &hb), KVA_ERR_UNSUPPORTED);
+    odd.head_dim = 272;
+    CHECK_STATUS(kva_prefill_workspace_size(ctx, &odd, &db, &hb), KVA_ERR_UNSUPPORTED);
     CHECK_STATUS(kva_merge_states(ctx, 4, 2, 0, KVA_BF16, q, (const float *)q, o, NULL), KVA_ERR_BAD_SHAPE);
 
     /* None of the failed calls wrote o: it is still all poison. */

@@ -15,6 +15,8 @@
  *   cuda_prefill_variants       sliding window, logits soft cap, custom sm_scale, combined, no LSE
  *   cuda_prefill_dense          kva_attention (one sequence, no plan): qo_len ==, <, > kv_len,
  *                               no keys, one query, 1000 queries
+ *   cuda_prefill_head_dims_match_reference   head dims between the built ones (32 .. 240) on
+ *                               the next built kernel: ragged, paged, split, dense
  *   cuda_prefill_plan_reused_across_layers   one plan, two layers' pools; repeats bit-identical
  *   cuda_prefill_causal_independence         seed 003's causal-mask test: after changing the
  *                               keys and values past a position, every query at or before it
@@ -24,7 +26,8 @@
  *                               correctly after re-planning other batches (smaller, empty
  *                               requests, split, one long request) into the same workspace
  *   cuda_prefill_quick          a few cases of each kind, small enough for racecheck; 16-bit
- *                               d64 / d128 with KVA_PREFILL_PERSISTENT=3 (many items per block)
+ *                               d64 / d128 with KVA_PREFILL_PERSISTENT=3 (many items per block);
+ *                               padded d96 / d160 / d80
  *
  * Before every run the outputs, the LSE and the workspace's device part are poisoned with NaN:
  * every element must be written, and NaN never passes a comparison. Bytes outside the output
@@ -866,6 +869,48 @@ KVA_TEST(cuda_prefill_dense) {
     kva_context_destroy(ctx);
 }
 
+/* Head dims between the built kernels (64, 128, 256): each runs on the next built one with Q,
+ * K and V zero-filled past the real dim (tensor maps whose inner extent is the real dim on the
+ * Hopper path, predicated copies elsewhere) and o / partial states stored only inside it (o is
+ * poisoned; with dense o a store past the dim would clobber the next head, and split plans read
+ * partial rows of the real dim). Ragged and paged (page sizes 3 and 16), every dtype, causal and
+ * full, split and unsplit plans, then kva_attention. d160 and d192 leave whole 64-column blocks
+ * past the dim (copies entirely outside the tensor). */
+KVA_TEST(cuda_prefill_head_dims_match_reference) {
+    kva_context *ctx = prefill_context();
+    if (!ctx) return;
+    kva_rng rng;
+    kva_rng_seed(&rng, kva_test_seed());
+    const int32_t dims[] = {32, 48, 80, 96, 112, 144, 160, 192, 208, 240};
+    const int32_t quick_dims[] = {32, 96, 192};
+    const int nd = quick() ? 3 : 10;
+    splits_seen = 0;
+    int idx = 0;
+    for (int di = 0; di < 3; ++di)
+        for (int k = 0; k < nd; ++k, ++idx) {
+            if (quick() && dtypes[di] == KVA_F16) continue;
+            prefill_case c = plain_case(dtypes[di], quick() ? quick_dims[k] : dims[k], idx);
+            if (c.hq == 21) c.hq = 9;
+            c.o_view = idx % 2 ? VIEW_NHD : c.o_view;
+            batch b;
+            batch_random(&b, &rng, idx % 2 ? 7 : 1, quick() ? 70 : 129, quick() ? 90 : 200, true);
+            check_case(ctx, &rng, &c, &b);
+            batch_free(&b);
+            c.page_size = idx % 2 ? 3 : 16;
+            c.pool_layout = idx % CUDA_TEST_NUM_LAYOUTS;
+            batch_random(&b, &rng, idx % 2 ? 1 : 7, 40, 120, false);
+            check_case(ctx, &rng, &c, &b);
+            batch_free(&b);
+            const dense_case d = {dtypes[di], c.head_dim, c.hq, c.hk, 150, 170, idx % 2, -1, 0.f, 0.f,
+                                  idx % 2 ? VIEW_NHD : VIEW_HND, true};
+            check_dense(ctx, &rng, &d, NULL, NULL, NULL, true, NULL, NULL);
+            if (kva_test_failures > 20) goto out;
+        }
+    CHECK_MSG(splits_seen > 0, "no forced-split plan split: the merge path went untested");
+out:
+    kva_context_destroy(ctx);
+}
+
 /* ---- one plan, several layers; repeats -------------------------------------------------- */
 
 /* New random K/V in the slots the requests own (pool NaN elsewhere), uploaded to a second
@@ -1575,7 +1620,28 @@ KVA_TEST(cuda_prefill_quick) {
         }
         kva_test_env_restore(&env);
     }
+    {
+        /* padded head dims (d96 on the d128 kernel, d160 on d256 with a block wholly past the
+         * dim), ragged and paged, split plans included */
+        for (int i = 0; i < 2; ++i) {
+            prefill_case c = plain_case(i ? KVA_F16 : KVA_BF16, i ? 160 : 96, i + 5);
+            c.hq = 8;
+            c.hk = 2;
+            c.o_view = VIEW_NHD;
+            batch b;
+            batch_random(&b, &rng, 3, 70, 90, true);
+            check_case(ctx, &rng, &c, &b);
+            batch_free(&b);
+            c.page_size = i ? 3 : 16;
+            c.pool_layout = i % CUDA_TEST_NUM_LAYOUTS;
+            batch_random(&b, &rng, 4, 40, 100, false);
+            check_case(ctx, &rng, &c, &b);
+            batch_free(&b);
+        }
+    }
     const dense_case d = {KVA_BF16, 128, 4, 1, 40, 25, 1, -1, 0.f, 0.f, VIEW_NHD, true};
     check_dense(ctx, &rng, &d, NULL, NULL, NULL, true, NULL, NULL);
+    const dense_case d80 = {KVA_BF16, 80, 4, 1, 40, 25, 1, -1, 0.f, 0.f, VIEW_HND, true};
+    check_dense(ctx, &rng, &d80, NULL, NULL, NULL, true, NULL, NULL);
     kva_context_destroy(ctx);
 }

@@ -52,12 +52,12 @@ kva_status kva__check_params(const kva_context *ctx, const kva_attn_params *p) {
 kva_status kva__check_head_dim(const kva_context *ctx, const char *what, int32_t head_dim) {
     if (ctx->device == KVA_DEVICE_CUDA) {
         /* The decode kernel chooser answers (it serves every dim and group some CUDA kernel
-         * does); prefill, which has fewer dims and groups, refuses the rest in its own chooser
-         * (kva__prefill_choose: plans at sizing time, kva_attention at the call). */
+         * does; prefill serves the same dims); prefill, which has fewer groups, refuses the rest
+         * in its own chooser (kva__prefill_choose: plans at sizing time, kva_attention at the
+         * call). */
         if (!kva__cuda_decode_supported(ctx, KVA_BF16, head_dim, 1))
             return kva__fail(KVA_ERR_UNSUPPORTED,
-                             "%s: %s = %d unsupported on CUDA (decode: multiples of 16 in 32..256; "
-                             "prefill: 64, 128, 256)",
+                             "%s: %s = %d unsupported on CUDA (multiples of 16 in 32..256)",
                              kva__api(), what, head_dim);
     } else if (head_dim < 16 || head_dim > 256 || head_dim % 16 != 0) {
         return kva__fail(KVA_ERR_UNSUPPORTED,

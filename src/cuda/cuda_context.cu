@@ -10,6 +10,7 @@
 #include "cuda_common.cuh"
 #include "decode_kernels.h"
 #include "prefill_kernels.h"
+#include "variant.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,16 +36,8 @@ static const decode_entry decode_table[9] = {
     {KVA_F32, 256, kva__decode_f32_d256, kva__decode_f32_d256_smem},
 };
 
-/* The built head dim that serves head_dim: the next of 64, 128, 256. Dims in between run with
- * zero-filled loads past the real dim (bench/NOTES.md, "CUDA decode: head dims, groups, global
- * rowmax"); the scale uses the real dim. */
-static int decode_built_dim(int head_dim) {
-    if (head_dim < 32 || head_dim > 256 || head_dim % 16 != 0) return 0;
-    return head_dim <= 64 ? 64 : head_dim <= 128 ? 128 : 256;
-}
-
 static int decode_entry_index(kva_dtype dtype, int head_dim) {
-    const int built = decode_built_dim(head_dim);
+    const int built = kva__built_head_dim(head_dim);
     for (int i = 0; i < 9; ++i)
         if (decode_table[i].dtype == dtype && decode_table[i].head_dim == built) return i;
     return -1;
@@ -73,7 +66,6 @@ bool kva__decode_kernel_for(const kva_context *ctx, kva_dtype dtype, int head_di
     const bool force_prefill = force && strcmp(force, "prefill") == 0;
     choice->via_prefill = priv && priv->prefill_path == KVA__PREFILL_HOPPER && gr == 0 && (nsub > 1 || force_prefill) &&
                           group <= KVA__PREFILL_ROWS_LARGE && dtype != KVA_F32 &&
-                          (head_dim == 64 || head_dim == 128 || head_dim == 256) &&
                           !(force && strcmp(force, "subgroups") == 0);
     return true;
 }
@@ -345,8 +337,8 @@ static kva_status prefill_policy(const kva_context *ctx, const kva_plan_limits *
         !kva__prefill_choose(KVA_BF16, limits->head_dim, KVA__PREFILL_ROWS_SMALL, &target, &small) ||
         kva__prefill_tile_tokens_for(large.rows, group) < 1)
         return kva__fail(KVA_ERR_UNSUPPORTED,
-                         "plan limits: prefill on CUDA supports head_dim 64, 128, 256 (256 needs %d KB of shared "
-                         "memory per block; this GPU offers %d KB) (got head_dim %d)",
+                         "plan limits: prefill on CUDA supports head_dim multiples of 16 in 32..256 (above 128 "
+                         "needs %d KB of shared memory per block; this GPU offers %d KB) (got head_dim %d)",
                          166, priv ? priv->smem_optin / 1024 : 0, limits->head_dim);
     const int per_sm = priv && priv->prefill_blocks_per_sm[dim_idx] > 0 ? priv->prefill_blocks_per_sm[dim_idx] : 1;
     policy->max_blocks = (int64_t)(ctx->num_sms > 0 ? ctx->num_sms : 1) * per_sm;

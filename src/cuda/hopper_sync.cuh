@@ -60,25 +60,24 @@ __device__ __forceinline__ void kva__mbar_wait_idle(uint32_t bar, uint32_t parit
 /* Tensor copies global -> shared through a tensor map (a __grid_constant__ kernel parameter),
  * completing on `bar`. Coordinates are in elements, innermost first; out-of-bounds elements
  * (negative coordinates included) are filled with zeros and never read. */
+__device__ __forceinline__ void kva__tma_load_3d(uint32_t dst, const void *map, uint32_t bar, int c0, int c1, int c2) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n"
+                 ::"r"(dst), "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+                 : "memory");
+}
 __device__ __forceinline__ void kva__tma_load_4d(uint32_t dst, const void *map, uint32_t bar, int c0, int c1, int c2,
                                                  int c3) {
     asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];\n"
                  ::"r"(dst), "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
                  : "memory");
 }
-__device__ __forceinline__ void kva__tma_load_5d(uint32_t dst, const void *map, uint32_t bar, int c0, int c1, int c2,
-                                                 int c3, int c4) {
-    asm volatile("cp.async.bulk.tensor.5d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5, %6}], [%7];\n"
-                 ::"r"(dst), "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4), "r"(bar)
-                 : "memory");
-}
 /* A tensor copy shared -> global through a tensor map, in the issuing thread's bulk group
  * (out-of-bounds elements are not written); commit the group, then wait until the committed
  * groups have read their shared memory (read) or are done. The shared memory written by
  * ordinary stores must be fenced (kva__fence_proxy_async) by its writers first. */
-__device__ __forceinline__ void kva__tma_store_4d(const void *map, uint32_t src, int c0, int c1, int c2, int c3) {
-    asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%1, %2, %3, %4}], [%5];\n"
-                 ::"l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(src)
+__device__ __forceinline__ void kva__tma_store_3d(const void *map, uint32_t src, int c0, int c1, int c2) {
+    asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%1, %2, %3}], [%4];\n"
+                 ::"l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(src)
                  : "memory");
 }
 __device__ __forceinline__ void kva__bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }

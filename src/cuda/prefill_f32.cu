@@ -46,7 +46,7 @@ __global__ void __launch_bounds__(KVA__PREFILL_THREADS)
         __syncthreads(); /* the previous pass is done with q_s */
         for (int i = tid; i < G::ROWS * C4; i += KVA__PREFILL_THREADS) {
             const int r = i / C4, c = i % C4, R = r0 + r;
-            const bool ok = R < rows;
+            const bool ok = R < rows && 4 * c < a.head_dim; /* (zeros past the head dim) */
             const int t = ok ? R / g : 0, hh = ok ? R - t * g : 0;
             const float *src = (const float *)a.q + (int64_t)(it.q_row0 + t) * a.q_st + (int64_t)(kh * g + hh) * a.q_sh + 4 * c;
             kva__pf_cp16(kva__smem_addr(q_s + r * KROW + 4 * c), ok ? (const void *)src : a.q, ok);
@@ -65,7 +65,7 @@ __global__ void __launch_bounds__(KVA__PREFILL_THREADS)
             __syncthreads(); /* every warp is done with the previous tile */
             for (int i = tid; i < BN * C4; i += KVA__PREFILL_THREADS) {
                 const int r = i / C4, c = i % C4, key = key0 + r;
-                const bool ok = key < hi;
+                const bool ok = key < hi && 4 * c < a.head_dim;
                 int64_t ko = 0, vo = 0;
                 if (ok) {
                     if (a.page_indices) {
@@ -150,11 +150,12 @@ __global__ void __launch_bounds__(KVA__PREFILL_THREADS)
                 if (a.lse && lane == 0) a.lse[(int64_t)(it.q_row0 + t) * Hq + qh] = lse;
             } else {
                 const int64_t prow = (int64_t)it.w * a.rows_per_work + (int64_t)t * Hq + qh;
-                dst = a.partial_o + prow * D;
+                dst = a.partial_o + prow * a.head_dim;
                 if (lane == 0) a.partial_lse[prow] = lse;
             }
 #pragma unroll
-            for (int e = 0; e < VPL; ++e) dst[lane * VPL + e] = o[rr][e] * inv;
+            for (int e = 0; e < VPL; ++e)
+                if (lane * VPL + e < a.head_dim) dst[lane * VPL + e] = o[rr][e] * inv;
         }
     }
 }

@@ -458,14 +458,17 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
         const int warp = tid >> 5, lane = tid & 31;
         if (warp == 1) {
             /* ================= scheduler: items and their Q ================= */
-            /* item w's Q -> buffer b: one tensor copy of a whole item (g heads x 128 / g tokens x
-             * every column block, never past the item's rows); for other items the consumers
-             * copy it (q_by_tma), this only passes the buffer on */
+            /* item w's Q -> buffer b: a tensor copy per column block of a whole item (g heads x
+             * 128 / g tokens, never past the item's rows); for other items the consumers copy it
+             * (q_by_tma), this only passes the buffer on */
             auto load_q = [&](const kva__hp_work &w, int b, int m) {
                 if (lane == 0) {
                     if (q_by_tma(w)) {
                         kva__mbar_arrive_expect(q_full(b), (uint32_t)G::Q_BYTES);
-                        kva__tma_load_4d(q_buf(b), &ha.q_map, q_full(b), 0, w.kh * g, w.it.q_row0, 0);
+#pragma unroll
+                        for (int c = 0; c < CB; ++c)
+                            kva__tma_load_3d(q_buf(b) + (uint32_t)(c * ROWS * 128), &ha.q_map, q_full(b), c * 64,
+                                             w.kh * g, w.it.q_row0);
                     } else {
                         kva__mbar_arrive(q_full(b));
                     }
@@ -538,10 +541,10 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
                 if (lane == 0) {
                     for (int h = 0; h < 2; ++h) {
                         if (!o_staged(w, h)) continue;
-#pragma unroll
-                        for (int c = 0; c < CB; ++c)
-                            kva__tma_store_4d(&ha.o_map, q_buf(b) + (uint32_t)(c * ROWS * 128 + h * 64 * 128), 0, w.kh * g,
-                                              w.it.q_row0 + h * (64 / g), c);
+                        /* (column blocks past the head dim hold nothing to store) */
+                        for (int c = 0; c < CB && c * 64 < a.head_dim; ++c)
+                            kva__tma_store_3d(&ha.o_map, q_buf(b) + (uint32_t)(c * ROWS * 128 + h * 64 * 128), c * 64,
+                                              w.kh * g, w.it.q_row0 + h * (64 / g));
                     }
                     kva__bulk_commit();
                     kva__bulk_wait_read(); /* (the buffer may take the next Q) */
@@ -588,7 +591,9 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
                 if (!paged) {
                     if (lane == 0) {
                         kva__mbar_arrive_expect(bar, (uint32_t)G::TILE_BYTES);
-                        kva__tma_load_4d(dst, map, bar, 0, kv_beg + t.kb, kh, 0);
+#pragma unroll
+                        for (int c = 0; c < CB; ++c)
+                            kva__tma_load_3d(dst + (uint32_t)(c * BN * 128), map, bar, c * 64, kv_beg + t.kb, kh);
                     }
                     return;
                 }
@@ -604,7 +609,7 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
                     const int pid = __ldg(a.page_indices + kv_beg + pg);
 #pragma unroll
                     for (int c = 0; c < CB; ++c)
-                        kva__tma_load_5d(dst + (uint32_t)(c * BN * 128 + i * box * 128), map, bar, 0, slot, kh, c, pid);
+                        kva__tma_load_4d(dst + (uint32_t)(c * BN * 128 + i * box * 128), map, bar, c * 64, slot, kh, pid);
                 }
             };
             for (int jn = 0; jn < n_tiles; ++jn) {
@@ -693,7 +698,7 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
 #pragma unroll 4
         for (int j = 0; j < 64 * CPR / 128; ++j) {
             const int i = wt + j * 128, r = cw * 64 + i / CPR, c = i % CPR;
-            const bool ok = r < rows_w;
+            const bool ok = r < rows_w && c * 8 < a.head_dim; /* (zeros past the head dim) */
             const int t = ok ? kva__hp_div_group(r, g_magic) : 0, hh = ok ? r - t * g : 0;
             const T *src = qg + (int64_t)(w.it.q_row0 + t) * a.q_st + (int64_t)(w.kh * g + hh) * a.q_sh + c * 8;
             kva__pf_cp16(q_buf(b) + kva__pf_tile_off<D * 2, ROWS, true>(r, c), ok ? (const void *)src : a.q, ok);
@@ -1100,16 +1105,18 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
                 T *orow = (T *)a.o + (int64_t)(it.q_row0 + t) * a.o_st + (int64_t)qh * a.o_sh + d0;
 #pragma unroll
                 for (int dt = 0; dt < DT; ++dt)
-                    *reinterpret_cast<uint32_t *>(orow + dt * 8) =
-                        kva__pack2<T>(o_acc[dt][2 * h] * inv, o_acc[dt][2 * h + 1] * inv);
+                    if (dt * 8 < a.head_dim) /* (columns past the head dim are padding) */
+                        *reinterpret_cast<uint32_t *>(orow + dt * 8) =
+                            kva__pack2<T>(o_acc[dt][2 * h] * inv, o_acc[dt][2 * h + 1] * inv);
                 if (a.lse && (lane & 3) == 0) a.lse[(int64_t)(it.q_row0 + t) * Hq + qh] = lse;
             } else {
                 const int64_t prow = (int64_t)it.w * a.rows_per_work + (int64_t)t * Hq + qh;
-                float *orow = a.partial_o + prow * D + d0;
+                float *orow = a.partial_o + prow * a.head_dim + d0;
 #pragma unroll
                 for (int dt = 0; dt < DT; ++dt)
-                    *reinterpret_cast<float2 *>(orow + dt * 8) =
-                        make_float2(o_acc[dt][2 * h] * inv, o_acc[dt][2 * h + 1] * inv);
+                    if (dt * 8 < a.head_dim)
+                        *reinterpret_cast<float2 *>(orow + dt * 8) =
+                            make_float2(o_acc[dt][2 * h] * inv, o_acc[dt][2 * h + 1] * inv);
                 if ((lane & 3) == 0) a.partial_lse[prow] = lse;
             }
         }

@@ -264,7 +264,7 @@ __global__ void __launch_bounds__(32 * WARPS, (WG && D <= 128) ? 2 : 1)
 #pragma unroll
         for (int j = 0; j < ROWS * CPR / THREADS; ++j) {
             const int i = tid + j * THREADS, r = i / CPR, c = i % CPR;
-            const bool ok = r < rows;
+            const bool ok = r < rows && c * 8 < a.head_dim; /* (zeros past the head dim) */
             const int t = ok ? r / g : 0, hh = ok ? r - t * g : 0;
             const T *src = qb + (int64_t)(it.q_row0 + t) * a.q_st + (int64_t)(kh * g + hh) * a.q_sh + c * 8;
             kva__pf_cp16(q_s + kva__pf_tile_off<RB, ROWS, WG>(r, c), ok ? (const void *)src : a.q, ok);
@@ -280,6 +280,7 @@ __global__ void __launch_bounds__(32 * WARPS, (WG && D <= 128) ? 2 : 1)
     constexpr int RSTEP = THREADS / CPR; /* rows covered per pass (CPR <= 32) */
     constexpr int PASSES = BN / RSTEP;
     const int my_c = tid % CPR, my_r = tid / CPR;
+    const bool my_c_real = my_c * 8 < a.head_dim; /* my chunks are zeros past the head dim */
     const T *kbase = (const T *)a.k + (int64_t)kh * a.k_sh + my_c * 8;
     const T *vbase = (const T *)a.v + (int64_t)kh * a.v_sh + my_c * 8;
     int64_t *offs = reinterpret_cast<int64_t *>(smem_base + G::Q_BYTES + G::STAGES * 2 * G::TILE_BYTES);
@@ -321,7 +322,7 @@ __global__ void __launch_bounds__(32 * WARPS, (WG && D <= 128) ? 2 : 1)
         for (int p = 0; p < PASSES; ++p) {
             const int r = my_r + p * RSTEP;
             const int64_t off = tab[r];
-            const bool ok = off >= 0;
+            const bool ok = off >= 0 && my_c_real;
             kva__pf_cp16(dst + kva__pf_tile_off<RB, BN, WG>(r, my_c), ok ? (const void *)(base + off) : a.k, ok);
         }
     };
@@ -594,16 +595,18 @@ __global__ void __launch_bounds__(32 * WARPS, (WG && D <= 128) ? 2 : 1)
                 T *orow = (T *)a.o + (int64_t)(it.q_row0 + t) * a.o_st + (int64_t)qh * a.o_sh + d0;
 #pragma unroll
                 for (int dt = 0; dt < DT; ++dt)
-                    *reinterpret_cast<uint32_t *>(orow + dt * 8) =
-                        kva__pack2<T>(o_acc[mt][dt][2 * h] * inv, o_acc[mt][dt][2 * h + 1] * inv);
+                    if (dt * 8 < a.head_dim) /* (columns past the head dim are padding) */
+                        *reinterpret_cast<uint32_t *>(orow + dt * 8) =
+                            kva__pack2<T>(o_acc[mt][dt][2 * h] * inv, o_acc[mt][dt][2 * h + 1] * inv);
                 if (a.lse && (lane & 3) == 0) a.lse[(int64_t)(it.q_row0 + t) * Hq + qh] = lse;
             } else {
                 const int64_t prow = (int64_t)it.w * a.rows_per_work + (int64_t)t * Hq + qh;
-                float *orow = a.partial_o + prow * D + d0;
+                float *orow = a.partial_o + prow * a.head_dim + d0;
 #pragma unroll
                 for (int dt = 0; dt < DT; ++dt)
-                    *reinterpret_cast<float2 *>(orow + dt * 8) =
-                        make_float2(o_acc[mt][dt][2 * h] * inv, o_acc[mt][dt][2 * h + 1] * inv);
+                    if (dt * 8 < a.head_dim)
+                        *reinterpret_cast<float2 *>(orow + dt * 8) =
+                            make_float2(o_acc[mt][dt][2 * h] * inv, o_acc[mt][dt][2 * h + 1] * inv);
                 if ((lane & 3) == 0) a.partial_lse[prow] = lse;
             }
         }

@@ -50,6 +50,8 @@ typedef struct kva__prefill_args {
     float *partial_lse;           /* f32 [work][rows_per_work] */
     int64_t rows_per_work;        /* largest qo_tile * num_qo_heads */
     int32_t num_qo_heads, num_kv_heads, group;
+    int32_t head_dim;             /* the caller's (<= the kernel's D: columns past it are zero-filled
+                                   * on loading and never stored; partial_o rows hold head_dim) */
     int32_t causal, window_left;
     float scale_log2;             /* sm_scale * log2(e) */
     float cap_log2;               /* soft cap * log2(e), or 0 */
@@ -80,6 +82,7 @@ typedef struct kva__prefill_kernel {
     int tma;           /* 1: the warp-specialised Hopper kernel (kva__hopper_prefill_args) */
     int block_n;       /* tma: keys per tile */
     int lookup_rows;   /* the instantiation asked for: 64, 128 or KVA__PREFILL_ROWS_HOPPER */
+    int built_dim;     /* the head dim it is built for (64, 128, 256: >= the caller's) */
 } kva__prefill_choice;
 
 /* Which tensor-core path a context's prefill uses: mma.sync (sm_80 and later), the wgmma
@@ -94,7 +97,8 @@ typedef enum kva__prefill_path {
 } kva__prefill_path;
 
 /* The one chooser: the kernel for (dtype, head_dim) on `path` whose block holds `rows_wanted`
- * packed rows or fewer (KVA__PREFILL_ROWS_LARGE asks for the largest there is). Returns false
+ * packed rows or fewer (KVA__PREFILL_ROWS_LARGE asks for the largest there is). Any multiple of
+ * 16 in 32..256 runs on the kernel of the next built head dim (64, 128, 256). Returns false
  * (and leaves *k zeroed) for an unsupported combination. The 64-row tile always takes the
  * mma.sync kernel (a warpgroup pair needs 128 rows). */
 /* What the device offers: its prefill path and the shared memory one block may opt into

@@ -53,10 +53,15 @@ static bool lookup_hopper(kva_dtype dtype, int head_dim, kva__prefill_choice *k)
 bool kva__prefill_choose(kva_dtype dtype, int head_dim, int rows_wanted,
                          const kva__prefill_target *target, kva__prefill_choice *k) {
     memset(k, 0, sizeof *k);
+    /* (d96 runs the d128 kernel, paying for its padded columns: bench/NOTES.md) */
+    const int D = kva__built_head_dim(head_dim);
+    if (D == 0) return false;
+    k->built_dim = D;
     if (rows_wanted > KVA__PREFILL_ROWS_SMALL && target->path == KVA__PREFILL_HOPPER &&
-        lookup_hopper(dtype, head_dim, k) && k->smem <= target->smem_limit)
+        lookup_hopper(dtype, D, k) && k->smem <= target->smem_limit)
         return true;
     memset(k, 0, sizeof *k);
+    k->built_dim = D;
     /* 128 rows share each K/V tile between twice the rows of the 64-row kernel; on Hopper the
      * 128-row tile runs on wgmma. A kernel whose shared memory the device cannot give falls
      * back to the 64-row mma.sync kernel (e.g. head_dim 256 on an A100), or is unsupported. */
@@ -68,7 +73,7 @@ bool kva__prefill_choose(kva_dtype dtype, int head_dim, int rows_wanted,
         n = 2;
     }
     for (int i = 0; i < n; ++i)
-        if (lookup(dtype, head_dim, order[i], k) && k->smem <= target->smem_limit) return true;
+        if (lookup(dtype, D, order[i], k) && k->smem <= target->smem_limit) return true;
     memset(k, 0, sizeof *k);
     return false;
 }
@@ -76,6 +81,7 @@ bool kva__prefill_choose(kva_dtype dtype, int head_dim, int rows_wanted,
 /* The variant and head geometry, shared by plan runs and dense calls. */
 static void fill_variant(kva__prefill_args *a, const kva_attn_params *p) {
     const int D = p->head_dim;
+    a->head_dim = D;
     a->num_qo_heads = p->num_qo_heads;
     a->num_kv_heads = p->num_kv_heads;
     a->group = p->num_qo_heads / p->num_kv_heads;
@@ -120,9 +126,11 @@ static kva__encode_tiled_fn encoder(void) {
     return fn;
 }
 
-/* One map of `rank` dims (innermost first: 64 elements of a 128-byte swizzled row, then the
- * others), strides in elements for dims 1.. (a 16-bit element), or false if the encoder refuses
- * (unaligned pointer or stride). */
+/* One map of `rank` dims (innermost first: the head dim, copied 64 elements -- one 128-byte
+ * swizzled row block -- per box, then the others), strides in elements for dims 1.. (a 16-bit
+ * element), or false if the encoder refuses (unaligned pointer or stride). A box reaching past
+ * the head dim (a head dim padded to the kernel's: 96 in the d128 kernel) lands zeros there and
+ * a store writes nothing there. */
 static bool encode(CUtensorMap *m, kva_dtype dt, int rank, const void *base, const uint64_t *dims,
                    const int64_t *strides, const uint32_t *box) {
     kva__encode_tiled_fn fn = encoder();
@@ -146,36 +154,35 @@ static bool encode(CUtensorMap *m, kva_dtype dt, int rank, const void *base, con
               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-/* Ragged (or dense) K or V: [token][head][D] with any token/head strides: dims 64 x token x
- * head x column block, one box = a whole BN-key tile. */
-static bool ragged_map(CUtensorMap *m, kva_dtype dt, const void *base, int64_t st, int64_t sh, int heads, int D,
-                       int bn) {
-    const uint64_t dims[4] = {64, 0x7fffffffu, (uint64_t)heads, (uint64_t)(D / 64)};
-    const int64_t strides[3] = {st, sh, 64};
-    const uint32_t box[4] = {64, (uint32_t)bn, 1, (uint32_t)(D / 64)};
-    return encode(m, dt, 4, base, dims, strides, box);
+/* Ragged (or dense) K or V: [token][head][head_dim] with any token/head strides: dims
+ * head_dim x token x head, one box = one 64-column block of a BN-key tile. */
+static bool ragged_map(CUtensorMap *m, kva_dtype dt, const void *base, int64_t st, int64_t sh, int heads,
+                       int head_dim, int bn) {
+    const uint64_t dims[3] = {(uint64_t)head_dim, 0x7fffffffu, (uint64_t)heads};
+    const int64_t strides[2] = {st, sh};
+    const uint32_t box[3] = {64, (uint32_t)bn, 1};
+    return encode(m, dt, 3, base, dims, strides, box);
 }
 
-/* Q or O: [token][head][D]: dims 64 x head x token x column block, one box = g heads x `tokens`
- * tokens (x every column block: `all_blocks`). Unbounded token extent: the kernel copies only
- * whole items' rows. */
-static bool qo_map(CUtensorMap *m, kva_dtype dt, const void *base, int64_t st, int64_t sh, int heads, int D, int g,
-                   int tokens, bool all_blocks) {
-    const uint64_t dims[4] = {64, (uint64_t)heads, 0x7fffffffu, (uint64_t)(D / 64)};
-    const int64_t strides[3] = {sh, st, 64};
-    const uint32_t box[4] = {64, (uint32_t)g, (uint32_t)tokens, all_blocks ? (uint32_t)(D / 64) : 1u};
-    return encode(m, dt, 4, base, dims, strides, box);
+/* Q or O: [token][head][head_dim]: dims head_dim x head x token, one box = one 64-column block
+ * of g heads x `tokens` tokens. Unbounded token extent: the kernel copies only whole items'
+ * rows. */
+static bool qo_map(CUtensorMap *m, kva_dtype dt, const void *base, int64_t st, int64_t sh, int heads, int head_dim,
+                   int g, int tokens) {
+    const uint64_t dims[3] = {(uint64_t)head_dim, (uint64_t)heads, 0x7fffffffu};
+    const int64_t strides[2] = {sh, st};
+    const uint32_t box[3] = {64, (uint32_t)g, (uint32_t)tokens};
+    return encode(m, dt, 3, base, dims, strides, box);
 }
 
-/* A paged pool: dims 64 x slot x head x column block x page, one box = `box_rows` slots of one
- * column block. */
+/* A paged pool: dims head_dim x slot x head x page, one box = `box_rows` slots of one 64-column
+ * block. */
 static bool paged_map(CUtensorMap *m, kva_dtype dt, const void *base, const kva_kv_pages *p, int box_rows) {
-    const int D = p->head_dim;
-    const uint64_t dims[5] = {64, (uint64_t)p->page_size, (uint64_t)p->num_kv_heads, (uint64_t)(D / 64),
+    const uint64_t dims[4] = {(uint64_t)p->head_dim, (uint64_t)p->page_size, (uint64_t)p->num_kv_heads,
                               (uint64_t)p->num_pages};
-    const int64_t strides[4] = {p->stride_token, p->stride_head, 64, p->stride_page};
-    const uint32_t box[5] = {64, (uint32_t)box_rows, 1, 1, 1};
-    return encode(m, dt, 5, base, dims, strides, box);
+    const int64_t strides[3] = {p->stride_token, p->stride_head, p->stride_page};
+    const uint32_t box[4] = {64, (uint32_t)box_rows, 1, 1};
+    return encode(m, dt, 4, base, dims, strides, box);
 }
 
 /* A variant's build of the chosen kernel (same template, so the same launch shape), or an
@@ -186,7 +193,7 @@ static bool paged_map(CUtensorMap *m, kva_dtype dt, const void *base, const kva_
 static kva_status use_variant(const char *api, const kva_attn_params *p, kva_dtype dt, kva__prefill_choice *k) {
     if (!p->variant) return KVA_OK;
     if (k->tma) {
-        const void *fn = kva__variant_prefill_fn(p->variant, dt, p->head_dim, KVA__VMOD_PF_TMA);
+        const void *fn = kva__variant_prefill_fn(p->variant, dt, k->built_dim, KVA__VMOD_PF_TMA);
         if (fn) {
             k->fn = fn;
             return KVA_OK;
@@ -201,7 +208,7 @@ static kva_status use_variant(const char *api, const kva_attn_params *p, kva_dty
     const int slot = k->lookup_rows == KVA__PREFILL_ROWS_HOPPER ? KVA__VMOD_PF_HOPPER
                      : k->lookup_rows == KVA__PREFILL_ROWS_SMALL ? KVA__VMOD_PF_SMALL
                                                                  : KVA__VMOD_PF_LARGE;
-    const void *fn = kva__variant_prefill_fn(p->variant, dt, p->head_dim, slot);
+    const void *fn = kva__variant_prefill_fn(p->variant, dt, k->built_dim, slot);
     if (!fn)
         return kva__fail(KVA_ERR_UNSUPPORTED,
                          "%s: params.variant was not compiled for %s prefill at head_dim %d "
@@ -248,11 +255,10 @@ static kva_status launch_prefill(kva_context *ctx, const char *call, kva_dtype d
         /* Q and O by tensor copies where a map describes them (else the kernel's own copies) */
         const int g = a->group;
         if (KVA__PREFILL_ROWS_LARGE % g == 0 &&
-            qo_map(&h.q_map, dt, a->q, a->q_st, a->q_sh, a->num_qo_heads, head_dim, g, KVA__PREFILL_ROWS_LARGE / g,
-                   true))
+            qo_map(&h.q_map, dt, a->q, a->q_st, a->q_sh, a->num_qo_heads, head_dim, g, KVA__PREFILL_ROWS_LARGE / g))
             h.qo_maps |= 1;
         if (a->o && 64 % g == 0 &&
-            qo_map(&h.o_map, dt, a->o, a->o_st, a->o_sh, a->num_qo_heads, head_dim, g, 64 / g, false))
+            qo_map(&h.o_map, dt, a->o, a->o_st, a->o_sh, a->num_qo_heads, head_dim, g, 64 / g))
             h.qo_maps |= 2;
         /* persistent: one block per SM walks (KV head, work item) pairs; KVA_PREFILL_PERSISTENT=0
          * launches one block per pair instead (comparisons), =N at most N blocks (tests: small
@@ -277,7 +283,7 @@ static kva_status launch_prefill(kva_context *ctx, const char *call, kva_dtype d
     const kva__prefill_target wt = {KVA__PREFILL_WGMMA, 1 << 30};
     if (!kva__prefill_choose(dt, head_dim, KVA__PREFILL_ROWS_LARGE, &wt, &w) || w.rows != k->rows)
         return kva__fail(KVA_ERR_UNSUPPORTED, "%s on CUDA: no kernel for these K/V strides", call);
-    if (variant && !(w.fn = kva__variant_prefill_fn(variant, dt, head_dim, KVA__VMOD_PF_HOPPER)))
+    if (variant && !(w.fn = kva__variant_prefill_fn(variant, dt, w.built_dim, KVA__VMOD_PF_HOPPER)))
         return kva__fail(KVA_ERR_UNSUPPORTED, "%s on CUDA: params.variant has no wgmma kernel for these K/V strides",
                          call);
     return launch(ctx, &w, grid_x, heads, a);

@@ -26,6 +26,15 @@ extern "C" {
 
 enum { KVA__VMOD_DECODE = 0, KVA__VMOD_PREFILL = 1 };
 
+/* The head dim the CUDA kernels (built-in and variant modules, decode and prefill) are built
+ * for that serves `head_dim`: the next of 64, 128, 256 for a multiple of 16 in 32..256, else 0.
+ * Dims in between run with zero-filled loads past the real dim and stores only inside it; the
+ * scale uses the real dim (bench/NOTES.md, "CUDA decode: head dims, groups, global rowmax"). */
+static inline int kva__built_head_dim(int head_dim) {
+    if (head_dim < 32 || head_dim > 256 || head_dim % 16 != 0) return 0;
+    return head_dim <= 64 ? 64 : head_dim <= 128 ? 128 : 256;
+}
+
 /* Kernels per module: decode (nt - 1) + 2 * global_rowmax; prefill f16/bf16: the 128-row
  * mma.sync kernel, the 64-row one, the 128-row wgmma one (sm_90a only) and the warp-specialised
  * TMA kernel (sm_90a, once prefill_hopper.cuh has the hook, KVA__HAS_SCORE_MOD: kva__variant_hopper_hooked);

@@ -28,15 +28,6 @@
 static const int k_dims[3] = {64, 128, 256};
 static const kva_dtype k_dtypes[3] = {KVA_BF16, KVA_F16, KVA_F32};
 
-/* The library build's head dim for a requested one (decode: the next of 64/128/256; prefill:
- * exactly 64/128/256), 0 when the kind has none. */
-static int built_dim(int kind, int head_dim) {
-    if (kind == KVA__VMOD_PREFILL)
-        return head_dim == 64 || head_dim == 128 || head_dim == 256 ? head_dim : 0;
-    if (head_dim < 32 || head_dim > 256 || head_dim % 16 != 0) return 0;
-    return head_dim <= 64 ? 64 : head_dim <= 128 ? 128 : 256;
-}
-
 int kva__variant_modules(const kva_variant_options *o, kva__vmod_id *ids, int capacity) {
     const uint32_t kinds = o && o->kinds ? o->kinds : (KVA_VARIANT_DECODE | KVA_VARIANT_PREFILL);
     const uint32_t dtypes = o && o->dtypes ? o->dtypes : 7u;
@@ -47,7 +38,7 @@ int kva__variant_modules(const kva_variant_options *o, kva__vmod_id *ids, int ca
         for (int t = 0; t < 3; ++t) {
             if (!(dtypes & (1u << k_dtypes[t]))) continue;
             for (int d = 0; d < 3; ++d) {
-                if (hd != 0 && built_dim(kind, hd) != k_dims[d]) continue;
+                if (hd != 0 && kva__built_head_dim(hd) != k_dims[d]) continue;
                 if (n < capacity) {
                     ids[n].kind = kind;
                     ids[n].dtype = k_dtypes[t];
