@@ -12,7 +12,8 @@
  *   cuda_variant_prefill_paged   paged prefill (chunked: queries <= keys), causal and not, split
  *                                and unsplit plans, page sizes 1 / 16; the device's prefill path
  *                                (on Hopper the warp-specialised TMA kernel)
- *   cuda_variant_prefill_ragged  ragged K/V, the same sweep; and kva_attention (dense)
+ *   cuda_variant_prefill_ragged  ragged K/V, the same sweep at head dims 48 / 96 / 192 (padded to
+ *                                the next built kernel); and kva_attention (dense)
  *   cuda_variant_prefill_mma     the paged sweep on the mma.sync kernels (KVA_PREFILL_PATH=mma)
  *   cuda_variant_prefill_wgmma   and on the wgmma kernel (KVA_PREFILL_PATH=wgmma, Hopper)
  *   cuda_variant_graph_replay    a KVA_PLAN_GRAPH decode run with a variant captured in a CUDA
@@ -424,7 +425,8 @@ done:
     pf_free(ctx, &pr);
 }
 
-/* mode 0 paged, 1 ragged + dense */
+/* mode 0 paged (head dims 64, 128, 256), 1 ragged + dense (48, 96, 192: padded to the next
+ * built kernel, whose variant module serves them) */
 static void prefill_sweep(int mode) {
     kva_context *ctx = cuda_test_context();
     if (!ctx) return;
@@ -432,7 +434,8 @@ static void prefill_sweep(int mode) {
     kva_rng rng;
     kva_rng_seed(&rng, kva_test_seed());
     static const kva_dtype dts[3] = {KVA_BF16, KVA_F16, KVA_F32};
-    static const int32_t dims[3] = {64, 128, 256};
+    static const int32_t built_dims[3] = {64, 128, 256}, padded_dims[3] = {48, 96, 192};
+    const int32_t *dims = mode == 1 ? padded_dims : built_dims;
     static const int32_t heads[3][2] = {{4, 4}, {8, 2}, {16, 1}};
     const kva_variant_options pf = {KVA_VARIANT_PREFILL, 0, 0};
     int cases = 0;

@@ -88,8 +88,12 @@ KVA_TEST(variant_module_selection) {
     kva_variant_options o = {.kinds = KVA_VARIANT_DECODE, .dtypes = 1u << KVA_BF16, .head_dim = 96};
     CHECK(kva__variant_modules(&o, ids, 32) == 1);
     CHECK(ids[0].kind == KVA__VMOD_DECODE && ids[0].dtype == KVA_BF16 && ids[0].dim == 128);
-    o.kinds = KVA_VARIANT_PREFILL; /* prefill has no head dim 96 */
+    o.kinds = KVA_VARIANT_PREFILL; /* prefill serves head dim 96 on the d128 build too */
+    CHECK(kva__variant_modules(&o, ids, 32) == 1);
+    CHECK(ids[0].kind == KVA__VMOD_PREFILL && ids[0].dtype == KVA_BF16 && ids[0].dim == 128);
+    o.head_dim = 24; /* no build serves it */
     CHECK(kva__variant_modules(&o, ids, 32) == 0);
+    o.head_dim = 96;
     o.kinds = 0;
     o.head_dim = 128;
     o.dtypes = 0;

@@ -53,8 +53,7 @@ kva_status kva__check_head_dim(const kva_context *ctx, const char *what, int32_t
     if (ctx->device == KVA_DEVICE_CUDA) {
         /* The decode kernel chooser answers (it serves every dim and group some CUDA kernel
          * does; prefill serves the same dims); prefill, which has fewer groups, refuses the rest
-         * in its own chooser (kva__prefill_choose: plans at sizing time, kva_attention at the
-         * call). */
+         * where it sizes or runs (the split policy for plans, kva_attention at the call). */
         if (!kva__cuda_decode_supported(ctx, KVA_BF16, head_dim, 1))
             return kva__fail(KVA_ERR_UNSUPPORTED,
                              "%s: %s = %d unsupported on CUDA (multiples of 16 in 32..256)",

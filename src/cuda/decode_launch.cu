@@ -38,7 +38,7 @@ extern "C" kva_status kva__cuda_decode_run(kva_context *ctx, const kva_plan *pla
     const bool variant_decode =
         !params->variant || kva__variant_decode_fn(params->variant, pages->dtype, ch.built_dim, ch.nt, gr, &per_sm);
     if (ch.via_prefill && !gr && variant_decode &&
-        (!params->variant || kva__variant_prefill_fn(params->variant, pages->dtype, D, KVA__VMOD_PF_TMA)))
+        (!params->variant || kva__variant_prefill_fn(params->variant, pages->dtype, ch.built_dim, KVA__VMOD_PF_TMA)))
         return kva__cuda_decode_as_prefill(ctx, plan, params, q, pages, o, lse);
     per_sm = ch.blocks_per_sm;
     if (params->variant) {

@@ -13,15 +13,17 @@
  *   block = 128 packed query rows (token, GQA head) as in prefill_kernel.cuh, and three
  *           warpgroups:
  *     producer  (warpgroup 0, 72 registers): warp 1 (the scheduler) draws the tickets, hands
- *               the items' records to the other warps and loads a whole item's Q by one tensor
- *               copy; warp 2 writes the O the consumers staged by tensor copies (see "who hands
+ *               the items' records to the other warps and loads a whole item's Q by tensor
+ *               copies; warp 2 writes the O the consumers staged by tensor copies (see "who hands
  *               what to whom" in the kernel); warps 0 and 3 stream the K and the V tiles of
- *               BN keys into a 2-stage ring with tensor copies (TMA) that complete on "full"
- *               mbarriers, and wait on "empty" mbarriers before reusing a stage. Ragged K/V: one 4-d copy per
- *               tile (dims: 64 elements, token, head, 64-element column block). Paged K/V: one
- *               5-d copy per box of `box_rows` keys and column block (box_rows divides the page
- *               size and BN, so a box never crosses a page); each warp's lanes load page ids
- *               and issue boxes in parallel. Out-of-range V rows of the last tile are zeroed
+ *               BN keys into a ring of stages with tensor copies (TMA) that complete on "full"
+ *               mbarriers, and wait on "empty" mbarriers before reusing a stage. Every map's
+ *               inner dim is the caller's head dim (copies past it land zeros: a head dim
+ *               padded to D), one copy per 64-element column block. Ragged K/V: a 3-d copy
+ *               (head dim, token, head) per tile and column block. Paged K/V: a 4-d copy (head
+ *               dim, slot, head, page) per box of `box_rows` keys and column block (box_rows
+ *               divides the page size and BN, so a box never crosses a page); each warp's lanes
+ *               load page ids and issue boxes in parallel. Out-of-range V rows of the last tile are zeroed
  *               (0 * inf would poison P V).
  *     consumers (warpgroups 1 and 2, 216 registers): 64 rows each. Per key tile j:
  *               S_j = Q K_j^T (wgmma from shared memory) is issued together with
@@ -207,9 +209,9 @@ __device__ __forceinline__ int kva__hp_div_group(int r, uint32_t m) { return m ?
 #endif
 static_assert(KVA__HP_KV_WARPS == 1 || KVA__HP_KV_WARPS == 2, "KVA__HP_KV_WARPS: 1 or 2 producer warps");
 /* the smallest head dim whose O is staged in shared memory for the store warp (see the
- * epilogue; -DKVA__HP_STAGED_MIN_D=64 stages d64 too, comparisons) */
+ * epilogue; -DKVA__HP_STAGED_MIN_D=128 leaves d64 to the consumers' direct stores, comparisons) */
 #ifndef KVA__HP_STAGED_MIN_D
-#define KVA__HP_STAGED_MIN_D 128
+#define KVA__HP_STAGED_MIN_D 64
 #endif
 
 /* One (work item, KV head) of a block's sequence and the keys its tiles cover. */
@@ -1073,9 +1075,9 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
         /* O through shared memory: staged in my warpgroup's Q rows and written by the store
          * warp's tensor copies (bench/NOTES.md, v6.17, v6.28). Needs the O map (16-byte aligned
          * o and strides, a group dividing 64: qo_maps & 2) and my whole 64-row half of an
-         * unsplit item (else the direct stores below). d64 stores directly (3-6% faster at 16k
-         * causal when the consumers stored the staged rows themselves; not re-measured with the
-         * store warp: -DKVA__HP_STAGED_MIN_D=64). */
+         * unsplit item (else the direct stores below). At d64 too since the store warp writes
+         * the staged rows (2-4% on rows of 512-2048 tokens, level at 16k: bench/NOTES.md; the
+         * consumers' own copies of staged rows had measured 3-6% slower at 16k causal). */
         static_assert(sizeof(T) == 2, "the Hopper kernel is built for 16-bit elements");
         const bool staged = D >= KVA__HP_STAGED_MIN_D && !split && (ha.qo_maps & 2) && 64 % g == 0 && rows_o >= (cw + 1) * 64;
         /* (o_staged's test, which the store warp makes) */
