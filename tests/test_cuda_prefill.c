@@ -1141,11 +1141,14 @@ KVA_TEST(cuda_prefill_rising_scores) {
     if (!ctx) return;
     kva_rng rng;
     kva_rng_seed(&rng, kva_test_seed());
-    for (int i = 0; i < 3; ++i) {
-        prefill_case c = plain_case(i == 2 ? KVA_BF16 : KVA_F16, i == 1 ? 64 : 128, 0);
+    /* (case 3: a rise steep enough that a tile's scores exceed any max kept from the tile before
+     * by far more than f32's exponent range -- 2^128 -- once scaled to it) */
+    for (int i = 0; i < 4; ++i) {
+        prefill_case c = plain_case(i >= 2 ? KVA_BF16 : KVA_F16, i == 1 || i == 3 ? 64 : 128, 0);
         c.hq = 4;
         c.hk = 1;
         c.causal = i == 2;
+        const float rise = i == 3 ? 16.0f : 1.6f;
         c.q_view = c.k_view = c.v_view = c.o_view = VIEW_NHD;
         c.with_lse = true;
         const int32_t qo[2] = {40, 9}, kv[2] = {450, 300};
@@ -1156,7 +1159,7 @@ KVA_TEST(cuda_prefill_rising_scores) {
             const size_t es = kva_dtype_size(c.dtype);
             for (int32_t r = 0; r < b.n; ++r)
                 for (int32_t j = 0; j < b.kv[r]; ++j) {
-                    const float x = 1.6f * (float)j;
+                    const float x = rise * (float)j;
                     const int64_t t = b.kv_indptr[r] + j;
                     kva_convert(&x, KVA_F32, (char *)pr.k.host + (size_t)(t * pr.k.h.stride_token) * es, c.dtype, 1);
                 }
@@ -1174,8 +1177,8 @@ KVA_TEST(cuda_prefill_rising_scores) {
             pr.lse_ref = kva_test_alloc(sizeof(double) * rows);
             problem_reference(&pr);
             char what[96];
-            snprintf(what, sizeof what, "rising scores, %s d%d %s", kva_dtype_name(c.dtype), c.head_dim,
-                     c.causal ? "causal" : "full");
+            snprintf(what, sizeof what, "rising scores x%.1f, %s d%d %s", (double)rise, kva_dtype_name(c.dtype),
+                     c.head_dim, c.causal ? "causal" : "full");
             kva_plan_options opt = {0, 0, KVA_DECODE_PARTIAL_ROWMAX};
             run_out r;
             plan_and_run(ctx, &pr, &opt, what, &r);
