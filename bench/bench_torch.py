@@ -75,7 +75,7 @@ Prefill table: 32 query / 8 KV heads, 16384 tokens per batch as batch x seq = 32
 
 Usage: bench_torch.py [--build DIR] [--json FILE] [--quick] [--decode-only | --prefill-only]
                       [--shapes 1x1024,8x4096,...] [--variants] [--no-models]  (decode)
-                      [--seqs 512,2048,8192,16384] [--prefill-sets bf16:128,f16:128,bf16:64,bf16:256]
+                      [--seqs 512,2048,8192,16384] [--prefill-sets bf16:128,f16:128,bf16:64,bf16:256,bf16:96]
                       [--no-extra-rows]                                    (prefill)
 --quick: 30 decode / 10 prefill timed calls per measurement instead of 100 / 30.
 """
@@ -490,7 +490,8 @@ def print_models_table(dev_name, date, res):
 PF_HQ, PF_HK = 32, 8
 PF_TOKENS = 16384
 PF_SEQS = [512, 2048, 8192, 16384]
-PF_SETS = [("bf16", 128), ("f16", 128), ("bf16", 64), ("bf16", 256)]  # (dtype, head dim)
+# (dtype, head dim); d96 runs the d128 kernel with zero-filled columns (Phi-3's head dim)
+PF_SETS = [("bf16", 128), ("f16", 128), ("bf16", 64), ("bf16", 256), ("bf16", 96)]
 PF_DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16}
 RAGGED_SEED, RAGGED_MEDIAN, RAGGED_SIGMA, RAGGED_LO, RAGGED_HI = 6, 800, 1.0, 16, 8192
 CHUNK_NEW, CHUNK_PREFIX, CHUNK_PAGE = 512, 16384, 16
@@ -1226,7 +1227,7 @@ def main():
     ap.add_argument("--seqs", default=None,
                     help="prefill sequence lengths (16384 tokens per batch), default 512,2048,8192,16384")
     ap.add_argument("--prefill-sets", default=None,
-                    help="prefill dtype:head_dim list, default bf16:128,f16:128,bf16:64,bf16:256")
+                    help="prefill dtype:head_dim list, default bf16:128,f16:128,bf16:64,bf16:256,bf16:96")
     ap.add_argument("--no-extra-rows", action="store_true",
                     help="prefill: skip the ragged and chunked-prefill rows")
     args = ap.parse_args()
