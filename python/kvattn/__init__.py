@@ -5,7 +5,7 @@ The Python face of the C library (include/kvattn.h). Arrays of any framework tha
 run on the caller's current stream (torch's for torch tensors, CuPy's for CuPy arrays, or stream=).
 
 Shapes (names used throughout):
-    T   query tokens (summed over a batch)      Hq  query heads      D  head dim (CUDA: multiples of 16 in 32..256)
+    T   query tokens (summed over a batch)      Hq  query heads      D  head dim (a multiple of 16: CPU up to 256, CUDA 32..256)
     S   key tokens (summed over a batch)        Hk  KV heads (divides Hq; GQA/MQA)
     B   batch (requests)                        P   pages in the pool, page size p
 
