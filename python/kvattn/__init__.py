@@ -5,9 +5,10 @@ The Python face of the C library (include/kvattn.h). Arrays of any framework tha
 run on the caller's current stream (torch's for torch tensors, CuPy's for CuPy arrays, or stream=).
 
 Shapes (names used throughout):
-    T   query tokens (summed over a batch)      Hq  query heads      D  head dim (a multiple of 16: CPU up to 256, CUDA 32..256)
+    T   query tokens (summed over a batch)      Hq  query heads      D  head dim
     S   key tokens (summed over a batch)        Hk  KV heads (divides Hq; GQA/MQA)
     B   batch (requests)                        P   pages in the pool, page size p
+    D is a multiple of 16: up to 256 on the CPU, 32..256 on CUDA.
 
     q [T, Hq, D]   k, v [S, Hk, D]   out like q   lse float32 [T, Hq] (natural log)
     paged K/V: (k_pages, v_pages) each [P, p, Hk, D] ("NHD") or [P, Hk, p, D] ("HND"), or one
