@@ -12,8 +12,8 @@
  *   loop       the steady loop (tiles 1 .. n-1)
  *   tail       the last P V (with the cross-item tail: also the next item's S_0 and softmax)
  *   normalise  the epilogue's O normalised and lse written (O staged in shared memory; where o
- *              is stored directly -- d64, split items, halves that are not whole -- its stores
- *              too)
+ *              is stored directly -- split items, halves that are not whole, groups that do
+ *              not divide 64 -- its stores too)
  *   store      the staged buffer handed to the store warp (whose copies are its O handed over
  *              -> O stored, below)
  *   gap        until the next item's top
