@@ -39,7 +39,7 @@
 /* in the library when built with KVA_HP_TRACE (src/cuda/prefill_hopper_bf16.cu) */
 int kva__hp_trace_read(long long *dst, size_t count);
 
-enum { BLOCKS = 2, ROLES = 3, ITEMS = 64, POINTS = 8 }; /* as prefill_hopper_trace.cuh */
+enum { BLOCKS = 2, ROLES = 4, ITEMS = 64, POINTS = 8 }; /* as prefill_hopper_trace.cuh */
 enum { TOP, Q, S0, LOOP, TAIL, EPILOGUE, TILES, STAGED };
 enum { P_START, P_FIRST, P_LAST, S_Q, W_GOT, W_DONE, S_FREE = 7 };
 
@@ -90,7 +90,8 @@ static int complete_items(int b) {
 /* prints the phases of the last launch; false if no item was traced (not the Hopper kernel?) */
 static int report(int raw) {
     static const char *names[] = {"top->Q", "S_0", "loop", "tail", "normalise", "store", "gap"};
-    for (int w = 0; w < 2; ++w) {
+    for (int w = 0; w < ROLES - 1; ++w) { /* (a third consumer warpgroup at d64) */
+        if (w >= 2 && trace[0][1 + w][0][TOP] == 0) break; /* (no third warpgroup) */
         long long v[7][BLOCKS * ITEMS], tiles = 0;
         int n = 0;
         for (int b = 0; b < BLOCKS; ++b)

@@ -5,14 +5,15 @@
  * strides a tensor map cannot describe); what changes is who moves data and when.
  *
  * Work split
- *   grid  = persistent: one 384-thread block per SM (the shared memory of the K/V stages)
+ *   grid  = persistent: one block per SM (the shared memory of the K/V stages)
  *           walks (KV head, work item) pairs, head-major, so the blocks on one head share its
  *           K/V through L2; after its first pair a block takes the next one free (a ticket from
  *           the plan's workspace), so blocks that finish early take more; the producer streams
  *           the next item's tiles while the consumers finish the current one.
- *   block = 128 packed query rows (token, GQA head) as in prefill_kernel.cuh, and three
- *           warpgroups:
- *     producer  (warpgroup 0, 72 registers): warp 1 (the scheduler) draws the tickets, hands
+ *   block = ROWS packed query rows (token, GQA head) as in prefill_kernel.cuh: 128 at d128 and
+ *           d256, 192 at d64 (a third consumer warpgroup: the softmax is latency-bound there);
+ *           a producer warpgroup and one consumer warpgroup per 64 rows (384 or 512 threads):
+ *     producer  (warpgroup 0, 72 registers; 32 with three consumers): warp 1 (the scheduler) draws the tickets, hands
  *               the items' records to the other warps and loads a whole item's Q by tensor
  *               copies; warp 2 writes the O the consumers staged by tensor copies (see "who hands
  *               what to whom" in the kernel); warps 0 and 3 stream the K and the V tiles of
@@ -25,20 +26,19 @@
  *               divides the page size and BN, so a box never crosses a page); each warp's lanes
  *               load page ids and issue boxes in parallel. Out-of-range V rows of the last tile are zeroed
  *               (0 * inf would poison P V).
- *     consumers (warpgroups 1 and 2, 216 registers): 64 rows each. Per key tile j:
+ *     consumers (warpgroups 1 .. CWG, 216 registers; 160 with three): 64 rows each. Per key tile j:
  *               S_j = Q K_j^T (wgmma from shared memory) is issued together with
  *               O += P_{j-1} V_{j-1} (P from registers); the softmax of S_j runs while the
- *               tensor cores finish P V; then O is rescaled and P_j packed. At d <= 128 the two
- *               consumers take turns issuing ("ping-pong"), at d256 they issue independently
+ *               tensor cores finish P V; then O is rescaled and P_j packed. At d <= 128 the
+ *               consumers take turns issuing ("ping-pong", a ring), at d256 they issue independently
  *               (what measured faster for each); either way one's softmax overlaps the other's
  *               matrix products. At d <= 128 a work item's last P V is issued with the next
  *               item's S_0 (its Q loaded into a second buffer during this item, where a tensor
- *               copy brings it: a whole item); at d = 64 one
- *               in four exponentials runs on the FMA pipe (kva__hp_exp2_fma).
+ *               copy brings it: a whole item).
  *   out   = as prefill_kernel.cuh: O / l and LSE, or f32 partials for a split work item.
  *
  * Per key tile and block: bytes = 2 * BN * D * 2 from L2/DRAM (64 KB at D = 128, BN = 128);
- * FLOPs = 4 * 128 * BN * D (8.4 MFLOP). Registers per consumer thread: O = D / 2 floats,
+ * FLOPs = 4 * ROWS * BN * D (8.4 MFLOP at d128). Registers per consumer thread: O = D / 2 floats,
  * S = BN / 2 floats, P = BN / 4 words.
  */
 #ifndef KVA_PREFILL_HOPPER_CUH
@@ -95,21 +95,35 @@
 #define KVA__HP_POS_RESERVE 1
 #endif
 
+/* Consumer warpgroups at d64 (KVA__HP_CWG_D64, prefill_kernels.h): three (192-row items,
+ * FlashAttention-3's choice there), so that three warps' softmaxes share each scheduler against
+ * the same tensor work per warp -- the d64 softmax is latency-bound with two (bench/NOTES.md,
+ * "d64: where the softmax's cycles go"). */
+static_assert(KVA__HP_CWG_D64 == 2 || KVA__HP_CWG_D64 == 3, "KVA__HP_CWG_D64: 2 or 3 consumer warpgroups");
+
 template <typename T, int D>
 struct kva__hopper_geom {
-    static constexpr int ROWS = 128;
+    static constexpr int CWG = D == 64 ? KVA__HP_CWG_D64 : 2; /* consumer warpgroups, 64 rows each */
+    static constexpr int ROWS = 64 * CWG;
+    static constexpr int THREADS = 128 * (1 + CWG);
     static constexpr int BN = D <= 128 ? 128 : 64; /* d256: O is 128 registers already */
     static constexpr int STAGES = KVA__HP_STAGES(D);
     static constexpr int CPR = D / 8;               /* 16-byte chunks per row */
     static constexpr int Q_BYTES = ROWS * D * 2;
     static constexpr int TILE_BYTES = BN * D * 2;
-    /* registers per thread after reallocation: 128 * producer + 256 * consumer may not exceed
-     * what the launch gave the block (384 x 168 = 64512; a larger request never completes). The
-     * producer warps' loops fit in 72 without spilling, and since v6.28 (the O stores and Q
-     * copies moved off the consumers) d256's consumers fit in 216 as well (with 224 / 56 the K/V
-     * producer spilled) */
-    static constexpr int PRODUCER_REGS = 72;
-    static constexpr int CONSUMER_REGS = 216;
+    /* registers per thread after reallocation: 128 * producer + 128 * CWG * consumer may not
+     * exceed what the launch gave the block (384 x 168 = 64512, 512 x 128 = 65536; a larger
+     * request never completes). Two consumer warpgroups: the producer warps' loops fit in 72
+     * without spilling, and since v6.28 (the O stores and Q copies moved off the consumers) d256's
+     * consumers fit in 216 as well (with 224 / 56 the K/V producer spilled). Three: 32 / 160
+     * (d64's consumers used 168) */
+#ifndef KVA__HP_REGS3_P
+#define KVA__HP_REGS3_P 32
+#define KVA__HP_REGS3_C 160
+#endif
+    static constexpr int PRODUCER_REGS = CWG == 3 ? KVA__HP_REGS3_P : 72;
+    static constexpr int CONSUMER_REGS = CWG == 3 ? KVA__HP_REGS3_C : 216;
+    static_assert(128 * PRODUCER_REGS + 128 * CWG * CONSUMER_REGS <= 65536, "register reallocation exceeds the SM");
     /* work records in flight from the scheduler warp to the other warps (slots of 16 words in
      * the workspace, see the kernel and KVA__SCHED_RING) */
     static constexpr int RING = 4;
@@ -263,14 +277,16 @@ __device__ __forceinline__ float kva__hp_exp2_fma(float x) {
     const float r = __int_as_float(__float_as_int(p) + (__float_as_int(t) << 23));
     return x < -126.0f ? 0.0f : r;
 }
-/* Measured on an H200 (bench/NOTES.md, v6.13): one in 4 at d = 64 (+10% on 512-token rows,
- * level at 16k); 10-15% slower at d = 128 and 256, where the MUFU unit is not what the softmax
- * waits on. */
+/* Measured on an H200 (bench/NOTES.md, v6.13): one in 4 at d = 64 with two consumer
+ * warpgroups (+10% on 512-token rows, level at 16k); 10-15% slower at d = 128 and 256, where the
+ * MUFU unit is not what the softmax waits on, and at d = 64 with three warpgroups (v6.31: one in
+ * 4 / 8 / 16 / none 440 / 463 / 461 / 476 TFLOP/s at 16k causal: issue slots, not the MUFU
+ * unit, are what three warpgroups' softmaxes share). */
 /* (-DKVA__HP_EXP_FMA_EVERY=N forces one in N at every head dim, 0 none) */
 #ifdef KVA__HP_EXP_FMA_EVERY
 #define KVA__HP_EXP_FMA(D) (KVA__HP_EXP_FMA_EVERY)
 #else
-#define KVA__HP_EXP_FMA(D) ((D) == 64 ? 4 : 0)
+#define KVA__HP_EXP_FMA(D) ((D) == 64 && KVA__HP_CWG_D64 == 2 ? 4 : 0)
 #endif
 
 /* max (MAX) or sum of t[0..N) as a tree of depth log2 N (N a power of two) */
@@ -286,10 +302,11 @@ __device__ __forceinline__ float kva__hp_tree(float *t) {
 }
 
 template <typename T, int D>
-__global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __grid_constant__ kva__hopper_prefill_args ha) {
+__global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefill_hopper_kernel(const __grid_constant__ kva__hopper_prefill_args ha) {
 #if KVA__HAVE_WGMMA
     using G = kva__hopper_geom<T, D>;
-    constexpr int BN = G::BN, ROWS = G::ROWS, CPR = G::CPR;
+    constexpr int BN = G::BN, ROWS = G::ROWS, CPR = G::CPR, CWG = G::CWG;
+    constexpr int CWARPS = 4 * CWG; /* consumer warps */
     constexpr int NT = BN / 8, DT = D / 8, CB = D / 64; /* column blocks of 64 elements */
     const kva__prefill_args &a = ha.a;
     extern __shared__ __align__(1024) unsigned char smem[];
@@ -425,20 +442,20 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
         for (int s = 0; s < G::STAGES; ++s) {
             kva__mbar_init(full_k(s), 1);
             kva__mbar_init(full_v(s), 1);
-            kva__mbar_init(empty_k(s), 8); /* one arrival per consumer warp */
-            kva__mbar_init(empty_v(s), 8);
+            kva__mbar_init(empty_k(s), CWARPS); /* one arrival per consumer warp */
+            kva__mbar_init(empty_v(s), CWARPS);
         }
         kva__mbar_init(tail_bar, 1);
         for (int i = 0; i < G::RING; ++i) {
             kva__mbar_init(slot_full(i), 1);
             /* the K/V producer warps, the consumer warps, the store warp */
-            kva__mbar_init(slot_empty(i), KVA__HP_KV_WARPS + 8 + 1);
+            kva__mbar_init(slot_empty(i), KVA__HP_KV_WARPS + CWARPS + 1);
         }
         kva__mbar_init(kv_top, 1);
         for (int b = 0; b < G::Q_BUFS; ++b) {
             kva__mbar_init(q_full(b), 1);
             kva__mbar_init(q_empty(b), 1);
-            kva__mbar_init(o_full(b), 8);
+            kva__mbar_init(o_full(b), CWARPS);
         }
         kva__mbar_init_fence();
     }
@@ -541,7 +558,7 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
                 kva__mbar_wait_idle(o_full(b), (uint32_t)(m / G::Q_BUFS) & 1u);
                 KVA__HP_TRACE_WARP(m, KVA__HPT_W_GOT, clock64());
                 if (lane == 0) {
-                    for (int h = 0; h < 2; ++h) {
+                    for (int h = 0; h < CWG; ++h) {
                         if (!o_staged(w, h)) continue;
                         /* (column blocks past the head dim hold nothing to store) */
                         for (int c = 0; c < CB && c * 64 < a.head_dim; ++c)
@@ -657,28 +674,29 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
 
     /* ================= consumers ================= */
     kva__setmaxnreg_inc<G::CONSUMER_REGS>();
-    const int ct = tid - 128;                 /* thread in the two consumer warpgroups */
-    /* consumer warpgroup 0 or 1 (uniform: the Q descriptors are built from it) */
+    const int ct = tid - 128;                 /* thread in the consumer warpgroups */
+    /* consumer warpgroup 0 .. CWG - 1 (uniform: the Q descriptors are built from it) */
     const int cw = KVA__HP_BCAST(ct >> 7);
     const int wt = ct & 127;                  /* thread in my warpgroup */
     const int lane = ct & 31, wq = wt >> 5;   /* warp in my warpgroup */
     const int row_base = cw * 64 + wq * 16;
 
-    /* Ping-pong (G::PINGPONG): I issue after my barrier completes, then let the other
-     * warpgroup go, so that the two warpgroups' matrix products alternate and one's softmax runs
-     * under the other's. Measured on an H200 (bench/NOTES.md, v6.7, v6.14): +4-7% on d = 128 rows
+    /* Ping-pong (G::PINGPONG): I issue after my barrier completes, then let the next
+     * warpgroup go (a ring of CWG), so that the warpgroups' matrix products alternate and one's
+     * softmax runs under the others'. Measured on an H200 (bench/NOTES.md, v6.7, v6.14): +4-7% on d = 128 rows
      * of 512-2048 tokens and level at 16k; at d = 64 2-5% slower before the cross-item tail,
      * +1-2% with it; at d = 256 1% slower over 16k, where letting both issue freely (their
      * softmaxes interleave through the hardware's own scheduling) is better. Both warpgroups
      * walk the same items and take the same number of turns per item (one per tile, plus one
      * for an S_0 the previous item's tail did not issue), so the turns run on across items;
-     * warpgroup 0 goes first and takes warpgroup 1's last pass at the end */
-    const int my_turn = 3 + cw, other_turn = 3 + (cw ^ 1);
+     * warpgroup 0 goes first and takes the last warpgroup's last pass at the end. (Named barriers:
+     * 1 .. CWG are the warpgroups' own Q copies, CWG + 1 .. 2 CWG their turns.) */
+    const int my_turn = 1 + CWG + cw, next_turn = 1 + CWG + (cw + 1 == CWG ? 0 : cw + 1);
     auto turn_wait = [&]() {
         if constexpr (G::PINGPONG) kva__bar_sync(my_turn, 256);
     };
     auto turn_pass = [&]() {
-        if constexpr (G::PINGPONG) kva__bar_arrive(other_turn, 256);
+        if constexpr (G::PINGPONG) kva__bar_arrive(next_turn, 256);
     };
     auto release = [&](uint32_t bar) {
         if (lane == 0) kva__mbar_arrive(bar);
@@ -687,7 +705,7 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
     /* with a variant (KVA__HAS_SCORE_MOD) scores reach the softmax in natural-log units
      * (native ALiBi: raw or capped like the built-in path's, the bias in them or in alibi_pre/_post) */
     const float mul = KVA__HAS_SCORE_MOD && !KVA__HP_ALIBI ? KVA__PF_LOG2E : capped ? 1.0f : a.scale_log2;
-    if (cw == 1) turn_pass();
+    if (cw == CWG - 1) turn_pass();
 
     /* Q buffers: with G::XITEM the next work item's Q lands in the other buffer during this
      * item (the scheduler warp's copies), so the next item's first Q K^T can be issued together
@@ -1154,21 +1172,23 @@ __global__ void __launch_bounds__(384, 1) kva__prefill_hopper_kernel(const __gri
             }
         }
     }
-    if (cw == 0) turn_wait(); /* warpgroup 1's last pass */
+    if (cw == 0) turn_wait(); /* the last warpgroup's last pass */
 #endif
 }
 
 /* The warp-specialised kernel of one element type for a head dim, or NULL. */
+#define KVA__HP_CASE(T, D)                                                                     \
+    *smem = kva__hopper_geom<T, D>::SMEM;                                                      \
+    *threads = kva__hopper_geom<T, D>::THREADS;                                                \
+    *rows = kva__hopper_geom<T, D>::ROWS;                                                      \
+    *block_n = kva__hopper_geom<T, D>::BN;                                                     \
+    return (const void *)kva__prefill_hopper_kernel<T, D>;
 #define KVA__PREFILL_HOPPER_INSTANTIATE(T, NAME)                                               \
-    const void *NAME(int head_dim, int *smem, int *threads, int *block_n) {                    \
-        *threads = 384;                                                                        \
+    const void *NAME(int head_dim, int *smem, int *threads, int *rows, int *block_n) {         \
         switch (head_dim) {                                                                    \
-        case 64: *smem = kva__hopper_geom<T, 64>::SMEM; *block_n = kva__hopper_geom<T, 64>::BN; \
-            return (const void *)kva__prefill_hopper_kernel<T, 64>;                             \
-        case 128: *smem = kva__hopper_geom<T, 128>::SMEM; *block_n = kva__hopper_geom<T, 128>::BN; \
-            return (const void *)kva__prefill_hopper_kernel<T, 128>;                            \
-        case 256: *smem = kva__hopper_geom<T, 256>::SMEM; *block_n = kva__hopper_geom<T, 256>::BN; \
-            return (const void *)kva__prefill_hopper_kernel<T, 256>;                            \
+        case 64: KVA__HP_CASE(T, 64)                                                           \
+        case 128: KVA__HP_CASE(T, 128)                                                         \
+        case 256: KVA__HP_CASE(T, 256)                                                         \
         default: return NULL;                                                                  \
         }                                                                                      \
     }

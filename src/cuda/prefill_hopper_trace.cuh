@@ -16,7 +16,7 @@
 
 enum {
     KVA__HP_TRACE_BLOCKS = 2,
-    KVA__HP_TRACE_ROLES = 3, /* producer, consumer warpgroup 0, consumer warpgroup 1 */
+    KVA__HP_TRACE_ROLES = 4, /* producer, consumer warpgroups 0, 1 (and 2 at d64) */
     KVA__HP_TRACE_ITEMS = 64,
     KVA__HP_TRACE_POINTS = 8
 };

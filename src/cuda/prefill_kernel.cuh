@@ -25,14 +25,15 @@
  *           its request's keys; otherwise f32 partial O and LSE into the workspace, merged by
  *           prefill_merge.cu. A row that sees no key gets 0 and LSE -inf.
  *
- * Hopper (WG = true, sm_90a): the same loop with two warpgroups of 4 warps x 16 rows (128 rows);
+ * Hopper (WG = true, sm_90a): the same loop with warpgroups of 4 warps x 16 rows (two, 128
+ *           rows; three, 192 rows, at d64 to match the warp-specialised kernel's items);
  *           S[64 x 64] = Q K^T per warpgroup as D/16 wgmma.m64n64k16 with both operands read
  *           by the tensor cores from shared memory (descriptors over a 128-byte-swizzled layout:
  *           64-element column blocks of 128-byte rows), O[64 x D] += P V as BN/16
  *           wgmma.m64nDk16 with P from registers (S's accumulator layout is the A-fragment
  *           layout) and V read N-major. cp.async writes are made visible to the tensor cores
  *           with fence.proxy.async before each barrier. No ldmatrix, 128 registers, 2 blocks
- *           (16 warps) per SM at D <= 128.
+ *           (16 warps) per SM at D = 128.
  *
  * Per key tile and block: bytes = 2 * BN * D * 2 (K and V; 32 KB at D = 128) from L2/DRAM;
  * FLOPs = 4 * ROWS * BN * D (4.2 MFLOP at ROWS = 128, D = 128); shared-memory reads per warp =
@@ -224,9 +225,10 @@ __device__ __forceinline__ void kva__pf_apply_score_mod(const kva__prefill_args 
         }
 }
 
-/* wgmma kernels at head_dim <= 128 fit two blocks (16 warps) per SM in 128 registers */
+/* wgmma kernels of 8 warps at head_dim <= 128 fit two blocks (16 warps) per SM in 128 registers
+ * (the 12-warp d64 one: one block) */
 template <typename T, int D, int MT, int WARPS, int BN_, bool WG>
-__global__ void __launch_bounds__(32 * WARPS, (WG && D <= 128) ? 2 : 1)
+__global__ void __launch_bounds__(32 * WARPS, (WG && D <= 128 && WARPS <= 8) ? 2 : 1)
     kva__prefill_kernel(const __grid_constant__ kva__prefill_args a) {
     using G = kva__prefill_geom<T, D, MT, WARPS, BN_, WG>;
     static_assert(!WG || MT == 1, "a warpgroup's 64 rows are 16 per warp");
@@ -278,7 +280,7 @@ __global__ void __launch_bounds__(32 * WARPS, (WG && D <= 128) ? 2 : 1)
      * tid / CPR + p * RSTEP from the table. The page id of tile j + 2 is loaded at the start of
      * iteration j and stored after the softmax, so its latency hides behind QK^T. */
     constexpr int RSTEP = THREADS / CPR; /* rows covered per pass (CPR <= 32) */
-    constexpr int PASSES = BN / RSTEP;
+    constexpr int PASSES = (BN + RSTEP - 1) / RSTEP; /* (12 warps at d64: 48 rows, the last pass half) */
     const int my_c = tid % CPR, my_r = tid / CPR;
     const bool my_c_real = my_c * 8 < a.head_dim; /* my chunks are zeros past the head dim */
     const T *kbase = (const T *)a.k + (int64_t)kh * a.k_sh + my_c * 8;
@@ -321,6 +323,7 @@ __global__ void __launch_bounds__(32 * WARPS, (WG && D <= 128) ? 2 : 1)
 #pragma unroll
         for (int p = 0; p < PASSES; ++p) {
             const int r = my_r + p * RSTEP;
+            if (BN % RSTEP != 0 && r >= BN) break;
             const int64_t off = tab[r];
             const bool ok = off >= 0 && my_c_real;
             kva__pf_cp16(dst + kva__pf_tile_off<RB, BN, WG>(r, my_c), ok ? (const void *)(base + off) : a.k, ok);
@@ -629,8 +632,8 @@ __global__ void __launch_bounds__(32 * WARPS, (WG && D <= 128) ? 2 : 1)
         case 128064: KVA__PF_CASE(T, 128, 1, 4, 64, false)                                     \
         case 256128: KVA__PF_CASE(T, 256, 1, 8, 64, false)                                     \
         case 256064: KVA__PF_CASE(T, 256, 1, 4, 64, false)                                     \
-        /* Hopper (sm_90a): two warpgroups x 64 rows on wgmma */                              \
-        case 64999: KVA__PF_CASE(T, 64, 1, 8, 64, true)                                        \
+        /* Hopper (sm_90a): warpgroups of 64 rows on wgmma, as many as the Hopper kernel's */  \
+        case 64999: KVA__PF_CASE(T, 64, 1, KVA__PREFILL_WG_WARPS(64), 64, true)                \
         case 128999: KVA__PF_CASE(T, 128, 1, 8, 64, true)                                      \
         case 256999: KVA__PF_CASE(T, 256, 1, 8, 64, true)                                      \
         default: return NULL;                                                                  \

@@ -17,6 +17,19 @@
  * long query runs, the 64-row kernel for short ones. */
 #define KVA__PREFILL_ROWS_LARGE 128
 #define KVA__PREFILL_ROWS_SMALL 64
+/* Consumer warpgroups (64 rows each) of the warp-specialised Hopper kernel at d64
+ * (prefill_hopper.cuh): three, so its items have 192 rows there (128 at d128 / d256). The wgmma
+ * kernel of the same head dim has as many warpgroups (KVA__PREFILL_WG_WARPS), so that it can run
+ * a plan made for the Hopper kernel (the fallback for K/V a tensor map cannot describe, and for
+ * variants without a Hopper build); f32 plans run on a kernel of any row count. A variant's
+ * NVRTC build gets the library's value (variant_compile.c). -DKVA__HP_CWG_D64=2: two
+ * (comparisons). */
+#ifndef KVA__HP_CWG_D64
+#define KVA__HP_CWG_D64 3
+#endif
+#define KVA__PREFILL_WG_WARPS(D) ((D) == 64 ? 4 * KVA__HP_CWG_D64 : 8)
+/* the most packed rows any prefill kernel's block holds */
+#define KVA__PREFILL_ROWS_MAX 192
 
 /* Everything a prefill kernel reads that is fixed for a workspace and a layer (a captured graph
  * may bake it in); what changes between plans is read from the workspace's device part. */
@@ -119,15 +132,17 @@ static inline int32_t kva__prefill_tile_tokens_for(int rows, int group) {
 }
 
 /* Instantiation lookups (prefill_bf16.cu, prefill_f16.cu, prefill_f32.cu): kernel for a row count
- * (or KVA__PREFILL_ROWS_HOPPER: the 128-row wgmma kernel), or NULL. */
+ * (or KVA__PREFILL_ROWS_HOPPER: the wgmma kernel of KVA__PREFILL_WG_WARPS, 192 rows at d64 and
+ * 128 elsewhere), or NULL. */
 #define KVA__PREFILL_ROWS_HOPPER 999
 const void *kva__prefill_bf16(int head_dim, int rows, int *smem, int *threads);
 const void *kva__prefill_f16(int head_dim, int rows, int *smem, int *threads);
 const void *kva__prefill_f32(int head_dim, int rows, int *smem, int *threads);
-/* The warp-specialised kernels (prefill_hopper_bf16.cu, prefill_hopper_f16.cu): 128 rows, 384
- * threads, *block_n keys per tile; NULL for a head dim without one. */
-const void *kva__prefill_hopper_bf16(int head_dim, int *smem, int *threads, int *block_n);
-const void *kva__prefill_hopper_f16(int head_dim, int *smem, int *threads, int *block_n);
+/* The warp-specialised kernels (prefill_hopper_bf16.cu, prefill_hopper_f16.cu): *rows packed rows
+ * (192 at d64, else 128), *threads (a producer warpgroup and one per 64 rows), *block_n keys per
+ * tile; NULL for a head dim without one. */
+const void *kva__prefill_hopper_bf16(int head_dim, int *smem, int *threads, int *rows, int *block_n);
+const void *kva__prefill_hopper_f16(int head_dim, int *smem, int *threads, int *rows, int *block_n);
 
 /* The merge of split prefill work items (prefill_merge.cu). */
 typedef struct kva__prefill_merge_args {

@@ -18,7 +18,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* The kernel of exactly `rows` rows (64, 128, or the Hopper 128-row kernel), or false. */
+/* The kernel of exactly `rows` rows (64, 128, or KVA__PREFILL_ROWS_HOPPER: the wgmma kernel of
+ * the Hopper kernel's rows), or false. The f32 kernel takes any row count: it reports the most. */
 static bool lookup(kva_dtype dtype, int head_dim, int rows, kva__prefill_choice *k) {
     int smem = 0, threads = 0;
     const void *fn = NULL;
@@ -27,7 +28,9 @@ static bool lookup(kva_dtype dtype, int head_dim, int rows, kva__prefill_choice 
     else if (dtype == KVA_F16) fn = kva__prefill_f16(head_dim, rows, &smem, &threads);
     if (!fn) return false;
     k->fn = fn;
-    k->rows = rows == KVA__PREFILL_ROWS_HOPPER ? KVA__PREFILL_ROWS_LARGE : rows;
+    k->rows = rows == KVA__PREFILL_ROWS_HOPPER ? threads / 2 /* 16 rows per warp */
+              : dtype == KVA_F32 && rows == KVA__PREFILL_ROWS_LARGE ? KVA__PREFILL_ROWS_MAX
+                                                                     : rows;
     k->smem = smem;
     k->threads = threads;
     k->lookup_rows = rows;
@@ -36,19 +39,21 @@ static bool lookup(kva_dtype dtype, int head_dim, int rows, kva__prefill_choice 
 
 /* The warp-specialised Hopper kernel, or false. */
 static bool lookup_hopper(kva_dtype dtype, int head_dim, kva__prefill_choice *k) {
-    int smem = 0, threads = 0, block_n = 0;
+    int smem = 0, threads = 0, rows = 0, block_n = 0;
     const void *fn = NULL;
-    if (dtype == KVA_BF16) fn = kva__prefill_hopper_bf16(head_dim, &smem, &threads, &block_n);
-    else if (dtype == KVA_F16) fn = kva__prefill_hopper_f16(head_dim, &smem, &threads, &block_n);
+    if (dtype == KVA_BF16) fn = kva__prefill_hopper_bf16(head_dim, &smem, &threads, &rows, &block_n);
+    else if (dtype == KVA_F16) fn = kva__prefill_hopper_f16(head_dim, &smem, &threads, &rows, &block_n);
     if (!fn) return false;
     k->fn = fn;
-    k->rows = KVA__PREFILL_ROWS_LARGE;
+    k->rows = rows;
     k->smem = smem;
     k->threads = threads;
     k->tma = 1;
     k->block_n = block_n;
     return true;
 }
+
+extern "C" int kva__prefill_wg_warps(int built_dim) { return KVA__PREFILL_WG_WARPS(built_dim); }
 
 bool kva__prefill_choose(kva_dtype dtype, int head_dim, int rows_wanted,
                          const kva__prefill_target *target, kva__prefill_choice *k) {
@@ -254,8 +259,7 @@ static kva_status launch_prefill(kva_context *ctx, const char *call, kva_dtype d
     if (ok) {
         /* Q and O by tensor copies where a map describes them (else the kernel's own copies) */
         const int g = a->group;
-        if (KVA__PREFILL_ROWS_LARGE % g == 0 &&
-            qo_map(&h.q_map, dt, a->q, a->q_st, a->q_sh, a->num_qo_heads, head_dim, g, KVA__PREFILL_ROWS_LARGE / g))
+        if (k->rows % g == 0 && qo_map(&h.q_map, dt, a->q, a->q_st, a->q_sh, a->num_qo_heads, head_dim, g, k->rows / g))
             h.qo_maps |= 1;
         if (a->o && 64 % g == 0 &&
             qo_map(&h.o_map, dt, a->o, a->o_st, a->o_sh, a->num_qo_heads, head_dim, g, 64 / g))

@@ -35,8 +35,13 @@ static inline int kva__built_head_dim(int head_dim) {
     return head_dim <= 64 ? 64 : head_dim <= 128 ? 128 : 256;
 }
 
+/* Warps of the wgmma prefill kernel built for `built_dim` (prefill_launch.cu,
+ * KVA__PREFILL_WG_WARPS): 4 per consumer warpgroup of the warp-specialised Hopper kernel (12 at
+ * d64, 8 elsewhere), so a variant's build of it matches the library's. */
+int kva__prefill_wg_warps(int built_dim);
+
 /* Kernels per module: decode (nt - 1) + 2 * global_rowmax; prefill f16/bf16: the 128-row
- * mma.sync kernel, the 64-row one, the 128-row wgmma one (sm_90a only) and the warp-specialised
+ * mma.sync kernel, the 64-row one, the wgmma one (sm_90a only; 192 rows at d64) and the warp-specialised
  * TMA kernel (sm_90a, once prefill_hopper.cuh has the hook, KVA__HAS_SCORE_MOD: kva__variant_hopper_hooked);
  * prefill f32: one. */
 #define KVA__VMOD_MAX_KERNELS 4

@@ -64,7 +64,8 @@ static const char *type_name(kva_dtype t) {
 
 /* The name expressions of a module's kernel slots (variant.h); NULL where the slot has none on
  * `arch`. Prefill tiles mirror KVA__PREFILL_INSTANTIATE (prefill_kernel.cuh): (MT, warps) =
- * (2, 4) for 128 rows at d <= 128, (1, 8) at d = 256, (1, 4) for 64 rows, (1, 8) on wgmma. */
+ * (2, 4) for 128 rows at d <= 128, (1, 8) at d = 256, (1, 4) for 64 rows, (1, 8) on wgmma ((1, 12)
+ * at d64: kva__prefill_wg_warps). */
 static void kernel_exprs(const kva__vmod_id *id, int arch, char exprs[KVA__VMOD_MAX_KERNELS][160]) {
     const char *T = type_name(id->dtype);
     const int D = id->dim;
@@ -80,7 +81,8 @@ static void kernel_exprs(const kva__vmod_id *id, int arch, char exprs[KVA__VMOD_
                  D <= 128 ? 2 : 1, D <= 128 ? 4 : 8);
         snprintf(exprs[KVA__VMOD_PF_SMALL], 160, "&kva__prefill_kernel<%s, %d, 1, 4, 64, false>", T, D);
         if (arch == 90)
-            snprintf(exprs[KVA__VMOD_PF_HOPPER], 160, "&kva__prefill_kernel<%s, %d, 1, 8, 64, true>", T, D);
+            snprintf(exprs[KVA__VMOD_PF_HOPPER], 160, "&kva__prefill_kernel<%s, %d, 1, %d, 64, true>", T, D,
+                     kva__prefill_wg_warps(D));
         if (arch == 90 && kva__variant_hopper_hooked())
             snprintf(exprs[KVA__VMOD_PF_TMA], 160, "&kva__prefill_hopper_kernel<%s, %d>", T, D);
     }
@@ -144,9 +146,9 @@ void kva__variant_key(const char *source, const char *function, const kva__vmod_
     int ptx = 0;
     nvrtc_options(arch, arch_opt, &ptx);
     char head[256];
-    snprintf(head, sizeof head, "lib %016llx nvrtc %d.%d %s ptx %d kind %d dtype %d dim %d fn %s\n",
+    snprintf(head, sizeof head, "lib %016llx nvrtc %d.%d %s ptx %d kind %d dtype %d dim %d wg %d fn %s\n",
              (unsigned long long)library_hash(), maj, min, arch_opt, ptx, id->kind, (int)id->dtype, id->dim,
-             function);
+             kva__prefill_wg_warps(id->dim), function);
     /* two FNV-1a streams from different offset bases: 128 bits against accidental collisions
      * (the file also stores the key, so a colliding file name is a miss, not a wrong hit) */
     uint64_t h0 = 0xcbf29ce484222325ull, h1 = 0x84222325cbf29ce4ull;
@@ -207,9 +209,10 @@ static kva_status compile_module(const char *source, const char *function, int a
      * 16-bit prefill kernels (variant_prelude.cuh) */
     const int fast_tanh = img->id.kind == KVA__VMOD_PREFILL && img->id.dtype != KVA_F32;
     snprintf(prog, prog_size,
-             "#define KVA_SCORE_MOD_FN %s\n%s%s#include \"cuda_common.cuh\"\n#include \"variant_prelude.cuh\"\n"
+             "#define KVA_SCORE_MOD_FN %s\n#define KVA__HP_CWG_D64 %d\n%s%s#include \"cuda_common.cuh\"\n"
+             "#include \"variant_prelude.cuh\"\n"
              "#line 1 \"variant.cu\"\n%s\n#line 1 \"kvattn-kernels.cu\"\n#include \"%s\"\n",
-             function, strcmp(function, "kva_alibi") == 0 ? "#define KVA__FN_IS_KVA_ALIBI 1\n" : "",
+             function, kva__prefill_wg_warps(64) / 4, strcmp(function, "kva_alibi") == 0 ? "#define KVA__FN_IS_KVA_ALIBI 1\n" : "",
              fast_tanh ? "#define KVA__VARIANT_FAST_TANH 1\n" : "", source, kernel_file(&img->id, arch));
     if (nvrtcCreateProgram(&p, prog, "variant.cu", nh, hdr, names) != NVRTC_SUCCESS) {
         st = KVA_ERR_OUT_OF_MEMORY;

@@ -38,9 +38,9 @@ static int slot_smem(const kva__vmod_id *id, int slot, int *threads) {
         return ch.smem;
     }
     if (slot == KVA__VMOD_PF_TMA) {
-        int smem = 0, block_n = 0;
-        const void *fn = id->dtype == KVA_BF16   ? kva__prefill_hopper_bf16(id->dim, &smem, threads, &block_n)
-                         : id->dtype == KVA_F16 ? kva__prefill_hopper_f16(id->dim, &smem, threads, &block_n)
+        int smem = 0, rows = 0, block_n = 0;
+        const void *fn = id->dtype == KVA_BF16   ? kva__prefill_hopper_bf16(id->dim, &smem, threads, &rows, &block_n)
+                         : id->dtype == KVA_F16 ? kva__prefill_hopper_f16(id->dim, &smem, threads, &rows, &block_n)
                                                 : NULL;
         return fn ? smem : 0;
     }
