@@ -306,9 +306,15 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
 #if KVA__HAVE_WGMMA
     using G = kva__hopper_geom<T, D>;
     constexpr int BN = G::BN, ROWS = G::ROWS, CPR = G::CPR, CWG = G::CWG;
-    constexpr int CWARPS = 4 * CWG; /* consumer warps */
     constexpr int NT = BN / 8, DT = D / 8, CB = D / 64; /* column blocks of 64 elements */
     const kva__prefill_args &a = ha.a;
+    /* consumer warpgroups at work in this launch: with three (d64), decode records -- one token
+     * of a GQA group, at most 128 rows -- leave the third without rows (it computed 192 rows for
+     * them: Falcon-7B 71/1 decode 10% slower, bench/NOTES.md v6.31), so there it leaves at once
+     * and the launch runs as a two-warpgroup kernel: arrival counts, the store warp's thirds and
+     * the turn ring count the warpgroups at work */
+    const int ncw = CWG > 2 && a.decode_records && a.group <= (CWG - 1) * 64 ? CWG - 1 : CWG;
+    const int cwarps = 4 * ncw; /* consumer warps at work */
     extern __shared__ __align__(1024) unsigned char smem[];
 
     const int tid = threadIdx.x;
@@ -442,20 +448,20 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
         for (int s = 0; s < G::STAGES; ++s) {
             kva__mbar_init(full_k(s), 1);
             kva__mbar_init(full_v(s), 1);
-            kva__mbar_init(empty_k(s), CWARPS); /* one arrival per consumer warp */
-            kva__mbar_init(empty_v(s), CWARPS);
+            kva__mbar_init(empty_k(s), cwarps); /* one arrival per consumer warp */
+            kva__mbar_init(empty_v(s), cwarps);
         }
         kva__mbar_init(tail_bar, 1);
         for (int i = 0; i < G::RING; ++i) {
             kva__mbar_init(slot_full(i), 1);
             /* the K/V producer warps, the consumer warps, the store warp */
-            kva__mbar_init(slot_empty(i), KVA__HP_KV_WARPS + CWARPS + 1);
+            kva__mbar_init(slot_empty(i), KVA__HP_KV_WARPS + cwarps + 1);
         }
         kva__mbar_init(kv_top, 1);
         for (int b = 0; b < G::Q_BUFS; ++b) {
             kva__mbar_init(q_full(b), 1);
             kva__mbar_init(q_empty(b), 1);
-            kva__mbar_init(o_full(b), CWARPS);
+            kva__mbar_init(o_full(b), cwarps);
         }
         kva__mbar_init_fence();
     }
@@ -558,7 +564,7 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
                 kva__mbar_wait_idle(o_full(b), (uint32_t)(m / G::Q_BUFS) & 1u);
                 KVA__HP_TRACE_WARP(m, KVA__HPT_W_GOT, clock64());
                 if (lane == 0) {
-                    for (int h = 0; h < CWG; ++h) {
+                    for (int h = 0; h < ncw; ++h) {
                         if (!o_staged(w, h)) continue;
                         /* (column blocks past the head dim hold nothing to store) */
                         for (int c = 0; c < CB && c * 64 < a.head_dim; ++c)
@@ -682,7 +688,7 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
     const int row_base = cw * 64 + wq * 16;
 
     /* Ping-pong (G::PINGPONG): I issue after my barrier completes, then let the next
-     * warpgroup go (a ring of CWG), so that the warpgroups' matrix products alternate and one's
+     * warpgroup go (a ring of ncw), so that the warpgroups' matrix products alternate and one's
      * softmax runs under the others'. Measured on an H200 (bench/NOTES.md, v6.7, v6.14): +4-7% on d = 128 rows
      * of 512-2048 tokens and level at 16k; at d = 64 2-5% slower before the cross-item tail,
      * +1-2% with it; at d = 256 1% slower over 16k, where letting both issue freely (their
@@ -691,7 +697,8 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
      * for an S_0 the previous item's tail did not issue), so the turns run on across items;
      * warpgroup 0 goes first and takes the last warpgroup's last pass at the end. (Named barriers:
      * 1 .. CWG are the warpgroups' own Q copies, CWG + 1 .. 2 CWG their turns.) */
-    const int my_turn = 1 + CWG + cw, next_turn = 1 + CWG + (cw + 1 == CWG ? 0 : cw + 1);
+    if (cw >= ncw) return;
+    const int my_turn = 1 + CWG + cw, next_turn = 1 + CWG + (cw + 1 == ncw ? 0 : cw + 1);
     auto turn_wait = [&]() {
         if constexpr (G::PINGPONG) kva__bar_sync(my_turn, 256);
     };
@@ -705,7 +712,7 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
     /* with a variant (KVA__HAS_SCORE_MOD) scores reach the softmax in natural-log units
      * (native ALiBi: raw or capped like the built-in path's, the bias in them or in alibi_pre/_post) */
     const float mul = KVA__HAS_SCORE_MOD && !KVA__HP_ALIBI ? KVA__PF_LOG2E : capped ? 1.0f : a.scale_log2;
-    if (cw == CWG - 1) turn_pass();
+    if (cw == ncw - 1) turn_pass();
 
     /* Q buffers: with G::XITEM the next work item's Q lands in the other buffer during this
      * item (the scheduler warp's copies), so the next item's first Q K^T can be issued together
