@@ -20,7 +20,7 @@ CUDA-graph replay for the small shapes, the time of seed 002's global-rowmax alg
 
 Model-shape decode tables (issue 8; skipped with --no-models or --shapes): the same method on the
 head configurations of real models (32/8 d128, 28/4 d128, 8/1 d128, 32/32 d128, 16/8 d256,
-32/4 d64, 32/32 d96, 71/1 d64) at batch x context 1x8192, 1x32768, 8x4096, 64x4096, against the
+32/4 d64, 32/32 d96, 71/1 d64, 48/1 d128) at batch x context 1x8192, 1x32768, 8x4096, 64x4096, against the
 best of SDPA flash / cuDNN on contiguous K/V; then three ragged batches (32/8 d128; lengths from
 seed 8): (a) 95 log-normal lengths (median 1.5k, sigma 1, clipped to 32k) and one of 32k, (b) one
 of 64k and 63 of 100, (c) 256 uniform in 1..8k. Ragged rows compare with the best of PyTorch on
@@ -293,7 +293,7 @@ def print_decode_table(dev_name, date, res):
 # (label, query heads, KV heads, head dim): head configurations of real models
 MODEL_SHAPES = [("Llama-3-8B", 32, 8, 128), ("Qwen2-7B", 28, 4, 128), ("Llama-3-70B/TP8", 8, 1, 128),
                 ("Llama-2-7B", 32, 32, 128), ("Gemma-2-9B", 16, 8, 256), ("32q/4kv d64", 32, 4, 64),
-                ("Phi-3-mini", 32, 32, 96), ("Falcon-7B", 71, 1, 64)]
+                ("Phi-3-mini", 32, 32, 96), ("Falcon-7B", 71, 1, 64), ("StarCoder-15B", 48, 1, 128)]
 MODEL_BATCHES = [(1, 8192), (1, 32768), (8, 4096), (64, 4096)]
 RAGGED_DECODE_SEED = 8
 

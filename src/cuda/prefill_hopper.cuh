@@ -308,12 +308,12 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
     constexpr int BN = G::BN, ROWS = G::ROWS, CPR = G::CPR, CWG = G::CWG;
     constexpr int NT = BN / 8, DT = D / 8, CB = D / 64; /* column blocks of 64 elements */
     const kva__prefill_args &a = ha.a;
-    /* consumer warpgroups at work in this launch: with three (d64), decode records -- one token
-     * of a GQA group, at most 128 rows -- leave the third without rows (it computed 192 rows for
-     * them: Falcon-7B 71/1 decode 10% slower, bench/NOTES.md v6.31), so there it leaves at once
-     * and the launch runs as a two-warpgroup kernel: arrival counts, the store warp's thirds and
-     * the turn ring count the warpgroups at work */
-    const int ncw = CWG > 2 && a.decode_records && a.group <= (CWG - 1) * 64 ? CWG - 1 : CWG;
+    /* consumer warpgroups at work in this launch: a decode record is one token of a GQA group
+     * (17..128 rows), so the warpgroups past its rows would compute on zeros (the third at d64
+     * did: Falcon-7B 71/1 decode 10% slower, bench/NOTES.md v6.31); they leave at once and the
+     * launch runs with ceil(group / 64): arrival counts, the store warp's parts and the turn ring
+     * count the warpgroups at work (one takes no turns) */
+    const int ncw = a.decode_records ? min(CWG, max(1, (a.group + 63) / 64)) : CWG;
     const int cwarps = 4 * ncw; /* consumer warps at work */
     extern __shared__ __align__(1024) unsigned char smem[];
 
@@ -700,10 +700,12 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
     if (cw >= ncw) return;
     const int my_turn = 1 + CWG + cw, next_turn = 1 + CWG + (cw + 1 == ncw ? 0 : cw + 1);
     auto turn_wait = [&]() {
-        if constexpr (G::PINGPONG) kva__bar_sync(my_turn, 256);
+        if constexpr (G::PINGPONG)
+            if (ncw > 1) kva__bar_sync(my_turn, 256);
     };
     auto turn_pass = [&]() {
-        if constexpr (G::PINGPONG) kva__bar_arrive(next_turn, 256);
+        if constexpr (G::PINGPONG)
+            if (ncw > 1) kva__bar_arrive(next_turn, 256);
     };
     auto release = [&](uint32_t bar) {
         if (lane == 0) kva__mbar_arrive(bar);
