@@ -256,7 +256,9 @@ static void batch_free(batch *b) {
 
 /* Query lengths around the 16-row MMA fragment and the 64 / 128-row tiles. A sweep takes them
  * in turn (edge_next) so every one is met, whatever the random draws. */
-static const int32_t qo_edges[] = {1, 2, 15, 16, 17, 127, 128, 129};
+/* query runs at the tile edges: 128-row items (groups 1, 2, 4 at d128 / d256) and 192-row ones
+ * (d64 on Hopper: 192, 96, 48 tokens) */
+static const int32_t qo_edges[] = {1, 2, 15, 16, 17, 47, 48, 49, 95, 96, 97, 127, 128, 129, 191, 192, 193};
 #define NUM_QO_EDGES ((int)(sizeof qo_edges / sizeof qo_edges[0]))
 static int edge_next;
 

@@ -322,7 +322,7 @@ kva__prefill_target kva__cuda_prefill_target(const kva_context *ctx) {
     return t;
 }
 
-/* Prefill: query tiles of the largest kernel's rows (128 packed rows) or,
+/* Prefill: query tiles of the largest kernel's rows (128 packed rows; 192 at d64 on Hopper) or,
  * for batches of short query runs, of the 64-row kernel; keys split only while the batch's
  * (work item x KV head) blocks are fewer than one wave, in chunks of at least 4 key tiles. */
 static kva_status prefill_policy(const kva_context *ctx, const kva_plan_limits *limits, int dim_idx,

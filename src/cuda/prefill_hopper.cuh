@@ -31,7 +31,7 @@
  *               O += P_{j-1} V_{j-1} (P from registers); the softmax of S_j runs while the
  *               tensor cores finish P V; then O is rescaled and P_j packed. At d <= 128 the
  *               consumers take turns issuing ("ping-pong", a ring), at d256 they issue independently
- *               (what measured faster for each); either way one's softmax overlaps the other's
+ *               (what measured faster for each); either way one's softmax overlaps the others'
  *               matrix products. At d <= 128 a work item's last P V is issued with the next
  *               item's S_0 (its Q loaded into a second buffer during this item, where a tensor
  *               copy brings it: a whole item).
@@ -119,11 +119,15 @@ struct kva__hopper_geom {
      * (d64's consumers used 168) */
 #ifndef KVA__HP_REGS3_P
 #define KVA__HP_REGS3_P 32
+#endif
+#ifndef KVA__HP_REGS3_C
 #define KVA__HP_REGS3_C 160
 #endif
     static constexpr int PRODUCER_REGS = CWG == 3 ? KVA__HP_REGS3_P : 72;
     static constexpr int CONSUMER_REGS = CWG == 3 ? KVA__HP_REGS3_C : 216;
-    static_assert(128 * PRODUCER_REGS + 128 * CWG * CONSUMER_REGS <= 65536, "register reallocation exceeds the SM");
+    /* (what the launch gives: 64K registers over THREADS, rounded down to a multiple of 8) */
+    static_assert(128 * PRODUCER_REGS + 128 * CWG * CONSUMER_REGS <= THREADS * (65536 / THREADS / 8 * 8),
+                  "register reallocation exceeds what the launch gives the block");
     /* work records in flight from the scheduler warp to the other warps (slots of 16 words in
      * the workspace, see the kernel and KVA__SCHED_RING) */
     static constexpr int RING = 4;
@@ -133,7 +137,8 @@ struct kva__hopper_geom {
     /* native ALiBi's column-offset tile (BN rows of one 128-byte swizzled row block, of which the
      * first k16 slice is used). Reserved in every build: a variant module's kernel is launched with
      * the library's own geometry, and with the default stages the extra 8-16 KB leaves one block
-     * per SM (d64 177 KB, d128 209 KB with their second Q buffers, d256 under 228 KB). */
+     * per SM (d64 193 KB with three warpgroups' Q, d128 209 KB, both with their second Q buffers;
+     * d256 under 228 KB). */
     static constexpr int POS_BYTES = KVA__HP_POS_RESERVE || KVA__HP_ALIBI ? BN * 128 : 0;
     /* the consumers take turns issuing (see the consumer loop); -DKVA__HP_PINGPONG=0/1 forces it */
 #ifdef KVA__HP_PINGPONG
@@ -309,7 +314,7 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
     constexpr int NT = BN / 8, DT = D / 8, CB = D / 64; /* column blocks of 64 elements */
     const kva__prefill_args &a = ha.a;
     /* consumer warpgroups at work in this launch: a decode record is one token of a GQA group
-     * (17..128 rows), so the warpgroups past its rows would compute on zeros (the third at d64
+     * (at most 128 rows), so the warpgroups past its rows would compute on zeros (the third at d64
      * did: Falcon-7B 71/1 decode 10% slower, bench/NOTES.md v6.31); they leave at once and the
      * launch runs with ceil(group / 64): arrival counts, the store warp's parts and the turn ring
      * count the warpgroups at work (one takes no turns) */
@@ -382,9 +387,9 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
      * scheduler then only passes the buffer on, "q full"); the consumers stage the item's O in
      * the same buffer and arrive on "o full"; warp 2 stores it by tensor copies and arrives on
      * "q empty", which the scheduler waits for before the buffer's next Q. The record's
-     * decoding, whole items' Q copies and whole halves' O stores (~3300 cycles per item on the
-     * consumers' critical path before, v6.25 trace) thus run on other warps; the consumers still
-     * copy other items' Q, store O themselves at d64, for split items and halves that are not
+     * decoding, whole items' Q copies and whole warpgroup parts' O stores (~3300 cycles per item
+     * on the consumers' critical path before, v6.25 trace) thus run on other warps; the consumers
+     * still copy other items' Q, store O themselves for split items and 64-row parts that are not
      * whole (or without the maps), and write the LSE. */
     auto slot_full = [&](int i) { return bar_at(4 * G::STAGES + 1 + i); };
     auto slot_empty = [&](int i) { return bar_at(4 * G::STAGES + 1 + G::RING + i); };
@@ -437,8 +442,8 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
     auto q_by_tma = [&](const kva__hp_work &w) {
         return (ha.qo_maps & 1) && w.it.q_tokens * g == ROWS && box >= KVA__HP_Q_TMA_MIN_BOX;
     };
-    /* whether consumer warpgroup h's half of item w's O is staged for the store warp's tensor
-     * copies (else the consumers store it): whole halves of unsplit items (see the epilogue) */
+    /* whether consumer warpgroup h's 64 rows of item w's O are staged for the store warp's tensor
+     * copies (else the consumers store them): whole parts of unsplit items (see the epilogue) */
     auto o_staged = [&](const kva__hp_work &w, int h) {
         return D >= KVA__HP_STAGED_MIN_D && (ha.qo_maps & 2) && 64 % g == 0 && w.it.q_tokens * g >= (h + 1) * 64 &&
                w.it.key_beg <= 0 && w.it.key_end >= w.it.kv_len;
@@ -484,7 +489,7 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
         if (warp == 1) {
             /* ================= scheduler: items and their Q ================= */
             /* item w's Q -> buffer b: a tensor copy per column block of a whole item (g heads x
-             * 128 / g tokens, never past the item's rows); for other items the consumers copy it
+             * ROWS / g tokens, never past the item's rows); for other items the consumers copy it
              * (q_by_tma), this only passes the buffer on */
             auto load_q = [&](const kva__hp_work &w, int b, int m) {
                 if (lane == 0) {
@@ -548,7 +553,7 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
         }
         if (warp == 2) {
             /* ================= O store ================= */
-            /* item m's staged halves: one tensor copy per half and column block (g heads x 64 / g
+            /* item m's staged 64-row parts: one tensor copy per part and column block (g heads x 64 / g
              * tokens; a warp's 16-byte stores, or a bulk copy per row, took ~12000 cycles per
              * item beside the consumers' matrix products: v6.28 trace) */
             if (lane == 0 && (ha.qo_maps & 2)) kva__tma_prefetch_map(&ha.o_map);
@@ -692,7 +697,7 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
      * softmax runs under the others'. Measured on an H200 (bench/NOTES.md, v6.7, v6.14): +4-7% on d = 128 rows
      * of 512-2048 tokens and level at 16k; at d = 64 2-5% slower before the cross-item tail,
      * +1-2% with it; at d = 256 1% slower over 16k, where letting both issue freely (their
-     * softmaxes interleave through the hardware's own scheduling) is better. Both warpgroups
+     * softmaxes interleave through the hardware's own scheduling) is better. All warpgroups
      * walk the same items and take the same number of turns per item (one per tile, plus one
      * for an S_0 the previous item's tail did not issue), so the turns run on across items;
      * warpgroup 0 goes first and takes the last warpgroup's last pass at the end. (Named barriers:
@@ -1101,7 +1106,7 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
         const uint32_t q_o = q_buf(qb); /* this item's Q rows: free since its last Q K^T */
         /* O through shared memory: staged in my warpgroup's Q rows and written by the store
          * warp's tensor copies (bench/NOTES.md, v6.17, v6.28). Needs the O map (16-byte aligned
-         * o and strides, a group dividing 64: qo_maps & 2) and my whole 64-row half of an
+         * o and strides, a group dividing 64: qo_maps & 2) and my whole 64-row part of an
          * unsplit item (else the direct stores below). At d64 too since the store warp writes
          * the staged rows (2-4% on rows of 512-2048 tokens, level at 16k: bench/NOTES.md; the
          * consumers' own copies of staged rows had measured 3-6% slower at 16k causal). */

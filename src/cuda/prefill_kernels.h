@@ -76,13 +76,13 @@ typedef struct kva__prefill_args {
 /* The warp-specialised Hopper kernel's argument block (prefill_hopper.cuh): the tensor maps of
  * K and V (built by the launcher per call: pointers and strides; ragged: dims 64 elements x
  * token x head x column block; paged: 64 x slot x head x column block x page), of Q and O
- * (dims 64 x head x token x column block; a Q box is a whole 128-row item, an O box one
+ * (dims 64 x head x token x column block; a Q box is a whole item of the kernel's rows, an O box one
  * consumer warpgroup's 64 rows) and the plain arguments. */
 typedef struct kva__hopper_prefill_args {
     CUtensorMap k_map, v_map, q_map, o_map;
     kva__prefill_args a;
     int32_t box_rows;  /* paged: keys per copy box (divides the page size and the key tile) */
-    int32_t qo_maps;   /* 1: q_map holds (the group divides 128), 2: o_map holds (it divides 64);
+    int32_t qo_maps;   /* 1: q_map holds (the group divides the kernel's rows), 2: o_map holds (it divides 64);
                         * without one the kernel copies Q / stores O itself */
 } kva__hopper_prefill_args;
 

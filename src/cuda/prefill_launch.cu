@@ -19,7 +19,7 @@
 #include <string.h>
 
 /* The kernel of exactly `rows` rows (64, 128, or KVA__PREFILL_ROWS_HOPPER: the wgmma kernel of
- * the Hopper kernel's rows), or false. The f32 kernel takes any row count: it reports the most. */
+ * the Hopper kernel's rows), or false. */
 static bool lookup(kva_dtype dtype, int head_dim, int rows, kva__prefill_choice *k) {
     int smem = 0, threads = 0;
     const void *fn = NULL;
@@ -28,9 +28,7 @@ static bool lookup(kva_dtype dtype, int head_dim, int rows, kva__prefill_choice 
     else if (dtype == KVA_F16) fn = kva__prefill_f16(head_dim, rows, &smem, &threads);
     if (!fn) return false;
     k->fn = fn;
-    k->rows = rows == KVA__PREFILL_ROWS_HOPPER ? threads / 2 /* 16 rows per warp */
-              : dtype == KVA_F32 && rows == KVA__PREFILL_ROWS_LARGE ? KVA__PREFILL_ROWS_MAX
-                                                                     : rows;
+    k->rows = rows == KVA__PREFILL_ROWS_HOPPER ? threads / 2 /* 16 rows per warp */ : rows;
     k->smem = smem;
     k->threads = threads;
     k->lookup_rows = rows;
@@ -68,7 +66,7 @@ bool kva__prefill_choose(kva_dtype dtype, int head_dim, int rows_wanted,
     memset(k, 0, sizeof *k);
     k->built_dim = D;
     /* 128 rows share each K/V tile between twice the rows of the 64-row kernel; on Hopper the
-     * 128-row tile runs on wgmma. A kernel whose shared memory the device cannot give falls
+     * large tile runs on wgmma (192 rows at d64). A kernel whose shared memory the device cannot give falls
      * back to the 64-row mma.sync kernel (e.g. head_dim 256 on an A100), or is unsupported. */
     int order[2] = {KVA__PREFILL_ROWS_SMALL, 0}, n = 1;
     if (rows_wanted > KVA__PREFILL_ROWS_SMALL) {
@@ -78,7 +76,13 @@ bool kva__prefill_choose(kva_dtype dtype, int head_dim, int rows_wanted,
         n = 2;
     }
     for (int i = 0; i < n; ++i)
-        if (lookup(dtype, D, order[i], k) && k->smem <= target->smem_limit) return true;
+        if (lookup(dtype, D, order[i], k) && k->smem <= target->smem_limit) {
+            /* the f32 kernel takes rows 32 at a time, so it runs any tile up to the largest a
+             * plan can have (192 at d64: plans are sized for the 16-bit kernels on Hopper) */
+            if (dtype == KVA_F32 && rows_wanted > k->rows && rows_wanted <= KVA__PREFILL_ROWS_MAX)
+                k->rows = rows_wanted;
+            return true;
+        }
     memset(k, 0, sizeof *k);
     return false;
 }
@@ -193,7 +197,7 @@ static bool paged_map(CUtensorMap *m, kva_dtype dt, const void *base, const kva_
 /* A variant's build of the chosen kernel (same template, so the same launch shape), or an
  * error naming what the variant lacks. Where the chooser picked the warp-specialised Hopper
  * kernel and the variant has none (prefill_hopper.cuh without the score-modifier hook:
- * kva__variant_hopper_hooked), the variant runs the wgmma kernel of the same 128-row tile, as
+ * kva__variant_hopper_hooked), the variant runs the wgmma kernel of the same tile, as
  * the launcher does for K/V a tensor map cannot describe. */
 static kva_status use_variant(const char *api, const kva_attn_params *p, kva_dtype dt, kva__prefill_choice *k) {
     if (!p->variant) return KVA_OK;
@@ -424,7 +428,7 @@ kva_status kva__cuda_decode_as_prefill(kva_context *ctx, const kva_plan *plan,
     const kva__prefill_target target = kva__cuda_prefill_target(ctx);
     if (!kva__prefill_choose(dt, params->head_dim, KVA__PREFILL_ROWS_LARGE, &target, &kern) || !kern.tma ||
         kern.rows < g)
-        return kva__fail(KVA_ERR_UNSUPPORTED, "kva_decode_run: no 128-row prefill kernel for %s, head_dim %d",
+        return kva__fail(KVA_ERR_UNSUPPORTED, "kva_decode_run: no warp-specialised prefill kernel for %s, head_dim %d",
                          kva_dtype_name(dt), params->head_dim);
     KVA_TRY(use_variant("kva_decode_run", params, dt, &kern));
     KVA_TRY(kva__cuda_use_device(ctx));
