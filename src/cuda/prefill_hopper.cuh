@@ -116,7 +116,8 @@ struct kva__hopper_geom {
      * request never completes). Two consumer warpgroups: the producer warps' loops fit in 72
      * without spilling, and since v6.28 (the O stores and Q copies moved off the consumers) d256's
      * consumers fit in 216 as well (with 224 / 56 the K/V producer spilled). Three: 32 / 160
-     * (d64's consumers used 168) */
+     * (d64's consumers used 168 with two; at 160 they spill 156 bytes, at 152 / 40 more;
+     * -DKVA__HP_REGS3_P / _C try others, comparisons) */
 #ifndef KVA__HP_REGS3_P
 #define KVA__HP_REGS3_P 32
 #endif
