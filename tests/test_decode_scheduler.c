@@ -154,10 +154,12 @@ KVA_TEST(decode_scheduler_ragged_batches_balance) {
         kva_rng_shuffle_i32(&rng, lens, 97);
         report("(a) 96 lognormal+32k", lens, 97, 8, &now, &was);
         /* (a) takes chunks of ~2.2k keys, 5-6 units per block: coarser than a 1.16 balance
-         * allows for every draw (2000 draws: median 1.125, 99th percentile 1.149, worst 1.182),
-         * and on the H200 faster than the ~1.1k chunks that kept it (88.5% vs 84.5% of the read
-         * ceiling): each later unit of a block costs 128 key-times (decode_scheduler.h) */
-        CHECK_MSG(now.max_block <= 1.20 * now.mean_block, "(a): max/mean %.3f",
+         * allows for every draw (2000 draws: median 1.125, 99th percentile 1.149, worst 1.182;
+         * ~55000 draws: worst 1.211, about 1 in 10000 above 1.20 -- a CI run met one), and on
+         * the H200 faster than the ~1.1k chunks that kept it (88.5% vs 84.5% of the read
+         * ceiling): each later unit of a block costs 128 key-times (decode_scheduler.h). Without
+         * splitting this batch measures 4.2-4.4. */
+        CHECK_MSG(now.max_block <= 1.25 * now.mean_block, "(a): max/mean %.3f",
                   now.max_block / now.mean_block);
         /* (b) one of 64k + 63 of 100 */
         for (int i = 0; i < 64; ++i) lens[i] = i == 7 ? 65536 : 100;
