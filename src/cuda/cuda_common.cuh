@@ -123,6 +123,23 @@ __device__ __forceinline__ float kva__softmax_lse(float M, float L) {
     return L > 0.0f ? (M + __log2f(L)) * 0.6931471805599453f : (L == 0.0f ? -INFINITY : NAN);
 }
 
+/* Programmatic dependent launch (sm_90+): a kernel launched after this one on its stream with
+ * the programmatic-serialization attribute may have its blocks placed once every block of this
+ * grid has called kva__pdl_trigger (or ended), so its launch latency overlaps this grid's end;
+ * it calls kva__pdl_wait before touching anything this grid writes, which returns once this
+ * grid has completed and its writes are visible. Both are no-ops before sm_90 and for kernels
+ * launched without the attribute. */
+__device__ __forceinline__ void kva__pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void kva__pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
 __device__ __forceinline__ uint32_t kva__smem_addr(const void *p) {
     return (uint32_t)__cvta_generic_to_shared(p);
 }

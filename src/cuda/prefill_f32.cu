@@ -29,6 +29,7 @@ __global__ void __launch_bounds__(KVA__PREFILL_THREADS)
     float *q_s = reinterpret_cast<float *>(smem);
     float *k_s = q_s + G::ROWS * KROW;
     float *v_s = k_s + BN * KROW;
+    kva__pdl_trigger(); /* (the merge kernel may take its place as blocks end) */
 
     kva__pf_item it;
     if (!kva__pf_load_item(a, blockIdx.x, it)) return;

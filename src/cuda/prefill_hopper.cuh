@@ -314,6 +314,7 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
     constexpr int BN = G::BN, ROWS = G::ROWS, CPR = G::CPR, CWG = G::CWG;
     constexpr int NT = BN / 8, DT = D / 8, CB = D / 64; /* column blocks of 64 elements */
     const kva__prefill_args &a = ha.a;
+    kva__pdl_trigger(); /* (the merge kernel's launch overlaps this grid's last items) */
     /* consumer warpgroups at work in this launch: a decode record is one token of a GQA group
      * (at most 128 rows), so the warpgroups past its rows would compute on zeros (the third at d64
      * did: Falcon-7B 71/1 decode 10% slower, bench/NOTES.md v6.31); they leave at once and the

@@ -237,6 +237,7 @@ __global__ void __launch_bounds__(32 * WARPS, (WG && D <= 128 && WARPS <= 8) ? 2
     constexpr int NT = BN / 8;   /* n8 tiles of S per m16 tile */
     constexpr int DT = D / 8;    /* n8 tiles of O per m16 tile */
     extern __shared__ __align__(128) unsigned char smem[];
+    kva__pdl_trigger(); /* (the merge kernel may take its place as blocks end) */
 
     kva__pf_item it;
     if (!kva__pf_load_item(a, blockIdx.x, it)) return;

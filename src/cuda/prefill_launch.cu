@@ -4,7 +4,8 @@
  * chooser they and the split policy share.
  *
  * A plan run is one launch of the prefill kernel over grid (padded work items, KV heads) and,
- * when the plan may split keys, one launch of the merge kernel. Kernel arguments hold only what
+ * when the plan may split keys, one launch of the merge kernel (on sm_90+ a programmatic
+ * dependent of the first, so no launch gap separates them). Kernel arguments hold only what
  * is fixed for a workspace and a layer (pointers, strides, the variant, the work count of a
  * non-graph plan); records, page ids, the work and group counts of a KVA_PLAN_GRAPH plan are
  * read from the workspace's device part, so a captured run replays after re-planning.
@@ -378,7 +379,19 @@ static kva_status launch_merge(kva_context *ctx, const kva_plan *plan, const kva
     void *args[] = {&m};
     /* wide: a block per row, as many as there are rows of one KV head's requests at most */
     const unsigned blocks = (unsigned)(ctx->num_sms > 0 ? ctx->num_sms : 1) * (wide ? 8 : 4);
-    KVA_CUDA_TRY(cudaLaunchKernel(fn, dim3(blocks), dim3(256), args, 0, kva__stream(ctx)));
+    /* On sm_90+ as the prefill kernel's programmatic dependent: placed as the prefill grid's
+     * blocks end instead of after a launch gap, it waits in-kernel for the grid's writes */
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute attr = {};
+    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr.val.programmaticStreamSerializationAllowed = 1;
+    cfg.gridDim = dim3(blocks);
+    cfg.blockDim = dim3(256);
+    cfg.stream = kva__stream(ctx);
+    const kva__cuda_private *priv = (const kva__cuda_private *)ctx->cuda_private;
+    cfg.attrs = &attr;
+    cfg.numAttrs = priv && priv->cc_major >= 9 ? 1 : 0;
+    KVA_CUDA_TRY(cudaLaunchKernelExC(&cfg, fn, args));
     return KVA_OK;
 }
 

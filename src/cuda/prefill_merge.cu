@@ -20,6 +20,7 @@
  * flight at once instead of one warp walking every state; the warps' sums meet in shared memory. */
 template <typename T, bool WIDE>
 __global__ void __launch_bounds__(32 * KVA__PM_WARPS) kva__prefill_merge_kernel(const __grid_constant__ kva__prefill_merge_args a) {
+    kva__pdl_wait(); /* (launched as the prefill kernel's dependent: its partial states) */
     if (!__ldg(a.split_dev)) return;
     const float LOG2E = 1.4426950408889634f;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
