@@ -295,6 +295,13 @@ __device__ __forceinline__ float kva__hp_exp2_fma(float x) {
 #define KVA__HP_EXP_FMA(D) ((D) == 64 && KVA__HP_CWG_D64 == 2 ? 4 : 0)
 #endif
 
+/* x, or NaN where x is +-inf: 0 * x + x by one FMA (asm: kept as written under fast math) */
+__device__ __forceinline__ float kva__hp_nan_if_inf(float x) {
+    float y;
+    asm("fma.rn.f32 %0, %1, %2, %2;\n" : "=f"(y) : "f"(0.0f), "f"(x));
+    return y;
+}
+
 /* max (MAX) or sum of t[0..N) as a tree of depth log2 N (N a power of two) */
 template <int N, bool MAX>
 __device__ __forceinline__ float kva__hp_tree(float *t) {
@@ -858,20 +865,36 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
         if (need_mask) {
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
-                /* the keys row h may see, [k_lo, k_hi): one unsigned compare per score */
+                /* the keys row h may see, [k_lo, k_hi). My score (nt, e) is key kb + 2 (lane % 4)
+                 * + c with c = 8 nt + e % 2 a constant, so the bounds move to my lane's offsets
+                 * and each score takes one compare with an immediate -- two where some lane of
+                 * the warp has a lower bound inside the tile (a window, a paged first tile, the
+                 * shifted last tile of a ragged block); the diagonal tile of a causal mask has
+                 * only the upper one. An overflowed dot product (+-inf) becomes NaN by an FMA
+                 * (0 x inf), never a mask. */
                 const int k_lo = max(t.kmin, qlo[h]);
                 const int k_hi = max(k_lo, min(hi, qhi[h]));
-                const uint32_t span = (uint32_t)(k_hi - k_lo);
-                const int key0 = t.kb + 2 * (lane & 3) - k_lo;
+                const int base = t.kb + 2 * (lane & 3);
+                const int lo_c = k_lo - base, hi_c = k_hi - base;
+                if (__any_sync(0xffffffffu, lo_c > 0)) {
 #pragma unroll
-                for (int nt = 0; nt < NT; ++nt)
+                    for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-                    for (int e = 2 * h; e < 2 * h + 2; ++e) {
-                        float x = sc[nt][e];
-                        if (!capped && x == -INFINITY) x = NAN;
-                        if ((uint32_t)(key0 + nt * 8 + (e & 1)) >= span) x = -INFINITY;
-                        sc[nt][e] = x;
-                    }
+                        for (int e = 2 * h; e < 2 * h + 2; ++e) {
+                            const int c = nt * 8 + (e & 1);
+                            const float x = capped ? sc[nt][e] : kva__hp_nan_if_inf(sc[nt][e]);
+                            sc[nt][e] = c >= lo_c && c < hi_c ? x : -INFINITY;
+                        }
+                } else {
+#pragma unroll
+                    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                        for (int e = 2 * h; e < 2 * h + 2; ++e) {
+                            const int c = nt * 8 + (e & 1);
+                            const float x = capped ? sc[nt][e] : kva__hp_nan_if_inf(sc[nt][e]);
+                            sc[nt][e] = c < hi_c ? x : -INFINITY;
+                        }
+                }
             }
         }
         /* native ALiBi, row h's bias slope * (key - q) for key = kb + 2 (lane % 4) + 8 nt + e % 2:
