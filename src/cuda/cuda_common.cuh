@@ -53,6 +53,9 @@ typedef struct kva__cuda_private {
     int prefill_blocks_per_sm[3];   /* resident blocks per SM of the largest bf16 prefill kernel,
                                        head_dim 64 / 128 / 256 */
     int prefill_path;               /* kva__prefill_path of this device */
+    int merge_pdl;                  /* 1: the prefill merge kernel runs code compiled for sm_90+ here (it
+                                       holds kva__pdl_wait), so it may be launched as a programmatic
+                                       dependent (prefill_launch.cu) */
     int smem_optin;                 /* shared memory a block may opt into, bytes */
     int cc_major, cc_minor;         /* compute capability: the architecture variants compile for */
     void **vmods;                   /* kva__vmod_loaded *: every variant module loaded (variant_load.cu) */
@@ -127,8 +130,10 @@ __device__ __forceinline__ float kva__softmax_lse(float M, float L) {
  * the programmatic-serialization attribute may have its blocks placed once every block of this
  * grid has called kva__pdl_trigger (or ended), so its launch latency overlaps this grid's end;
  * it calls kva__pdl_wait before touching anything this grid writes, which returns once this
- * grid has completed and its writes are visible. Both are no-ops before sm_90 and for kernels
- * launched without the attribute. */
+ * grid has completed and its writes are visible. Both compile to nothing for targets before
+ * sm_90, so the host sets the attribute only where the dependent's running code was compiled for
+ * sm_90+ (kva__cuda_private.merge_pdl: a device newer than the build's sm_90a code runs its
+ * sm_80 PTX, which has no wait); for kernels launched without it the trigger does nothing. */
 __device__ __forceinline__ void kva__pdl_trigger() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");

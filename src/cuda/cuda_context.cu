@@ -86,6 +86,24 @@ extern "C" int kva__cuda_device_count(void) {
     return n;
 }
 
+/* Whether every prefill merge kernel runs code compiled for sm_90+ on this device (its PTX
+ * version: a newer GPU than the build's sm_90a code JIT-compiles the sm_80 PTX, whose merge
+ * kernel has no kva__pdl_wait and must not be launched as a programmatic dependent). */
+static int merge_kernels_wait(const kva__cuda_private *priv) {
+    if (priv->cc_major < 9) return 0;
+    const kva_dtype dts[3] = {KVA_BF16, KVA_F16, KVA_F32};
+    for (int i = 0; i < 3; ++i)
+        for (int wide = 0; wide < 2; ++wide) {
+            cudaFuncAttributes fa;
+            if (cudaFuncGetAttributes(&fa, kva__prefill_merge_kernel_for(dts[i], wide != 0)) != cudaSuccess) {
+                (void)cudaGetLastError();
+                return 0;
+            }
+            if (fa.ptxVersion < 90) return 0;
+        }
+    return 1;
+}
+
 static kva_status prepare_kernels(kva__cuda_private *priv) {
     for (int i = 0; i < 9; ++i) {
         const decode_entry *e = &decode_table[i];
@@ -127,6 +145,7 @@ static kva_status prepare_kernels(kva__cuda_private *priv) {
                     priv->prefill_blocks_per_sm[di] = blocks > 0 ? blocks : 1;
                 }
             }
+    priv->merge_pdl = merge_kernels_wait(priv);
     return KVA_OK;
 }
 

@@ -321,7 +321,7 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
     constexpr int BN = G::BN, ROWS = G::ROWS, CPR = G::CPR, CWG = G::CWG;
     constexpr int NT = BN / 8, DT = D / 8, CB = D / 64; /* column blocks of 64 elements */
     const kva__prefill_args &a = ha.a;
-    kva__pdl_trigger(); /* (the merge kernel's launch overlaps this grid's last items) */
+    kva__pdl_trigger(); /* (the merge kernel's blocks may be placed once every block started) */
     /* consumer warpgroups at work in this launch: a decode record is one token of a GQA group
      * (at most 128 rows), so the warpgroups past its rows would compute on zeros (the third at d64
      * did: Falcon-7B 71/1 decode 10% slower, bench/NOTES.md v6.31); they leave at once and the
@@ -855,7 +855,9 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
         const bool need_mask = t.kb + BN > hi || t.kb < t.kmin || (a.causal && t.kb + BN - 1 > wk.it.q_pos0) ||
                                (a.window_left >= 0 && (int64_t)t.kb < (int64_t)q_last - a.window_left);
         /* an overflowed dot product: capped (tanh saturates, as in the float64 reference), or
-         * NaN without a cap -- never a mask (as prefill_kernel.cuh) */
+         * NaN without a cap -- never a mask (as prefill_kernel.cuh, which turns -inf into NaN
+         * and lets +inf make the row NaN through its max; here both become NaN before a
+         * variant's modifier sees them) */
         if (capped) {
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt)

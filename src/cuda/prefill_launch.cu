@@ -379,8 +379,9 @@ static kva_status launch_merge(kva_context *ctx, const kva_plan *plan, const kva
     void *args[] = {&m};
     /* wide: a block per row, as many as there are rows of one KV head's requests at most */
     const unsigned blocks = (unsigned)(ctx->num_sms > 0 ? ctx->num_sms : 1) * (wide ? 8 : 4);
-    /* On sm_90+ as the prefill kernel's programmatic dependent: placed as the prefill grid's
-     * blocks end instead of after a launch gap, it waits in-kernel for the grid's writes */
+    /* As the prefill kernel's programmatic dependent where the merge's code holds the wait
+     * (merge_pdl: sm_90+ code on an sm_90+ device): placed as the prefill grid's blocks end
+     * instead of after a launch gap, it waits in-kernel for the grid's writes */
     cudaLaunchConfig_t cfg = {};
     cudaLaunchAttribute attr = {};
     attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -390,7 +391,7 @@ static kva_status launch_merge(kva_context *ctx, const kva_plan *plan, const kva
     cfg.stream = kva__stream(ctx);
     const kva__cuda_private *priv = (const kva__cuda_private *)ctx->cuda_private;
     cfg.attrs = &attr;
-    cfg.numAttrs = priv && priv->cc_major >= 9 ? 1 : 0;
+    cfg.numAttrs = priv && priv->merge_pdl ? 1 : 0;
     KVA_CUDA_TRY(cudaLaunchKernelExC(&cfg, fn, args));
     return KVA_OK;
 }
