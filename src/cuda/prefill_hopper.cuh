@@ -295,13 +295,6 @@ __device__ __forceinline__ float kva__hp_exp2_fma(float x) {
 #define KVA__HP_EXP_FMA(D) ((D) == 64 && KVA__HP_CWG_D64 == 2 ? 4 : 0)
 #endif
 
-/* x, or NaN where x is +-inf: 0 * x + x by one FMA (asm: kept as written under fast math) */
-__device__ __forceinline__ float kva__hp_nan_if_inf(float x) {
-    float y;
-    asm("fma.rn.f32 %0, %1, %2, %2;\n" : "=f"(y) : "f"(0.0f), "f"(x));
-    return y;
-}
-
 /* max (MAX) or sum of t[0..N) as a tree of depth log2 N (N a power of two) */
 template <int N, bool MAX>
 __device__ __forceinline__ float kva__hp_tree(float *t) {
@@ -884,7 +877,7 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
 #pragma unroll
                         for (int e = 2 * h; e < 2 * h + 2; ++e) {
                             const int c = nt * 8 + (e & 1);
-                            const float x = capped ? sc[nt][e] : kva__hp_nan_if_inf(sc[nt][e]);
+                            const float x = capped ? sc[nt][e] : kva__pf_nan_if_inf(sc[nt][e]);
                             sc[nt][e] = c >= lo_c && c < hi_c ? x : -INFINITY;
                         }
                 } else {
@@ -893,7 +886,7 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
 #pragma unroll
                         for (int e = 2 * h; e < 2 * h + 2; ++e) {
                             const int c = nt * 8 + (e & 1);
-                            const float x = capped ? sc[nt][e] : kva__hp_nan_if_inf(sc[nt][e]);
+                            const float x = capped ? sc[nt][e] : kva__pf_nan_if_inf(sc[nt][e]);
                             sc[nt][e] = c < hi_c ? x : -INFINITY;
                         }
                 }
