@@ -439,6 +439,10 @@ __global__ void __launch_bounds__(32 * WARPS, (WG && D <= 128 && WARPS <= 8) ? 2
         const bool need_mask = key0 + BN > hi || (a.causal && key0 + BN - 1 > it.q_pos0) ||
                                (a.window_left >= 0 && (int64_t)key0 < (int64_t)q_last - a.window_left);
         const bool capped = a.cap_log2 > 0.0f;
+        /* The mask as compares against immediates (below), except in the wgmma kernel at d128,
+         * where its bounds spilled registers (H200, bench/NOTES.md v6.32: mma.sync +2-7% on every
+         * d64 / d128 row, wgmma d64 +1-6%, wgmma d128 -2%): there each key's own compares. */
+        constexpr bool IMM_MASK = !(WG && D == 128);
         /* With a variant (KVA__HAS_SCORE_MOD) scores reach the softmax in natural-log units (the
          * modifier's), which its FFMA takes to log2 units. */
         const float mul = KVA__HAS_SCORE_MOD ? KVA__PF_LOG2E : capped ? 1.0f : a.scale_log2;
@@ -449,6 +453,39 @@ __global__ void __launch_bounds__(32 * WARPS, (WG && D <= 128 && WARPS <= 8) ? 2
                 for (int h = 0; h < 2; ++h) {
                     /* query position of this row (recomputed here: registers are scarce) */
                     const int p = it.q_pos0 + (row_base + mt * 16 + (lane >> 2) + 8 * h) / g;
+                    if constexpr (!IMM_MASK) {
+#pragma unroll
+                        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                            for (int e = 2 * h; e < 2 * h + 2; ++e) {
+                                float x = sc[mt][nt][e];
+                                if (capped)
+                                    x = a.cap_log2 * kva__pf_tanh_fast(x * a.cap_inv_scale);
+                                else if (x == -INFINITY)
+                                    x = NAN;
+                                if (need_mask) {
+                                    const int key = key0 + nt * 8 + 2 * (lane & 3) + (e & 1);
+                                    if (key >= hi || (a.causal && key > p) ||
+                                        (a.window_left >= 0 && (int64_t)key < (int64_t)p - a.window_left))
+                                        x = -INFINITY;
+                                }
+                                sc[mt][nt][e] = x;
+                            }
+                        continue;
+                    }
+                    /* the keys it sees as offsets from my lane's first key of the tile, base:
+                     * score (nt, e) is key base + c with c = 8 nt + e % 2 a constant, visible
+                     * where lo_c <= c < hi_c -- two compares against an immediate (32-bit: the
+                     * causal bound is clamped into [key0, hi] first, the window's, rarely set,
+                     * into [-1, BN]) */
+                    const int base = key0 + 2 * (lane & 3);
+                    const int hi_k = a.causal ? min(hi, max(p + 1, key0)) : hi;
+                    const int hi_c = min(hi_k - base, BN);
+                    int lo_c = -1;
+                    if (a.window_left >= 0) {
+                        const int64_t d = (int64_t)p - a.window_left - base;
+                        lo_c = d > BN ? BN : d < -1 ? -1 : (int)d;
+                    }
 #pragma unroll
                 for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
@@ -458,13 +495,10 @@ __global__ void __launch_bounds__(32 * WARPS, (WG && D <= 128 && WARPS <= 8) ? 2
                          * reference), or NaN without a cap -- never a mask */
                         if (capped)
                             x = a.cap_log2 * kva__pf_tanh_fast(x * a.cap_inv_scale);
-                        else if (x == -INFINITY)
-                            x = NAN;
-                        if (need_mask) {
-                            const int key = key0 + nt * 8 + 2 * (lane & 3) + (e & 1);
-                            if (key >= hi || (a.causal && key > p) || (a.window_left >= 0 && (int64_t)key < (int64_t)p - a.window_left))
-                                x = -INFINITY;
-                        }
+                        else
+                            x = kva__pf_nan_if_inf(x);
+                        const int c = nt * 8 + (e & 1);
+                        if (need_mask && !(c >= lo_c && c < hi_c)) x = -INFINITY;
                         sc[mt][nt][e] = x;
                     }
                 }
