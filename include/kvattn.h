@@ -266,7 +266,8 @@ typedef float (*kva_score_mod_fn)(float score, int32_t q_pos, int32_t kv_pos, in
  * qo_head (0 .. num_qo_heads-1). Return -INFINITY to mask a key (a row that sees no key gets
  * output 0 and LSE -inf, as everywhere); NaN or a score beyond the range of kva_attn_params
  * makes the row NaN (with one difference from the built-in path: a dot product that overflows
- * f32 to -inf may reach the modifier as -inf and then weigh 0 like a masked key).
+ * f32 to -inf may reach the modifier as -inf and then weigh 0 like a masked key; in tiles that
+ * cross a mask boundary an overflow to +-inf reaches it as NaN).
  * What it may use: float and integer arithmetic, the CUDA math functions (expf, logf, tanhf,
  * ...; compiled with --use_fast_math like the library, so tanhf/expf are the fast approximations:
  * kva_tanhf(x) is the tanh of the built-in soft cap in the same kernel -- the hardware tanh
