@@ -113,8 +113,7 @@ __device__ __forceinline__ float kva__pf_tanh_fast(float x) {
 
 /* x, or NaN where x is +-inf (an overflowed dot product, which must not pass for a mask):
  * 0 * x + x by one FMA instead of a compare and a select (asm: kept as written under fast math).
- * The Hopper kernel's mask uses it; the same mask form here (compares against immediates) was
- * +5% on d64 causal rows of the mma.sync kernel but spilled in its d128 builds (-2%: NOTES). */
+ * The masks of this kernel (but its wgmma d128 build) and of the Hopper one use it. */
 __device__ __forceinline__ float kva__pf_nan_if_inf(float x) {
     float y;
     asm("fma.rn.f32 %0, %1, %2, %2;\n" : "=f"(y) : "f"(0.0f), "f"(x));
@@ -471,7 +470,8 @@ __global__ void __launch_bounds__(32 * WARPS, (WG && D <= 128 && WARPS <= 8) ? 2
                                 }
                                 sc[mt][nt][e] = x;
                             }
-                        continue;
+                        continue; /* (two loops, not one with constexpr tests inside: each form
+                                   * compiles to the code that was measured for it) */
                     }
                     /* the keys it sees as offsets from my lane's first key of the tile, base:
                      * score (nt, e) is key base + c with c = 8 nt + e % 2 a constant, visible

@@ -4,8 +4,8 @@
  * chooser they and the split policy share.
  *
  * A plan run is one launch of the prefill kernel over grid (padded work items, KV heads) and,
- * when the plan may split keys, one launch of the merge kernel (on sm_90+ a programmatic
- * dependent of the first, so no launch gap separates them). Kernel arguments hold only what
+ * when the plan may split keys, one launch of the merge kernel (where its code is sm_90+, a
+ * programmatic dependent of the first, so its launch overlaps the first's end). Kernel arguments hold only what
  * is fixed for a workspace and a layer (pointers, strides, the variant, the work count of a
  * non-graph plan); records, page ids, the work and group counts of a KVA_PLAN_GRAPH plan are
  * read from the workspace's device part, so a captured run replays after re-planning.
