@@ -253,6 +253,36 @@ KVA_TEST(decode_scheduler_merge_tree_allows_finer_splits) {
     CHECK_MSG(eight <= GRID / 8, "8 KV heads: %d chunks", eight);
 }
 
+/* A block alone on its SM gains less where the decode kernel holds fewer bytes in flight (the
+ * CUDA policy's lone_block_percent: 70 at d64, 90 from d128): 8 x 4096 at 4 KV heads then takes
+ * 256 paired units of 512 keys instead of 128 lone ones of 1024 (H200, 32/4 d64 bf16: 17.0 vs
+ * 20.9 us), while at the default the lone plan stays (32/8 d128 4 x 4096: 25.8 vs 24.6 us, within
+ * the search's 2%). */
+KVA_TEST(decode_scheduler_lone_block_rate) {
+    int32_t lens[8];
+    for (int i = 0; i < 8; ++i) lens[i] = 4096;
+    kva__split_problem p;
+    memset(&p, 0, sizeof p);
+    p.batch_size = 8;
+    p.kv_len = lens;
+    p.qo_tile = 1;
+    p.num_kv_heads = 4;
+    p.max_blocks = GRID;
+    p.sm_blocks = 2;
+    p.min_chunk = 64;
+    p.merge_run = KVA__MERGE_RUN;
+    int64_t keys[9];
+    int32_t order[9];
+    const int32_t lone = kva__sched_decode_chunk(&p, keys, order);
+    p.lone_block_percent = 70;
+    const int32_t paired = kva__sched_decode_chunk(&p, keys, order);
+    printf("    8 x 4096, 4 KV heads: chunk %d at the default, %d at 70%%\n", lone, paired);
+    CHECK_MSG(lone == 1024, "default: chunk %d", lone);
+    CHECK_MSG(paired == 512, "70%%: chunk %d", paired);
+    p.lone_block_percent = KVA__SCHED_LONE_BLOCK_PERCENT; /* the same as 0 */
+    CHECK(kva__sched_decode_chunk(&p, keys, order) == lone);
+}
+
 /* Degenerate batches: one key, empty requests, a mix. */
 KVA_TEST(decode_scheduler_tiny_and_empty_requests) {
     int32_t lens[64];

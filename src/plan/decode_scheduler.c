@@ -128,8 +128,8 @@ static double estimate_makespan(const kva__split_problem *p, int32_t chunk, cons
     }
     /* block 0's first unit starts with the launch, like every block's: the fixed cost of a first unit */
     if (units0 > 0) block0 -= KVA__SCHED_NEXT_ITEM_COST_KEYS - KVA__SCHED_ITEM_COST_KEYS;
-    const double share = pos <= G / sm_blocks && sm_blocks > 1
-                             ? (double)sm_blocks * KVA__SCHED_LONE_BLOCK_PERCENT / 100.0 : 1.0;
+    const int32_t lone = p->lone_block_percent > 0 ? p->lone_block_percent : KVA__SCHED_LONE_BLOCK_PERCENT;
+    const double share = pos <= G / sm_blocks && sm_blocks > 1 ? (double)sm_blocks * lone / 100.0 : 1.0;
     return block0 / share + merge;
 }
 

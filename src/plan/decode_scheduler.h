@@ -15,8 +15,8 @@
  *   a (request, KV head) split into c chunks costs KVA__SCHED_MERGE_COST_PER_STATE_KEYS * c more,
  *   on the one block that merges it (the last to arrive);
  *   sm_blocks blocks share an SM's bandwidth (kva__split_problem), so a grid of at most
- *   G / sm_blocks units, one block per SM, streams KVA__SCHED_LONE_BLOCK_PERCENT% of
- *   sm_blocks times faster.
+ *   G / sm_blocks units, one block per SM, streams lone_block_percent% (default
+ *   KVA__SCHED_LONE_BLOCK_PERCENT) of sm_blocks times faster.
  *
  * Order: requests longest item first, each request's chunks contiguous (its merge range stays
  * one interval of work items). With units sorted by cost, in every round of G units block i
@@ -66,7 +66,8 @@
 /* A block alone on its SM streams this percentage of sm_blocks times a paired block's rate:
  * H200, 32/8 d128, 16 x 8192 unsplit (128 lone blocks) took 138.5 us, split in two (256 paired
  * blocks, 2 per SM) 128.0 us, i.e. 1.85x per block with 4 SMs idle; 2x made the planner keep
- * that batch unsplit. */
+ * that batch unsplit. The default; the CUDA policy gives smaller head dims less (a block of
+ * the decode kernel holds fewer bytes in flight there: cuda_context.cu). */
 #define KVA__SCHED_LONE_BLOCK_PERCENT 90
 /* Chunks are multiples of this (4 warps x one 16-key tile), so no warp idles in a chunk. */
 #define KVA__SCHED_CHUNK_GRANULE 64

@@ -23,6 +23,9 @@ typedef struct kva__split_problem {
     int32_t num_kv_heads;   /* each work item runs once per KV head */
     int64_t max_blocks;     /* concurrent (work item x KV head) blocks the device holds */
     int32_t sm_blocks;      /* decode: blocks that share one SM's bandwidth (0 or 1: none) */
+    int32_t lone_block_percent; /* decode: a block alone on its SM streams this percentage of
+                                 * sm_blocks times a paired block's rate (0: the scheduler's
+                                 * KVA__SCHED_LONE_BLOCK_PERCENT) */
     int32_t merge_run;      /* decode: > 0: states merge as a tree of runs of this many (CUDA);
                              * 0: one block merges all of a request's states (CPU) */
     int32_t min_chunk;      /* never split into chunks shorter than this */

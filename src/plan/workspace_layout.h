@@ -35,6 +35,8 @@ typedef struct kva__split_policy {
                               runs (CUDA: a 64-row kernel instead of the 128-row one) */
     int32_t merge_tree;    /* decode: 1 if split requests merge as a tree of KVA__MERGE_RUN runs
                               (the CUDA decode kernel), 0 if one merger reads every state */
+    int32_t lone_block_percent; /* decode: how much faster a block streams alone on its SM
+                              (kva__split_problem; 0: the scheduler's default) */
 } kva__split_policy;
 
 /* Plan facts the kernels read; first bytes of the host and the device part. 64 bytes aligned. */
