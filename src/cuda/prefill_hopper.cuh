@@ -731,6 +731,12 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
     auto load_q = [&](const kva__hp_work &w, int b) {
         const T *qg = (const T *)a.q;
         const int rows_w = w.it.q_tokens * g;
+        /* (this buffer last held the staged O of the item two back: the mbarrier chain through
+         * the store and scheduler warps -- o_full, q_empty, q_full -- already orders those writes
+         * before these copies; racecheck does not follow that chain and reported the pair, so a
+         * warpgroup barrier states the order where it can see it: one per item whose Q the
+         * consumers copy, i.e. a sequence's partial last item) */
+        kva__bar_sync(1 + cw, 128);
 #pragma unroll 4
         for (int j = 0; j < 64 * CPR / 128; ++j) {
             const int i = wt + j * 128, r = cw * 64 + i / CPR, c = i % CPR;
