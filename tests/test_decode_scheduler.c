@@ -45,7 +45,9 @@ typedef struct sched_result {
 
 /* Plans lens[batch] like kva_decode_plan (searched, or the old binary search when old = 1) and
  * simulates the grid. */
-static sched_result schedule(const int32_t *lens, int32_t batch, int32_t heads, int old) {
+/* A decode problem as the CUDA policy poses it on an H200 (GRID blocks, 2 per SM, 64-key chunks
+ * at least); no merge tree, default lone-block rate. */
+static kva__split_problem cuda_problem(const int32_t *lens, int32_t batch, int32_t heads) {
     kva__split_problem p;
     memset(&p, 0, sizeof p);
     p.batch_size = batch;
@@ -55,6 +57,11 @@ static sched_result schedule(const int32_t *lens, int32_t batch, int32_t heads, 
     p.max_blocks = GRID;
     p.sm_blocks = 2;
     p.min_chunk = 64; /* the CUDA policy's */
+    return p;
+}
+
+static sched_result schedule(const int32_t *lens, int32_t batch, int32_t heads, int old) {
+    kva__split_problem p = cuda_problem(lens, batch, heads);
     size_t n = (size_t)batch + 1;
     int64_t *keys = malloc(sizeof(int64_t) * n);
     int32_t *order = malloc(sizeof(int32_t) * n), *gi = malloc(sizeof(int32_t) * n);
@@ -230,15 +237,7 @@ KVA_TEST(decode_scheduler_single_head_long_request) {
  * H200: 8/1 d128 1 x 32k 27.1 us with 64 chunks (flat) -> 19.4 us with 128 (tree). */
 KVA_TEST(decode_scheduler_merge_tree_allows_finer_splits) {
     int32_t lens[1] = {32768};
-    kva__split_problem p;
-    memset(&p, 0, sizeof p);
-    p.batch_size = 1;
-    p.kv_len = lens;
-    p.qo_tile = 1;
-    p.num_kv_heads = 1;
-    p.max_blocks = GRID;
-    p.sm_blocks = 2;
-    p.min_chunk = 64;
+    kva__split_problem p = cuda_problem(lens, 1, 1);
     int64_t keys[2];
     int32_t order[2];
     const int32_t flat = kva__sched_chunks_of(lens[0], kva__sched_decode_chunk(&p, keys, order));
@@ -261,15 +260,7 @@ KVA_TEST(decode_scheduler_merge_tree_allows_finer_splits) {
 KVA_TEST(decode_scheduler_lone_block_rate) {
     int32_t lens[8];
     for (int i = 0; i < 8; ++i) lens[i] = 4096;
-    kva__split_problem p;
-    memset(&p, 0, sizeof p);
-    p.batch_size = 8;
-    p.kv_len = lens;
-    p.qo_tile = 1;
-    p.num_kv_heads = 4;
-    p.max_blocks = GRID;
-    p.sm_blocks = 2;
-    p.min_chunk = 64;
+    kva__split_problem p = cuda_problem(lens, 8, 4);
     p.merge_run = KVA__MERGE_RUN;
     int64_t keys[9];
     int32_t order[9];
