@@ -406,13 +406,9 @@ extern "C" kva_status kva__cuda_split_policy(const kva_context *ctx, const kva_p
     }
     /* One 16-key tile per warp: shorter chunks leave warps idle and only add merge work. */
     policy->min_chunk = 16 * KVA__DECODE_WARPS;
-    /* A block alone on its SM has only its own ring in flight: 16 keys x head_dim x 2 bytes
-     * per warp stage, so below d128 it gains less from having the SM to itself (the scheduler
-     * weighs one lone block per SM against two paired ones). Measured on an H200 (bf16, fixed
-     * chunks, bench/NOTES.md): d128 ~1.7-1.85x a paired block (the scheduler's default 90%),
-     * d64 and d32 (the d64 kernel) ~1.40-1.43x: 70%; linear in between. */
-    const int hd = limits->head_dim;
-    policy->lone_block_percent = hd >= 128 ? 90 : hd <= 64 ? 70 : 70 + (hd - 64) * 20 / 64;
+    /* how much a block gains from an SM of its own, by head dim (the scheduler weighs one lone
+     * block per SM against two paired ones) */
+    policy->lone_block_percent = kva__cuda_decode_lone_block_percent(limits->head_dim);
     policy->qo_tile = kind == KVA__PLAN_DECODE ? 1 : 64;
     return KVA_OK;
 }

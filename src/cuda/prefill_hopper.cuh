@@ -731,7 +731,8 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
     auto load_q = [&](const kva__hp_work &w, int b) {
         const T *qg = (const T *)a.q;
         const int rows_w = w.it.q_tokens * g;
-        /* (this buffer last held the staged O of the item two back: the mbarrier chain through
+        /* (this buffer last held the staged O of an earlier item -- two back with two Q
+         * buffers, the previous one with one: the mbarrier chain through
          * the store and scheduler warps -- o_full, q_empty, q_full -- already orders those writes
          * before these copies; racecheck does not follow that chain and reported the pair, so a
          * warpgroup barrier states the order where it can see it: one per item whose Q the

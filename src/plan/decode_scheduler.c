@@ -106,7 +106,7 @@ static int64_t merged_states(int64_t n, int32_t r) {
  * units sorted by cost, block loads do not increase with the block index, so block 0 is the
  * slowest. A grid of at most G / sm_blocks units gets an SM per block (the hardware hands out
  * a grid's blocks breadth-first), and a block alone on its SM streams almost sm_blocks times
- * faster (KVA__SCHED_LONE_BLOCK_PERCENT);
+ * faster (p->lone_block_percent of it, by default KVA__SCHED_LONE_BLOCK_PERCENT);
  * otherwise we cannot know which blocks share an SM and take the block's own share. The largest
  * merge is added on top (one block, latency bound). */
 static double estimate_makespan(const kva__split_problem *p, int32_t chunk, const int32_t *order) {

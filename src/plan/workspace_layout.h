@@ -39,6 +39,17 @@ typedef struct kva__split_policy {
                               (kva__split_problem; 0: the scheduler's default) */
 } kva__split_policy;
 
+/* The CUDA decode kernel's lone_block_percent for a head dim. A block alone on its SM has only
+ * its own ring in flight: 16 keys x head_dim x 2 bytes per warp stage (f16 / bf16; the f32
+ * kernel's 8-key tiles of 4-byte rows move as many bytes per key as the 16-bit kernel at twice
+ * the head dim, which this rule does not see: the limits carry no dtype), so below d128 it gains
+ * less from having the SM to itself. Measured on an H200 (bf16, fixed chunks, bench/NOTES.md,
+ * "Lone blocks below d128"): d128 ~1.7-1.85x a paired block (the scheduler's default 90%), d64
+ * and d32 (the d64 kernel) ~1.40-1.43x: 70%; linear in between (d96: 80). */
+static inline int32_t kva__cuda_decode_lone_block_percent(int32_t head_dim) {
+    return head_dim >= 128 ? 90 : head_dim <= 64 ? 70 : 70 + (head_dim - 64) * 20 / 64;
+}
+
 /* Plan facts the kernels read; first bytes of the host and the device part. 64 bytes aligned. */
 typedef struct kva__plan_header {
     uint32_t magic;
