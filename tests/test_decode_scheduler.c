@@ -323,6 +323,7 @@ KVA_TEST(decode_scheduler_random_batches_bound) {
         p.num_kv_heads = kva_rng_int(&rng, 1, 16);
         p.max_blocks = kva_rng_int(&rng, 1, 1024);
         p.sm_blocks = kva_rng_int(&rng, 1, 3);
+        p.lone_block_percent = kva_rng_int(&rng, 0, 1) ? 0 : kva_rng_int(&rng, 70, 90);
         p.min_chunk = kva_rng_int(&rng, 0, 1024);
         int32_t chunk = kva__sched_decode_chunk(&p, keys, order);
         if (it % 2) kva__sched_decode_order(&p, chunk, 1, keys, order); /* the same order again */
