@@ -283,6 +283,30 @@ KVA_TEST(decode_scheduler_lone_block_rate) {
     }
 }
 
+/* The merge tree's second level has a price (the CUDA policy's merge_level_keys: ~1 us): at d64
+ * 2 x 8192 (4 KV heads) 32 chunks of 256 (two levels) lost to 16 lone blocks of 512 (one level)
+ * on an H200, 15.9-16.2 vs 15.3-15.5 us; with the price the plan takes 512. Where both choices
+ * have two levels (1 x 8192: 64 or 32 chunks) or none (4 x 4096) nothing changes. */
+KVA_TEST(decode_scheduler_merge_level_cost) {
+    int32_t lens[4] = {8192, 8192, 4096, 4096};
+    int64_t keys[5];
+    int32_t order[5];
+    kva__split_problem p = cuda_problem(lens, 2, 4);
+    p.merge_run = KVA__MERGE_RUN;
+    p.lone_block_percent = kva__cuda_decode_lone_block_percent(64);
+    const int32_t free_level = kva__sched_decode_chunk(&p, keys, order);
+    p.merge_level_keys = kva__cuda_decode_merge_level_keys(64);
+    const int32_t priced = kva__sched_decode_chunk(&p, keys, order);
+    printf("    d64 2 x 8192, 4 KV heads: chunk %d with a free second level, %d priced\n", free_level, priced);
+    CHECK_MSG(free_level == 256 && priced == 512, "chunks %d / %d", free_level, priced);
+    p.batch_size = 1; /* 1 x 8192: two levels either way */
+    CHECK(kva__sched_decode_chunk(&p, keys, order) == 128);
+    lens[0] = lens[1] = 4096; /* 4 x 4096: 16 chunks, one level */
+    p.batch_size = 4;
+    CHECK(kva__sched_decode_chunk(&p, keys, order) == 256);
+    CHECK(kva__cuda_decode_merge_level_keys(128) == 36 && kva__cuda_decode_merge_level_keys(64) == 72);
+}
+
 /* Degenerate batches: one key, empty requests, a mix. */
 KVA_TEST(decode_scheduler_tiny_and_empty_requests) {
     int32_t lens[64];
@@ -324,6 +348,8 @@ KVA_TEST(decode_scheduler_random_batches_bound) {
         p.max_blocks = kva_rng_int(&rng, 1, 1024);
         p.sm_blocks = kva_rng_int(&rng, 1, 3);
         p.lone_block_percent = kva_rng_int(&rng, 0, 1) ? 0 : kva_rng_int(&rng, 70, 90);
+        p.merge_run = kva_rng_int(&rng, 0, 1) ? 0 : KVA__MERGE_RUN;
+        p.merge_level_keys = kva_rng_int(&rng, 0, 1) ? 0 : kva_rng_int(&rng, 18, 144);
         p.min_chunk = kva_rng_int(&rng, 0, 1024);
         int32_t chunk = kva__sched_decode_chunk(&p, keys, order);
         if (it % 2) kva__sched_decode_order(&p, chunk, 1, keys, order); /* the same order again */

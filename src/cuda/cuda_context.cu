@@ -409,6 +409,7 @@ extern "C" kva_status kva__cuda_split_policy(const kva_context *ctx, const kva_p
     /* how much a block gains from an SM of its own, by head dim (the scheduler weighs one lone
      * block per SM against two paired ones) */
     policy->lone_block_percent = kva__cuda_decode_lone_block_percent(limits->head_dim);
+    policy->merge_level_keys = kva__cuda_decode_merge_level_keys(limits->head_dim);
     policy->qo_tile = kind == KVA__PLAN_DECODE ? 1 : 64;
     return KVA_OK;
 }

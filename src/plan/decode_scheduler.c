@@ -108,7 +108,7 @@ static int64_t merged_states(int64_t n, int32_t r) {
  * a grid's blocks breadth-first), and a block alone on its SM streams almost sm_blocks times
  * faster (p->lone_block_percent of it, by default KVA__SCHED_LONE_BLOCK_PERCENT);
  * otherwise we cannot know which blocks share an SM and take the block's own share. The largest
- * merge is added on top (one block, latency bound). */
+ * merge is added on top (one block, latency bound; a tree's second level adds merge_level_keys). */
 static double estimate_makespan(const kva__split_problem *p, int32_t chunk, const int32_t *order) {
     const int64_t H = p->num_kv_heads > 0 ? p->num_kv_heads : 1;
     const int64_t G = p->max_blocks > 0 ? p->max_blocks : 1;
@@ -122,8 +122,9 @@ static double estimate_makespan(const kva__split_problem *p, int32_t chunk, cons
         block0 += (double)(KVA__SCHED_NEXT_ITEM_COST_KEYS + item_keys_of(len, chunk, 1)) * (double)mine;
         units0 += mine;
         const int64_t states = merged_states(n, p->merge_run);
-        if (states * KVA__SCHED_MERGE_COST_PER_STATE_KEYS > merge)
-            merge = (double)(states * KVA__SCHED_MERGE_COST_PER_STATE_KEYS);
+        const double m = (double)(states * KVA__SCHED_MERGE_COST_PER_STATE_KEYS) +
+                         (p->merge_run > 0 && n > p->merge_run ? (double)p->merge_level_keys : 0.0);
+        if (m > merge) merge = m;
         pos += n * H;
     }
     /* block 0's first unit starts with the launch, like every block's: the fixed cost of a first unit */

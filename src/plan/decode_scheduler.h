@@ -13,7 +13,8 @@
  *   KVA__SCHED_NEXT_ITEM_COST_KEYS + n as a later one (the makespan estimate and the balance
  *   simulator alike);
  *   a (request, KV head) split into c chunks costs KVA__SCHED_MERGE_COST_PER_STATE_KEYS * c more,
- *   on the one block that merges it (the last to arrive);
+ *   on the one block that merges it (the last to arrive) -- with CUDA's merge tree the states its
+ *   busiest merger reads, plus merge_level_keys for the tree's second level (makespan estimate);
  *   sm_blocks blocks share an SM's bandwidth (kva__split_problem), so a grid of at most
  *   G / sm_blocks units, one block per SM, streams lone_block_percent% (default
  *   KVA__SCHED_LONE_BLOCK_PERCENT) of sm_blocks times faster.

@@ -26,6 +26,8 @@ typedef struct kva__split_problem {
     int32_t lone_block_percent; /* decode: a block alone on its SM streams this percentage of
                                  * sm_blocks times a paired block's rate (0: the scheduler's
                                  * KVA__SCHED_LONE_BLOCK_PERCENT) */
+    int32_t merge_level_keys; /* decode, merge tree: what a request's second merge level adds
+                               * (a fence, an atomic and a dependent round trip), in key-times */
     int32_t merge_run;      /* decode: > 0: states merge as a tree of runs of this many (CUDA);
                              * 0: one block merges all of a request's states (CPU) */
     int32_t min_chunk;      /* never split into chunks shorter than this */

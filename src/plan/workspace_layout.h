@@ -37,6 +37,8 @@ typedef struct kva__split_policy {
                               (the CUDA decode kernel), 0 if one merger reads every state */
     int32_t lone_block_percent; /* decode: how much faster a block streams alone on its SM
                               (kva__split_problem; 0: the scheduler's default) */
+    int32_t merge_level_keys; /* decode: the merge tree's second level, in key-times
+                              (kva__split_problem; 0: free) */
 } kva__split_policy;
 
 /* The CUDA decode kernel's lone_block_percent for a head dim. A block alone on its SM has only
@@ -48,6 +50,16 @@ typedef struct kva__split_policy {
  * and d32 (the d64 kernel) ~1.40-1.43x: 70%; linear in between (d96: 80). */
 static inline int32_t kva__cuda_decode_lone_block_percent(int32_t head_dim) {
     return head_dim >= 128 ? 90 : head_dim <= 64 ? 70 : 70 + (head_dim - 64) * 20 / 64;
+}
+
+/* The CUDA decode merge tree's second level in the scheduler's key-times: ~1 us (the last run
+ * block's fence, atomic and the final merger's round trip: bench/NOTES.md, "What the split merge
+ * costs"), where a key-time is one key of one KV head at a block's share of the bandwidth, ~28
+ * ns at d128 (512 bytes), so 36 key-times at d128, 72 at d64. Measured on an H200 (fixed chunks):
+ * 32/4 d64 2 x 8192 in 32 chunks (two levels) 15.9-16.2 us against 15.3-15.5 in 16 (one), which
+ * the model without it ranked the other way. */
+static inline int32_t kva__cuda_decode_merge_level_keys(int32_t head_dim) {
+    return head_dim > 0 ? 36 * 128 / head_dim : 36;
 }
 
 /* Plan facts the kernels read; first bytes of the host and the device part. 64 bytes aligned. */
