@@ -284,9 +284,10 @@ KVA_TEST(decode_scheduler_lone_block_rate) {
 }
 
 /* The merge tree's second level has a price (the CUDA policy's merge_level_keys: ~1 us): at d64
- * 2 x 8192 (4 KV heads) 32 chunks of 256 (two levels) lost to 16 lone blocks of 512 (one level)
- * on an H200, 15.9-16.2 vs 15.3-15.5 us; with the price the plan takes 512. Where both choices
- * have two levels (1 x 8192: 64 or 32 chunks) or none (4 x 4096) nothing changes. */
+ * 2 x 8192 (4 KV heads) 32 chunks of 256 per request (256 paired units, two levels) lost to 16 of
+ * 512 (128 lone units, one level) on an H200, 15.9-16.2 vs 15.3-15.5 us; with the price the plan
+ * takes 512. Where both choices have two levels (1 x 8192: 64 or 32 chunks) or none (4 x 4096)
+ * the plans of the measured table stay; and a flat merge (no tree) has no second level to price. */
 KVA_TEST(decode_scheduler_merge_level_cost) {
     int32_t lens[4] = {8192, 8192, 4096, 4096};
     int64_t keys[5];
@@ -305,6 +306,15 @@ KVA_TEST(decode_scheduler_merge_level_cost) {
     p.batch_size = 4;
     CHECK(kva__sched_decode_chunk(&p, keys, order) == 256);
     CHECK(kva__cuda_decode_merge_level_keys(128) == 36 && kva__cuda_decode_merge_level_keys(64) == 72);
+    /* merge_run 0 (CPU, global rowmax, the large groups' prefill merge): the price is never paid
+     * (a batch where charging it to every split candidate would move the choice: 960 for 512) */
+    int32_t flat_lens[4] = {512, 23808, 20352, 14464};
+    kva__split_problem f = cuda_problem(flat_lens, 4, 2);
+    f.lone_block_percent = 70;
+    const int32_t flat_free = kva__sched_decode_chunk(&f, keys, order);
+    f.merge_level_keys = 72;
+    const int32_t flat_priced = kva__sched_decode_chunk(&f, keys, order);
+    CHECK_MSG(flat_free == flat_priced, "flat merge: chunk %d, with a level price %d", flat_free, flat_priced);
 }
 
 /* Degenerate batches: one key, empty requests, a mix. */

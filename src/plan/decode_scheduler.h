@@ -91,7 +91,8 @@ void kva__sched_chunk_range(int32_t kv_len, int32_t chunk, int equal, int32_t c,
 
 /* The decode chunk size: fixed_chunk if set, the longest request if no_split, else the
  * candidate of the smallest estimated makespan (see above). Uses p->kv_len, batch_size,
- * num_kv_heads, max_blocks, sm_blocks, min_chunk. Always >= 1. On return order[batch] holds
+ * num_kv_heads, max_blocks, sm_blocks, lone_block_percent, merge_run, merge_level_keys,
+ * min_chunk. Always >= 1. On return order[batch] holds
  * the work order for that chunk (kva__sched_decode_order with equal = no fixed_chunk); keys
  * [batch] is scratch. */
 int32_t kva__sched_decode_chunk(const kva__split_problem *p, int64_t *keys, int32_t *order);
