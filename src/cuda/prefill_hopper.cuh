@@ -33,7 +33,7 @@
  *               consumers take turns issuing ("ping-pong", a ring), at d256 they issue independently
  *               (what measured faster for each); either way one's softmax overlaps the others'
  *               matrix products. At d <= 128 a work item's last P V is issued with the next
- *               item's S_0 (its Q loaded into a second buffer during this item, where a tensor
+ *               item's S_0 (its Q loaded into another buffer during this item, where a tensor
  *               copy brings it: a whole item).
  *   out   = as prefill_kernel.cuh: O / l and LSE, or f32 partials for a split work item.
  *
@@ -89,11 +89,16 @@
 #define KVA__HP_ALIBI_TENSOR 1
 #endif
 
-/* (-DKVA__HP_POS_RESERVE=0 leaves the reservation below out of the library's own builds: a
- * comparison only, as the variant modules' ALiBi kernels then would not fit the launch) */
-#ifndef KVA__HP_POS_RESERVE
-#define KVA__HP_POS_RESERVE 1
+/* Q buffers of a kernel with the cross-item tail (G::XITEM): item m's Q goes to buffer m % Q_BUFS,
+ * which the store warp frees once item m - Q_BUFS's staged O is written. With two, a short item's
+ * tail waited for the next Q: its buffer is freed only after both warpgroups' previous epilogue,
+ * the O store's reads (~2200 cycles) and the Q copy's round trip (ncu of 32 x 512 causal d128:
+ * that wait was the consumers' largest single stall, 4% of their samples; bench/NOTES.md, v6.33).
+ * -DKVA__HP_QBUFS=2 for comparisons. Native ALiBi builds keep two (see POS_BYTES). */
+#ifndef KVA__HP_QBUFS
+#define KVA__HP_QBUFS 3
 #endif
+static_assert(KVA__HP_QBUFS == 2 || KVA__HP_QBUFS == 3, "KVA__HP_QBUFS: 2 or 3 Q buffers");
 
 /* Consumer warpgroups at d64 (KVA__HP_CWG_D64, prefill_kernels.h): three (192-row items,
  * FlashAttention-3's choice there), so that three warps' softmaxes share each scheduler against
@@ -132,15 +137,9 @@ struct kva__hopper_geom {
     /* work records in flight from the scheduler warp to the other warps (slots of 16 words in
      * the workspace, see the kernel and KVA__SCHED_RING) */
     static constexpr int RING = 4;
-    /* mbarriers: full/empty K/V per stage, the tail; full/empty per record slot, the K/V
-     * producer's item starts; Q full, Q empty and O full per Q buffer (rounded to 16 bytes) */
-    static constexpr int BAR_BYTES = (8 * (4 * STAGES + 2 + 2 * RING + 3 * 2) + 15) / 16 * 16;
     /* native ALiBi's column-offset tile (BN rows of one 128-byte swizzled row block, of which the
-     * first k16 slice is used). Reserved in every build: a variant module's kernel is launched with
-     * the library's own geometry, and with the default stages the extra 8-16 KB leaves one block
-     * per SM (d64 193 KB with three warpgroups' Q, d128 209 KB, both with their second Q buffers;
-     * d256 under 228 KB). */
-    static constexpr int POS_BYTES = KVA__HP_POS_RESERVE || KVA__HP_ALIBI ? BN * 128 : 0;
+     * first k16 slice is used) */
+    static constexpr int ALIBI_POS_BYTES = BN * 128;
     /* the consumers take turns issuing (see the consumer loop); -DKVA__HP_PINGPONG=0/1 forces it */
 #ifdef KVA__HP_PINGPONG
     static constexpr bool PINGPONG = KVA__HP_PINGPONG;
@@ -169,8 +168,20 @@ struct kva__hopper_geom {
 #else
     static constexpr bool XITEM = D <= 128;
 #endif
-    static constexpr int Q_BUFS = XITEM ? 2 : 1;
+    /* A variant module's kernel is launched with the library's own shared-memory size
+     * (variant_load.cu), so the native ALiBi build -- two Q buffers and its column-offset tile --
+     * may never need more than the library's build: where the library's has no third Q buffer
+     * (d256, or -DKVA__HP_QBUFS=2), it reserves the tile's bytes instead. */
+    static constexpr int PLAIN_Q_BUFS = XITEM ? KVA__HP_QBUFS : 1, ALIBI_Q_BUFS = XITEM ? 2 : 1;
+    static constexpr int Q_BUFS = KVA__HP_ALIBI ? ALIBI_Q_BUFS : PLAIN_Q_BUFS;
+    static constexpr int POS_BYTES = KVA__HP_ALIBI || PLAIN_Q_BUFS == ALIBI_Q_BUFS ? ALIBI_POS_BYTES : 0;
+    /* mbarriers: full/empty K/V per stage, the tail; full/empty per record slot, the K/V
+     * producer's item starts; Q full, Q empty and O full per Q buffer (rounded to 16 bytes) */
+    static constexpr int BAR_BYTES = (8 * (4 * STAGES + 2 + 2 * RING + 3 * Q_BUFS) + 15) / 16 * 16;
     static constexpr int SMEM = 1024 + Q_BUFS * Q_BYTES + STAGES * 2 * TILE_BYTES + POS_BYTES + BAR_BYTES;
+    static_assert(1024 + ALIBI_Q_BUFS * Q_BYTES + ALIBI_POS_BYTES <=
+                      1024 + PLAIN_Q_BUFS * Q_BYTES + (PLAIN_Q_BUFS == ALIBI_Q_BUFS ? ALIBI_POS_BYTES : 0),
+                  "the native ALiBi kernel needs more shared memory than the library's launch gives it");
     /* an sm_90 block gets at most 227 KB: a larger build (e.g. -DKVA__HP_STAGES_D128=3, which
      * needs -DKVA__HP_XITEM=0 as well to fit) would silently fall back to the wgmma kernel at
      * launch */
@@ -327,6 +338,7 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
     const int tid = threadIdx.x;
     const int g = a.group;
     const uint32_t g_magic = kva__hp_group_magic(g);
+    const bool g_divides_64 = 64 % g == 0; /* (once: per item it was a division's ~20 instructions) */
     const bool paged = a.page_indices != NULL;
     const int box = paged ? ha.box_rows : BN;
     kva__hp_work wk;
@@ -397,8 +409,8 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
     auto slot_empty = [&](int i) { return bar_at(4 * G::STAGES + 1 + G::RING + i); };
     const uint32_t kv_top = bar_at(4 * G::STAGES + 1 + 2 * G::RING);
     auto q_full = [&](int b) { return bar_at(4 * G::STAGES + 2 + 2 * G::RING + b); };
-    auto q_empty = [&](int b) { return bar_at(4 * G::STAGES + 4 + 2 * G::RING + b); };
-    auto o_full = [&](int b) { return bar_at(4 * G::STAGES + 6 + 2 * G::RING + b); };
+    auto q_empty = [&](int b) { return bar_at(4 * G::STAGES + 2 + 2 * G::RING + G::Q_BUFS + b); };
+    auto o_full = [&](int b) { return bar_at(4 * G::STAGES + 2 + 2 * G::RING + 2 * G::Q_BUFS + b); };
     const int lane_id = tid & 31;
     /* item m >= 1 of this block into w (w.kh < 0: past the last; see above): with tickets its
      * record's loads are issued here and land in w's registers later (volatile: not sunk to
@@ -447,7 +459,7 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
     /* whether consumer warpgroup h's 64 rows of item w's O are staged for the store warp's tensor
      * copies (else the consumers store them): whole parts of unsplit items (see the epilogue) */
     auto o_staged = [&](const kva__hp_work &w, int h) {
-        return D >= KVA__HP_STAGED_MIN_D && (ha.qo_maps & 2) && 64 % g == 0 && w.it.q_tokens * g >= (h + 1) * 64 &&
+        return D >= KVA__HP_STAGED_MIN_D && (ha.qo_maps & 2) && g_divides_64 && w.it.q_tokens * g >= (h + 1) * 64 &&
                w.it.key_beg <= 0 && w.it.key_end >= w.it.kv_len;
     };
 
@@ -723,7 +735,7 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
     const float mul = KVA__HAS_SCORE_MOD && !KVA__HP_ALIBI ? KVA__PF_LOG2E : capped ? 1.0f : a.scale_log2;
     if (cw == ncw - 1) turn_pass();
 
-    /* Q buffers: with G::XITEM the next work item's Q lands in the other buffer during this
+    /* Q buffers: with G::XITEM the next work item's Q lands in another buffer during this
      * item (the scheduler warp's copies), so the next item's first Q K^T can be issued together
      * with this item's last P V (below) instead of after this item's epilogue. */
     /* my warpgroup's 64 Q rows of work item w -> buffer b (rows past the item are zero), where
@@ -731,8 +743,8 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
     auto load_q = [&](const kva__hp_work &w, int b) {
         const T *qg = (const T *)a.q;
         const int rows_w = w.it.q_tokens * g;
-        /* (this buffer last held the staged O of an earlier item -- two back with two Q
-         * buffers, the previous one with one: the mbarrier chain through
+        /* (this buffer last held the staged O of an earlier item -- Q_BUFS back: the mbarrier
+         * chain through
          * the store and scheduler warps -- o_full, q_empty, q_full -- already orders those writes
          * before these copies; racecheck does not follow that chain and reported the pair, so a
          * warpgroup barrier states the order where it can see it: one per item whose Q the
@@ -1010,7 +1022,18 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
     /* (G::XITEM: read early where published, else in the tail: waiting for it at the item's
      * top stalled the consumers where the scheduler had not yet drawn it) */
     bool nx_pending = false;
-    if constexpr (G::XITEM) nx_pending = !work_try_fetch(1, nx);
+    /* (G::XITEM) the record as loaded early. Its words reach nx in the tail through empty asm
+     * statements: left alone, the compiler moved every word into a uniform register right
+     * behind the loads, so the warps waited there for the L2 round trip (ncu of 32 x 512
+     * causal: 2% of the consumers' samples, bench/NOTES.md v6.35) */
+    kva__hp_work nx_early{};
+    auto take_early = [&]() {
+        int *wd = reinterpret_cast<int *>(&nx_early);
+#pragma unroll
+        for (int k = 0; k < (int)(sizeof(kva__hp_work) / 4); ++k) asm volatile("" : "+r"(wd[k]));
+        nx = nx_early;
+    };
+    if constexpr (G::XITEM) nx_pending = !work_try_fetch(1, nx_early);
     q_own(0, wk);
     int trace_n = 0;      /* (KVA__HP_TRACE: items so far) */
     for (;;) {
@@ -1074,6 +1097,7 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
          * spilled registers at d128) */
         if constexpr (G::XITEM) {
             if (nx_pending) work_fetch(m + 1, nx);
+            else take_early();
             have_nx = nx.kh >= 0;
         }
         const bool nx_s0 = G::XITEM && have_nx && nx.n_tiles > 0 && n_tiles > 0 && q_by_tma(nx);
@@ -1089,7 +1113,7 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
             q_wait(m + 1);
             kva__mbar_wait(full_k(sn), (gn / G::STAGES) & 1u);
             turn_wait();
-            issue_qk(sn, q_desc(qb ^ 1));
+            issue_qk(sn, q_desc(qb + 1 == G::Q_BUFS ? 0 : qb + 1));
             kva__pf_fence_regs<DT * 4>(&o_acc[0][0]);
             issue_pv(sl);
             turn_pass();
@@ -1138,47 +1162,67 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
          * the staged rows (2-4% on rows of 512-2048 tokens, level at 16k: bench/NOTES.md; the
          * consumers' own copies of staged rows had measured 3-6% slower at 16k causal). */
         static_assert(sizeof(T) == 2, "the Hopper kernel is built for 16-bit elements");
-        const bool staged = D >= KVA__HP_STAGED_MIN_D && !split && (ha.qo_maps & 2) && 64 % g == 0 && rows_o >= (cw + 1) * 64;
+        const bool staged = D >= KVA__HP_STAGED_MIN_D && !split && (ha.qo_maps & 2) && g_divides_64 && rows_o >= (cw + 1) * 64;
         /* (o_staged's test, which the store warp makes) */
+        float l_r[2], inv_r[2];
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             float l = l_o[h];
             l += __shfl_xor_sync(0xffffffffu, l, 1);
             l += __shfl_xor_sync(0xffffffffu, l, 2);
-            const int r = row_base + (lane >> 2) + 8 * h;
             if (!(fabsf(m_o[h]) < 268435456.0f) && m_o[h] != -INFINITY) l = NAN;
-            const float inv = kva__softmax_inv(l);
-            const int d0 = 2 * (lane & 3);
-            if (staged) {
+            l_r[h] = l;
+            inv_r[h] = kva__softmax_inv(l);
+        }
+        const int d0 = 2 * (lane & 3);
+        /* (the staged path first and in one piece: with the direct and partial stores between
+         * its two rows, the item's one pass through it jumped over cold code -- instruction
+         * fetch stalls, bench/NOTES.md v6.34) */
+        if (staged) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int r = row_base + (lane >> 2) + 8 * h;
 #pragma unroll
                 for (int dt = 0; dt < DT; ++dt)
                     asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(q_o + kva__pf_tile_off<D * 2, ROWS, true>(r, dt) +
                                                                     (uint32_t)(d0 * 2)),
-                                 "r"(kva__pack2<T>(o_acc[dt][2 * h] * inv, o_acc[dt][2 * h + 1] * inv))
+                                 "r"(kva__pack2<T>(o_acc[dt][2 * h] * inv_r[h], o_acc[dt][2 * h + 1] * inv_r[h]))
                                  : "memory");
             }
-            if (r >= rows_o) continue;
-            const int t = kva__hp_div_group(r, g_magic), qh = kh * g + (r - t * g);
-            const float lse = kva__softmax_lse(m_o[h], l);
-            if (staged) {
-                if (a.lse && (lane & 3) == 0) a.lse[(int64_t)(it.q_row0 + t) * Hq + qh] = lse;
-            } else if (!split) {
-                T *orow = (T *)a.o + (int64_t)(it.q_row0 + t) * a.o_st + (int64_t)qh * a.o_sh + d0;
+            /* (a staged part's rows are all below rows_o) */
+            if (a.lse && (lane & 3) == 0) {
 #pragma unroll
-                for (int dt = 0; dt < DT; ++dt)
-                    if (dt * 8 < a.head_dim) /* (columns past the head dim are padding) */
-                        *reinterpret_cast<uint32_t *>(orow + dt * 8) =
-                            kva__pack2<T>(o_acc[dt][2 * h] * inv, o_acc[dt][2 * h + 1] * inv);
-                if (a.lse && (lane & 3) == 0) a.lse[(int64_t)(it.q_row0 + t) * Hq + qh] = lse;
-            } else {
-                const int64_t prow = (int64_t)it.w * a.rows_per_work + (int64_t)t * Hq + qh;
-                float *orow = a.partial_o + prow * a.head_dim + d0;
+                for (int h = 0; h < 2; ++h) {
+                    const int r = row_base + (lane >> 2) + 8 * h;
+                    const int t = kva__hp_div_group(r, g_magic), qh = kh * g + (r - t * g);
+                    a.lse[(int64_t)(it.q_row0 + t) * Hq + qh] = kva__softmax_lse(m_o[h], l_r[h]);
+                }
+            }
+        } else {
 #pragma unroll
-                for (int dt = 0; dt < DT; ++dt)
-                    if (dt * 8 < a.head_dim)
-                        *reinterpret_cast<float2 *>(orow + dt * 8) =
-                            make_float2(o_acc[dt][2 * h] * inv, o_acc[dt][2 * h + 1] * inv);
-                if ((lane & 3) == 0) a.partial_lse[prow] = lse;
+            for (int h = 0; h < 2; ++h) {
+                const int r = row_base + (lane >> 2) + 8 * h;
+                if (r >= rows_o) continue;
+                const int t = kva__hp_div_group(r, g_magic), qh = kh * g + (r - t * g);
+                const float inv = inv_r[h], lse = kva__softmax_lse(m_o[h], l_r[h]);
+                if (!split) {
+                    T *orow = (T *)a.o + (int64_t)(it.q_row0 + t) * a.o_st + (int64_t)qh * a.o_sh + d0;
+#pragma unroll
+                    for (int dt = 0; dt < DT; ++dt)
+                        if (dt * 8 < a.head_dim) /* (columns past the head dim are padding) */
+                            *reinterpret_cast<uint32_t *>(orow + dt * 8) =
+                                kva__pack2<T>(o_acc[dt][2 * h] * inv, o_acc[dt][2 * h + 1] * inv);
+                    if (a.lse && (lane & 3) == 0) a.lse[(int64_t)(it.q_row0 + t) * Hq + qh] = lse;
+                } else {
+                    const int64_t prow = (int64_t)it.w * a.rows_per_work + (int64_t)t * Hq + qh;
+                    float *orow = a.partial_o + prow * a.head_dim + d0;
+#pragma unroll
+                    for (int dt = 0; dt < DT; ++dt)
+                        if (dt * 8 < a.head_dim)
+                            *reinterpret_cast<float2 *>(orow + dt * 8) =
+                                make_float2(o_acc[dt][2 * h] * inv, o_acc[dt][2 * h + 1] * inv);
+                    if ((lane & 3) == 0) a.partial_lse[prow] = lse;
+                }
             }
         }
         KVA__HP_TRACE_AT(1 + cw, trace_n, KVA__HPT_STAGED, clock64());
@@ -1202,8 +1246,8 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
         work_done(m);
         if (!have_nx) break;
         if (!nx_s0) wk = nx;
-        qb = G::Q_BUFS == 2 ? qb ^ 1 : 0;
-        if constexpr (G::XITEM) nx_pending = !work_try_fetch(m + 1, nx);
+        qb = qb + 1 == G::Q_BUFS ? 0 : qb + 1;
+        if constexpr (G::XITEM) nx_pending = !work_try_fetch(m + 1, nx_early);
         if (!s0_done) {
             q_own(m, wk);
 #pragma unroll
