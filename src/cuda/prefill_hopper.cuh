@@ -89,15 +89,12 @@
 #define KVA__HP_ALIBI_TENSOR 1
 #endif
 
-/* Q buffers of a kernel with the cross-item tail (G::XITEM): item m's Q goes to buffer m % Q_BUFS,
- * which the store warp frees once item m - Q_BUFS's staged O is written. With two, a short item's
- * tail waited for the next Q: its buffer is freed only after both warpgroups' previous epilogue,
- * the O store's reads (~2200 cycles) and the Q copy's round trip (ncu of 32 x 512 causal d128:
- * that wait was the consumers' largest single stall, 4% of their samples; bench/NOTES.md, v6.33).
- * -DKVA__HP_QBUFS=2 for comparisons. Native ALiBi builds keep two (see POS_BYTES). */
-#ifndef KVA__HP_QBUFS
-#define KVA__HP_QBUFS 3
-#endif
+/* Q buffers of a kernel with the cross-item tail (G::XITEM; KVA__HP_QBUFS, prefill_kernels.h): item
+ * m's Q goes to buffer m % Q_BUFS, which the store warp frees once item m - Q_BUFS's staged O is
+ * written. With two, a short item's tail waited for the next Q: its buffer is freed only after both
+ * warpgroups' previous epilogue, the O store's reads (~2200 cycles) and the Q copy's round trip
+ * (ncu of 32 x 512 causal d128: that wait was the consumers' largest single stall, 4% of their
+ * samples; bench/NOTES.md, v6.33). Native ALiBi builds keep two (see POS_BYTES). */
 static_assert(KVA__HP_QBUFS == 2 || KVA__HP_QBUFS == 3, "KVA__HP_QBUFS: 2 or 3 Q buffers");
 
 /* Consumer warpgroups at d64 (KVA__HP_CWG_D64, prefill_kernels.h): three (192-row items,
@@ -157,7 +154,7 @@ struct kva__hopper_geom {
     static constexpr bool REVERSE = KVA__HP_ALIBI;
 #endif
     /* the next work item's S_0 issued with this item's last P V, its Q loaded during this item
-     * into a second buffer (see the consumer's tail): where a second Q fits (d <= 128), and for
+     * into another buffer (see the consumer's tail): where more Q buffers fit (d <= 128), and for
      * next items whose Q a tensor copy brings (whole items, q_by_tma). At d128
      * paired H200 runs (v6.25) measured 32 x 512 +4-5%, ragged +7%, chunked +1.5% and the rows
      * from 2 x 8192 up level (it was 1-5% slower there before v6.15's uniform descriptors);
@@ -182,9 +179,8 @@ struct kva__hopper_geom {
     static_assert(1024 + ALIBI_Q_BUFS * Q_BYTES + ALIBI_POS_BYTES <=
                       1024 + PLAIN_Q_BUFS * Q_BYTES + (PLAIN_Q_BUFS == ALIBI_Q_BUFS ? ALIBI_POS_BYTES : 0),
                   "the native ALiBi kernel needs more shared memory than the library's launch gives it");
-    /* an sm_90 block gets at most 227 KB: a larger build (e.g. -DKVA__HP_STAGES_D128=3, which
-     * needs -DKVA__HP_XITEM=0 as well to fit) would silently fall back to the wgmma kernel at
-     * launch */
+    /* an sm_90 block gets at most 227 KB (e.g. -DKVA__HP_STAGES_D128=3 does not fit, with or
+     * without the cross-item tail) */
     static_assert(SMEM <= 232448, "the Hopper prefill kernel's shared memory exceeds 227 KB");
 };
 

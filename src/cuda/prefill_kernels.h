@@ -28,6 +28,12 @@
 #define KVA__HP_CWG_D64 3
 #endif
 #define KVA__PREFILL_WG_WARPS(D) ((D) == 64 ? 4 * KVA__HP_CWG_D64 : 8)
+/* Q buffers of the warp-specialised Hopper kernel where its cross-item tail runs (d <= 128;
+ * prefill_hopper.cuh). Its variant builds get the library's value as well (variant_compile.c):
+ * they are launched with the library's shared-memory size. -DKVA__HP_QBUFS=2: two (comparisons). */
+#ifndef KVA__HP_QBUFS
+#define KVA__HP_QBUFS 3
+#endif
 /* the most packed rows any prefill kernel's block holds */
 #define KVA__PREFILL_ROWS_MAX 192
 

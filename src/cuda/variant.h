@@ -39,6 +39,9 @@ static inline int kva__built_head_dim(int head_dim) {
  * KVA__PREFILL_WG_WARPS): 4 per consumer warpgroup of the warp-specialised Hopper kernel (12 at
  * d64, 8 elsewhere), so a variant's build of it matches the library's. */
 int kva__prefill_wg_warps(int built_dim);
+/* Q buffers of the library's warp-specialised Hopper kernel (KVA__HP_QBUFS, prefill_kernels.h), which
+ * a variant's build of it must match: it is launched with the library's shared-memory size. */
+int kva__prefill_hp_qbufs(void);
 
 /* Kernels per module: decode (nt - 1) + 2 * global_rowmax; prefill f16/bf16: the 128-row
  * mma.sync kernel, the 64-row one, the wgmma one (sm_90a only; 192 rows at d64) and the warp-specialised
