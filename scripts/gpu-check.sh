@@ -23,8 +23,35 @@
 # "--decode-only"), GPU_CHECK_TESTS selects tests (default "cuda", which includes cuda_prefill*),
 # GPU_CHECK_TRACE=1 adds the Hopper prefill kernel's per-item phase trace (bench/hopper_trace, its
 # own build; GPU_CHECK_TRACE_DIMS head dims, default "64 128 256").
+#
+# Paired A/B rounds (a change against a base revision, both built and timed in one run, as
+# bench/NOTES.md decides every kernel change):
+#   scripts/gpu-check.sh --ab-prepare REV   (here, with git: writes REV's versions of the files that
+#                                           differ into gpu-ab-base/, ignored by git)
+#   GPU_CHECK_AB=1 scripts/gpu-check.sh     (on the device, gpu-ab-base/ carried along: builds the
+#                                           base tree and this one, then GPU_CHECK_AB_ROUNDS (3)
+#                                           alternated rounds of bench_torch.py GPU_CHECK_AB_ARGS
+#                                           (default: prefill, --quick, 512 / 2048 tokens, bf16 d128
+#                                           and d64); GPU_CHECK_AB_CUDA_FLAGS adds -D options to the
+#                                           new build only; nothing else runs)
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
+if [ "${1:-}" = "--ab-prepare" ]; then
+    rev=${2:?"--ab-prepare needs a base revision"}
+    git rev-parse --verify -q "$rev^{commit}" >/dev/null || { echo "gpu-check.sh: no revision $rev" >&2; exit 2; }
+    rm -rf gpu-ab-base && mkdir gpu-ab-base || exit 1
+    n=0
+    while IFS= read -r f; do
+        n=$((n + 1))
+        if git cat-file -e "$rev:$f" 2>/dev/null; then
+            mkdir -p "gpu-ab-base/$(dirname "$f")" && git show "$rev:$f" >"gpu-ab-base/$f"
+        else
+            echo "$f" >>gpu-ab-base/.added # (not in the base: removed from its tree)
+        fi
+    done < <(git diff --name-only "$rev" -- . ':!gpu-ab-base')
+    echo "gpu-ab-base/: $n files as of $(git rev-parse --short "$rev") (carry it to the device with the tree)"
+    exit 0
+fi
 OUT=${OUT:-$PWD/gpu-check-out}
 BUILD=${BUILD:-build-gpu}
 TESTS=${GPU_CHECK_TESTS:-cuda}
@@ -39,6 +66,37 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --f
 gen=()
 command -v ninja >/dev/null && gen=(-G Ninja)
 t0=$(date +%s)
+
+if [ "${GPU_CHECK_AB:-0}" != 0 ]; then
+    [ -d gpu-ab-base ] || { echo "GPU_CHECK_AB: no gpu-ab-base/ (scripts/gpu-check.sh --ab-prepare REV)" >&2; exit 2; }
+    base_src=$(mktemp -d)
+    tar --exclude=./gpu-ab-base --exclude='./build*' -cf - . | tar -x -C "$base_src" && cp -r gpu-ab-base/. "$base_src/"
+    if [ -f gpu-ab-base/.added ]; then
+        while IFS= read -r f; do rm -f "$base_src/$f"; done <gpu-ab-base/.added
+    fi
+    ab_build() { # src build [cuda flags]
+        cmake -S "$1" -B "$2" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DKVA_CUDA=ON -DKVA_CUDA_ARCHS=90a \
+            -DPython_EXECUTABLE="$(command -v python3)" ${3:+"-DCMAKE_CUDA_FLAGS=$3"} >"$OUT/ab-build-$(basename "$2").log" 2>&1 &&
+            cmake --build "$2" -j "$(nproc)" >>"$OUT/ab-build-$(basename "$2").log" 2>&1
+    }
+    ab_build "$base_src" "$BUILD-ab-base" & pb=$!
+    ab_build . "$BUILD" "${GPU_CHECK_AB_CUDA_FLAGS:-}" & pn=$!
+    wait $pb || { note "A/B: base build FAILED"; exit 1; }
+    wait $pn || { note "A/B: new build FAILED"; exit 1; }
+    note "A/B builds: ok ($(( $(date +%s) - t0 )) s)"
+    # shellcheck disable=SC2086
+    for r in $(seq 1 "${GPU_CHECK_AB_ROUNDS:-3}"); do
+        for side in base new; do
+            b=$BUILD; [ $side = base ] && b=$BUILD-ab-base
+            python3 bench/bench_torch.py --build "$b" ${GPU_CHECK_AB_ARGS:---prefill-only --quick --no-extra-rows --seqs 512,2048 --prefill-sets bf16:128,bf16:64} \
+                >"$OUT/ab-$side-$r.log" 2>&1 || note "A/B: $side round $r FAILED"
+            echo "== $side, round $r"
+            grep -E '^\| (bf16|f16) \||^\| [A-Za-z0-9].*us \|' "$OUT/ab-$side-$r.log" | cut -c1-150
+        done
+    done
+    printf '%s\n' "${summary[@]}"
+    exit $status
+fi
 if cmake -S . -B "$BUILD" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DKVA_CUDA=ON -DKVA_CUDA_ARCHS=90a \
         -DKVA_VERBOSE_PTXAS=ON -DPython_EXECUTABLE="$(command -v python3)" \
         >"$OUT/build.log" 2>&1 &&
