@@ -89,7 +89,7 @@ if [ "${GPU_CHECK_AB:-0}" != 0 ]; then
         for side in base new; do
             b=$BUILD; [ $side = base ] && b=$BUILD-ab-base
             python3 bench/bench_torch.py --build "$b" ${GPU_CHECK_AB_ARGS:---prefill-only --quick --no-extra-rows --seqs 512,2048 --prefill-sets bf16:128,bf16:64} \
-                >"$OUT/ab-$side-$r.log" 2>&1 || note "A/B: $side round $r FAILED"
+                >"$OUT/ab-$side-$r.log" 2>&1 || { status=1; note "A/B: $side round $r FAILED"; }
             echo "== $side, round $r"
             grep -E '^\| (bf16|f16) \||^\| [A-Za-z0-9].*us \|' "$OUT/ab-$side-$r.log" | cut -c1-150
         done
