@@ -34,6 +34,9 @@
 #                                           (default: prefill, --quick, 512 / 2048 tokens, bf16 d128
 #                                           and d64); GPU_CHECK_AB_CUDA_FLAGS adds -D options to the
 #                                           new build only; nothing else runs)
+#   GPU_CHECK_AB_SIDES="a=-DX=0;b=-DX=1"    (instead of one new build: one build of this tree per
+#                                           named flag set, all timed in each round beside the base;
+#                                           each bench call is cut at GPU_CHECK_AB_TIMEOUT s, 240)
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 if [ "${1:-}" = "--ab-prepare" ]; then
@@ -79,16 +82,30 @@ if [ "${GPU_CHECK_AB:-0}" != 0 ]; then
             -DPython_EXECUTABLE="$(command -v python3)" ${3:+"-DCMAKE_CUDA_FLAGS=$3"} >"$OUT/ab-build-$(basename "$2").log" 2>&1 &&
             cmake --build "$2" -j "$(nproc)" >>"$OUT/ab-build-$(basename "$2").log" 2>&1
     }
-    ab_build "$base_src" "$BUILD-ab-base" & pb=$!
-    ab_build . "$BUILD" "${GPU_CHECK_AB_CUDA_FLAGS:-}" & pn=$!
-    wait $pb || { note "A/B: base build FAILED"; exit 1; }
-    wait $pn || { note "A/B: new build FAILED"; exit 1; }
-    note "A/B builds: ok ($(( $(date +%s) - t0 )) s)"
+    # sides: name -> build dir and CUDA flags (the base first, then this tree once per flag set)
+    sides=(base); declare -A side_dir=([base]="$BUILD-ab-base") side_flags=([base]="")
+    if [ -n "${GPU_CHECK_AB_SIDES:-}" ]; then
+        IFS=';' read -r -a specs <<<"$GPU_CHECK_AB_SIDES"
+        for spec in "${specs[@]}"; do
+            n=${spec%%=*}; sides+=("$n"); side_dir[$n]="$BUILD-ab-$n"; side_flags[$n]=${spec#*=}
+        done
+    else
+        sides+=(new); side_dir[new]=$BUILD; side_flags[new]=${GPU_CHECK_AB_CUDA_FLAGS:-}
+    fi
+    pids=()
+    for n in "${sides[@]}"; do
+        src=.; [ "$n" = base ] && src=$base_src
+        ab_build "$src" "${side_dir[$n]}" "${side_flags[$n]}" & pids+=($!)
+    done
+    for i in "${!sides[@]}"; do
+        wait "${pids[$i]}" || { note "A/B: ${sides[$i]} build FAILED"; exit 1; }
+    done
+    note "A/B builds: ok ($(( $(date +%s) - t0 )) s): ${sides[*]}"
     # shellcheck disable=SC2086
     for r in $(seq 1 "${GPU_CHECK_AB_ROUNDS:-3}"); do
-        for side in base new; do
-            b=$BUILD; [ $side = base ] && b=$BUILD-ab-base
-            python3 bench/bench_torch.py --build "$b" ${GPU_CHECK_AB_ARGS:---prefill-only --quick --no-extra-rows --seqs 512,2048 --prefill-sets bf16:128,bf16:64} \
+        for side in "${sides[@]}"; do
+            timeout "${GPU_CHECK_AB_TIMEOUT:-240}" python3 bench/bench_torch.py --build "${side_dir[$side]}" \
+                ${GPU_CHECK_AB_ARGS:---prefill-only --quick --no-extra-rows --seqs 512,2048 --prefill-sets bf16:128,bf16:64} \
                 >"$OUT/ab-$side-$r.log" 2>&1 || { status=1; note "A/B: $side round $r FAILED"; }
             echo "== $side, round $r"
             grep -E '^\| (bf16|f16) \||^\| [A-Za-z0-9].*us \|' "$OUT/ab-$side-$r.log" | cut -c1-150
