@@ -1099,7 +1099,20 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
         const bool nx_s0 = G::XITEM && have_nx && nx.n_tiles > 0 && n_tiles > 0 && q_by_tma(nx);
         const uint32_t gn = gt + (uint32_t)n_tiles; /* the next item's first tile */
         const int sl = (int)((gn - 1) % G::STAGES), sn = (int)(gn % G::STAGES);
-        float m_o[2] = {m_st[0], m_st[1]}, l_o[2] = {l_st[0], l_st[1]};
+        float m_o[2] = {m_st[0], m_st[1]};
+        /* the finished rows' sums (the NaN rule: kvattn.h) and their inverses, before the tail's
+         * waits: the shuffles' and the reciprocal's latency off the epilogue's path */
+        float l_r[2], inv_r[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            float l = l_st[h];
+            l += __shfl_xor_sync(0xffffffffu, l, 1);
+            l += __shfl_xor_sync(0xffffffffu, l, 2);
+            if (!(fabsf(m_o[h]) < 268435456.0f) && m_o[h] != -INFINITY) l = NAN;
+            l_r[h] = l;
+            inv_r[h] = kva__softmax_inv(l);
+        }
+        kva__pf_fence_regs<2>(inv_r);
         /* (two straight paths: the compiler serialises every wgmma when a conditional read of
          * sc may sit between an issue and its wait) */
         if (nx_s0) {
@@ -1158,32 +1171,32 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
          * the staged rows (2-4% on rows of 512-2048 tokens, level at 16k: bench/NOTES.md; the
          * consumers' own copies of staged rows had measured 3-6% slower at 16k causal). */
         static_assert(sizeof(T) == 2, "the Hopper kernel is built for 16-bit elements");
-        const bool staged = D >= KVA__HP_STAGED_MIN_D && !split && (ha.qo_maps & 2) && g_divides_64 && rows_o >= (cw + 1) * 64;
+        const bool staged = __shfl_sync(0xffffffffu, D >= KVA__HP_STAGED_MIN_D && !split && (ha.qo_maps & 2) && g_divides_64 && rows_o >= (cw + 1) * 64, 0);
         /* (o_staged's test, which the store warp makes) */
-        float l_r[2], inv_r[2];
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            float l = l_o[h];
-            l += __shfl_xor_sync(0xffffffffu, l, 1);
-            l += __shfl_xor_sync(0xffffffffu, l, 2);
-            if (!(fabsf(m_o[h]) < 268435456.0f) && m_o[h] != -INFINITY) l = NAN;
-            l_r[h] = l;
-            inv_r[h] = kva__softmax_inv(l);
-        }
         const int d0 = 2 * (lane & 3);
         /* (the staged path first and in one piece: with the direct and partial stores between
          * its two rows, the item's one pass through it jumped over cold code -- instruction
          * fetch stalls, bench/NOTES.md v6.34) */
         if (staged) {
+            /* four 8 x 8 blocks per stmatrix (rows h = 0 / 1 of column blocks dp, dp + 1): the
+             * accumulator fragment is stmatrix's own layout; lanes 8 i .. 8 i + 7 give block i's
+             * row addresses (16 bytes each, swizzled as the store warp's copies expect) */
+            const int blk = lane >> 3;
+            const int br = row_base + 8 * (blk & 1) + (lane & 7);
+            /* (kva__pf_tile_off's swizzle for chunk dp + (blk >> 1), dp even: the chunk's low bits
+             * are (dp & 7) ^ ((blk >> 1) ^ (br & 7)), so one XOR with an immediate per block pair) */
+            const uint32_t st_row = q_o + (uint32_t)(br * 128);
+            const int st_x = (blk >> 1) ^ (br & 7);
 #pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const int r = row_base + (lane >> 2) + 8 * h;
-#pragma unroll
-                for (int dt = 0; dt < DT; ++dt)
-                    asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(q_o + kva__pf_tile_off<D * 2, ROWS, true>(r, dt) +
-                                                                    (uint32_t)(d0 * 2)),
-                                 "r"(kva__pack2<T>(o_acc[dt][2 * h] * inv_r[h], o_acc[dt][2 * h + 1] * inv_r[h]))
-                                 : "memory");
+            for (int dp = 0; dp < DT; dp += 2) {
+                const uint32_t v0 = kva__pack2<T>(o_acc[dp][0] * inv_r[0], o_acc[dp][1] * inv_r[0]);
+                const uint32_t v1 = kva__pack2<T>(o_acc[dp][2] * inv_r[1], o_acc[dp][3] * inv_r[1]);
+                const uint32_t v2 = kva__pack2<T>(o_acc[dp + 1][0] * inv_r[0], o_acc[dp + 1][1] * inv_r[0]);
+                const uint32_t v3 = kva__pack2<T>(o_acc[dp + 1][2] * inv_r[1], o_acc[dp + 1][3] * inv_r[1]);
+                asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(
+                                 st_row + (uint32_t)((dp >> 3) * (ROWS * 128) + (((dp & 7) ^ st_x) << 4))),
+                             "r"(v0), "r"(v1), "r"(v2), "r"(v3)
+                             : "memory");
             }
             /* (a staged part's rows are all below rows_o) */
             if (a.lse && (lane & 3) == 0) {
