@@ -1213,25 +1213,7 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
                 const int r = row_base + (lane >> 2) + 8 * h;
                 if (r >= rows_o) continue;
                 const int t = kva__hp_div_group(r, g_magic), qh = kh * g + (r - t * g);
-                const float inv = inv_r[h], lse = kva__softmax_lse(m_o[h], l_r[h]);
-                if (!split) {
-                    T *orow = (T *)a.o + (int64_t)(it.q_row0 + t) * a.o_st + (int64_t)qh * a.o_sh + d0;
-#pragma unroll
-                    for (int dt = 0; dt < DT; ++dt)
-                        if (dt * 8 < a.head_dim) /* (columns past the head dim are padding) */
-                            *reinterpret_cast<uint32_t *>(orow + dt * 8) =
-                                kva__pack2<T>(o_acc[dt][2 * h] * inv, o_acc[dt][2 * h + 1] * inv);
-                    if (a.lse && (lane & 3) == 0) a.lse[(int64_t)(it.q_row0 + t) * Hq + qh] = lse;
-                } else {
-                    const int64_t prow = (int64_t)it.w * a.rows_per_work + (int64_t)t * Hq + qh;
-                    float *orow = a.partial_o + prow * a.head_dim + d0;
-#pragma unroll
-                    for (int dt = 0; dt < DT; ++dt)
-                        if (dt * 8 < a.head_dim)
-                            *reinterpret_cast<float2 *>(orow + dt * 8) =
-                                make_float2(o_acc[dt][2 * h] * inv, o_acc[dt][2 * h + 1] * inv);
-                    if ((lane & 3) == 0) a.partial_lse[prow] = lse;
-                }
+                kva__pf_store_row<T, DT>(a, it, split, t, qh, d0, lane, o_acc, h, inv_r[h], kva__softmax_lse(m_o[h], l_r[h]));
             }
         }
         KVA__HP_TRACE_AT(1 + cw, trace_n, KVA__HPT_STAGED, clock64());

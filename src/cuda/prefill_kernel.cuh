@@ -149,6 +149,34 @@ typedef struct kva__pf_item {
     int q_row0, q_tokens, q_pos0;
 } kva__pf_item;
 
+/* The epilogue's global writes for one output row of a lane (query token t of the item, head qh):
+ * O / l as T into o, or (a split item) the f32 partial and its LSE into the plan's workspace. o
+ * holds the lane's accumulator fragment: columns d0, d0 + 1 of each 8-column block dt in
+ * o[dt][2 h], o[dt][2 h + 1] (h: the row's half of the 16-row fragment). Columns past the head dim
+ * are padding and not written. */
+template <typename T, int DT>
+__device__ __forceinline__ void kva__pf_store_row(const kva__prefill_args &a, const kva__pf_item &it, bool split,
+                                                  int t, int qh, int d0, int lane, const float (&o)[DT][4], int h,
+                                                  float inv, float lse) {
+    const int Hq = a.num_qo_heads;
+    if (!split) {
+        T *orow = (T *)a.o + (int64_t)(it.q_row0 + t) * a.o_st + (int64_t)qh * a.o_sh + d0;
+#pragma unroll
+        for (int dt = 0; dt < DT; ++dt)
+            if (dt * 8 < a.head_dim)
+                *reinterpret_cast<uint32_t *>(orow + dt * 8) = kva__pack2<T>(o[dt][2 * h] * inv, o[dt][2 * h + 1] * inv);
+        if (a.lse && (lane & 3) == 0) a.lse[(int64_t)(it.q_row0 + t) * Hq + qh] = lse;
+    } else {
+        const int64_t prow = (int64_t)it.w * a.rows_per_work + (int64_t)t * Hq + qh;
+        float *orow = a.partial_o + prow * a.head_dim + d0;
+#pragma unroll
+        for (int dt = 0; dt < DT; ++dt)
+            if (dt * 8 < a.head_dim)
+                *reinterpret_cast<float2 *>(orow + dt * 8) = make_float2(o[dt][2 * h] * inv, o[dt][2 * h + 1] * inv);
+        if ((lane & 3) == 0) a.partial_lse[prow] = lse;
+    }
+}
+
 /* Reads work item w (its index in the plan) of the plan or of the dense call. */
 __device__ __forceinline__ void kva__pf_load_record(const kva__prefill_args &a, int w, kva__pf_item &it) {
     it.w = w;
@@ -621,7 +649,6 @@ __global__ void __launch_bounds__(32 * WARPS, (WG && D <= 128 && WARPS <= 8) ? 2
     kva__cp_async_wait<0>();
 
     /* ---- epilogue: normalise, write o + lse, or the partial state ---- */
-    const int Hq = a.num_qo_heads;
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -638,25 +665,7 @@ __global__ void __launch_bounds__(32 * WARPS, (WG && D <= 128 && WARPS <= 8) ? 2
             if (!(fabsf(m_st[mt][h]) < 268435456.0f) && m_st[mt][h] != -INFINITY) l = NAN;
             const float inv = kva__softmax_inv(l);
             const float lse = kva__softmax_lse(m_st[mt][h], l);
-            const int d0 = 2 * (lane & 3);
-            if (!split) {
-                T *orow = (T *)a.o + (int64_t)(it.q_row0 + t) * a.o_st + (int64_t)qh * a.o_sh + d0;
-#pragma unroll
-                for (int dt = 0; dt < DT; ++dt)
-                    if (dt * 8 < a.head_dim) /* (columns past the head dim are padding) */
-                        *reinterpret_cast<uint32_t *>(orow + dt * 8) =
-                            kva__pack2<T>(o_acc[mt][dt][2 * h] * inv, o_acc[mt][dt][2 * h + 1] * inv);
-                if (a.lse && (lane & 3) == 0) a.lse[(int64_t)(it.q_row0 + t) * Hq + qh] = lse;
-            } else {
-                const int64_t prow = (int64_t)it.w * a.rows_per_work + (int64_t)t * Hq + qh;
-                float *orow = a.partial_o + prow * a.head_dim + d0;
-#pragma unroll
-                for (int dt = 0; dt < DT; ++dt)
-                    if (dt * 8 < a.head_dim)
-                        *reinterpret_cast<float2 *>(orow + dt * 8) =
-                            make_float2(o_acc[mt][dt][2 * h] * inv, o_acc[mt][dt][2 * h + 1] * inv);
-                if ((lane & 3) == 0) a.partial_lse[prow] = lse;
-            }
+            kva__pf_store_row<T, DT>(a, it, split, t, qh, 2 * (lane & 3), lane, o_acc[mt], h, inv, lse);
         }
 }
 
