@@ -149,8 +149,20 @@ def our_decode(batch, ctx_len, nsets, graph=False, flags=0, fixed_chunk=0, hnd=F
                           no_split=bool(flags & 1), fixed_chunk=fixed_chunk, hnd=hnd)
 
 
+SETTLE_S = 0.5  # --settle
+
+
 def time_calls(fn, nsets, iters, warmup=5):
-    """Median milliseconds of fn(set) over iters calls bracketed by CUDA events (kvattn.bench)."""
+    """Median milliseconds of fn(set) over iters calls bracketed by CUDA events (kvattn.bench),
+    after SETTLE_S seconds of an idle GPU: every series starts from the same power state. (Without
+    it, the row after a long one -- e.g. 32 x 512 after 16k at the next head dim -- was timed at
+    the clocks the power limit had left: ours, timed first in each row, read 10-15% low there
+    while torch, timed after it, had recovered; bench/NOTES.md.)"""
+    if SETTLE_S > 0:
+        import time
+        import torch
+        torch.cuda.synchronize()
+        time.sleep(SETTLE_S)
     return kb.time_calls(fn, nsets, iters, warmup=warmup)
 
 
@@ -1212,6 +1224,8 @@ def run_host_overhead():
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--build", default=os.environ.get("KVA_BUILD", "build"))
+    ap.add_argument("--settle", type=float, default=SETTLE_S,
+                    help="seconds of idle GPU before each timed series (default %(default)s; 0: none)")
     ap.add_argument("--quick", action="store_true",
                     help="fewer timed calls (decode 30, prefill 10 instead of 100 / 30)")
     ap.add_argument("--json", default=None, help="write every number to this file")
@@ -1231,6 +1245,7 @@ def main():
     ap.add_argument("--no-extra-rows", action="store_true",
                     help="prefill: skip the ragged and chunked-prefill rows")
     args = ap.parse_args()
+    globals()["SETTLE_S"] = args.settle
 
     torch.manual_seed(0)
     load_kvattn(args.build)
