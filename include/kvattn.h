@@ -457,9 +457,18 @@ typedef struct kva_plan_limits {
 
 enum {
     KVA_PLAN_NO_SPLIT = 1 << 0, /* never split a request's keys across work items */
-    KVA_PLAN_GRAPH = 1 << 1     /* fixed launch shape for CUDA-graph capture: a run captured
+    KVA_PLAN_GRAPH = 1 << 1,    /* fixed launch shape for CUDA-graph capture: a run captured
                                    with one plan replays correctly after re-planning into the
                                    same workspace for any batch within the limits */
+    KVA_PLAN_FULL_ATTENTION = 1 << 2 /* prefill: a scheduling hint that runs of this plan use no
+                                   causal mask and no window (every query sees all of its
+                                   request's keys). On CUDA's persistent (Hopper) kernel the
+                                   plan may then cut the item the launch runs last into key
+                                   pieces, merged after the launch, so that its last wave ends
+                                   evenly (plan.split_kv is then 1). Only the schedule depends
+                                   on it: a causal or windowed run of such a plan is still
+                                   exact. Ignored by decode plans, KVA_PLAN_GRAPH, NO_SPLIT and
+                                   fixed_chunk_size plans */
 };
 
 typedef enum kva_decode_algo {

@@ -1133,6 +1133,79 @@ KVA_TEST(cuda_prefill_work_distribution) {
     kva_context_destroy(ctx);
 }
 
+/* KVA_PLAN_FULL_ATTENTION plans (src/plan/prefill_balance.c): on the persistent Hopper launch,
+ * capped at 7 blocks so that small batches have a last wave to even out, 15 work items per KV
+ * head (2 waves + 1) make the planner cut the longest item into key pieces, run last and merged
+ * after the launch. Ragged and paged (pages of 16 and 3), one and two KV heads, lengths that are
+ * not multiples of a tile; each plan run without a mask and, since the hint only shapes the
+ * schedule, with a causal one, against the float64 reference. The plan follows the device
+ * (KVA_PREFILL_PATH=wgmma / mma run the same cut plan, and must be right); CPU plans stay whole. */
+KVA_TEST(cuda_prefill_last_wave) {
+    kva_context *ctx = prefill_context();
+    if (!ctx) return;
+    kva_rng rng;
+    kva_rng_seed(&rng, kva_test_seed());
+    int major = 0;
+#if KVA_HAVE_CUDA
+    if (!cpu_mode) (void)cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
+#endif
+    const char *path = getenv("KVA_PREFILL_PATH");
+    const bool hopper = major == 9 && (!path || !*path || strcmp(path, "hopper") == 0);
+    static const struct {
+        kva_dtype dt;
+        int32_t D, hk, page;
+    } cases[4] = {{KVA_BF16, 128, 1, 0}, {KVA_F16, 64, 2, 0}, {KVA_BF16, 256, 1, 16}, {KVA_F16, 128, 2, 3}};
+    for (int ci = 0; ci < 4; ++ci) {
+        /* the Hopper kernel's query tokens per item at group 4: 128 rows (192 at d64) / 4 */
+        const int32_t T = cases[ci].D == 64 ? 48 : 32;
+        const int32_t qo1[1] = {15 * T - 5}, kv1[1] = {2037};
+        const int32_t qo2[2] = {8 * T, 7 * T - 3}, kv2[2] = {1999, 2100};
+        batch b;
+        if (cases[ci].hk == 1)
+            batch_from(&b, 1, qo1, kv1);
+        else
+            batch_from(&b, 2, qo2, kv2);
+        for (int causal = 0; causal < 2; ++causal) {
+            prefill_case c = plain_case(cases[ci].dt, cases[ci].D, ci);
+            c.hq = 4 * cases[ci].hk;
+            c.hk = cases[ci].hk;
+            c.causal = causal;
+            c.with_lse = true;
+            c.page_size = cases[ci].page;
+            c.pool_layout = CUDA_TEST_NHD;
+            char what[160];
+            case_name(&c, &b, what, sizeof what);
+            strncat(what, ", full-attention plan, 7 blocks", sizeof what - strlen(what) - 1);
+            problem pr;
+            if (problem_make(ctx, &rng, &c, &b, true, &pr)) {
+                kva_test_env env;
+                kva_test_env_set(&env, "KVA_PREFILL_PERSISTENT", "7");
+                kva_test_env env2; /* (16-tile items: below the default minimum) */
+                kva_test_env_set(&env2, "KVA_PREFILL_BALANCE_MIN_TILES", "4");
+                kva_plan_options opt = {KVA_PLAN_FULL_ATTENTION, 0, KVA_DECODE_PARTIAL_ROWMAX};
+                run_out r;
+                plan_and_run(ctx, &pr, &opt, what, &r);
+                kva_test_env_restore(&env2);
+                kva_test_env_restore(&env);
+                if (r.ok) {
+                    check_against_reference(&pr, &r, what);
+                    /* (the plan follows the device, not KVA_PREFILL_PATH: a cut plan run by the
+                     * other kernels must be right too) */
+                    if (hopper && !cpu_mode)
+                        CHECK_MSG(r.split && r.num_work > 15,
+                                  "%s: the plan was not cut (%d work items, split %d)", what, r.num_work, r.split);
+                    else if (cpu_mode)
+                        CHECK_MSG(!r.split, "%s: a CPU plan was cut", what);
+                }
+                run_out_free(ctx, &r);
+            }
+            problem_free(ctx, &pr);
+        }
+        batch_free(&b);
+    }
+    kva_context_destroy(ctx);
+}
+
 /* Scores that rise steeply along the keys (q[0] = 1, k_j[0] = 1.6 j within each request: about
  * +0.2 per key in log2 units after the scale, ~25 per 128-key tile) in f16 and bf16: every tile
  * raises each row's max far beyond the Hopper kernel's rescale slack (8), so the rescale must run

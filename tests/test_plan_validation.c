@@ -276,13 +276,15 @@ KVA_TEST(plan_limits_and_options_validated_like_runs) {
     CHECK_STATUS(kva_decode_workspace_size(f.ctx, &lim, &dev, &host), KVA_ERR_UNSUPPORTED);
     CHECK_STATUS(kva_decode_plan(f.ctx, &lim, &ta.t, PV_POOL, NULL, f.ws, &plan), KVA_ERR_UNSUPPORTED);
 
-    const uint32_t unknown[] = {1u << 2, 1u << 31, 0xffffffffu};
+    const uint32_t unknown[] = {1u << 3, 1u << 31, 0xffffffffu};
     for (int i = 0; i < 3; ++i) {
         kva_plan_options opt = {unknown[i], 0, KVA_DECODE_PARTIAL_ROWMAX};
         CHECK_STATUS(kva_decode_plan(f.ctx, &f.lim, &ta.t, PV_POOL, &opt, f.ws, &plan),
                      KVA_ERR_INVALID_ARG);
     }
-    kva_plan_options known = {KVA_PLAN_NO_SPLIT | KVA_PLAN_GRAPH, 0, KVA_DECODE_PARTIAL_ROWMAX};
+    /* (KVA_PLAN_FULL_ATTENTION is a prefill hint: decode plans accept and ignore it) */
+    kva_plan_options known = {KVA_PLAN_NO_SPLIT | KVA_PLAN_GRAPH | KVA_PLAN_FULL_ATTENTION, 0,
+                              KVA_DECODE_PARTIAL_ROWMAX};
     CHECK_OK(kva_decode_plan(f.ctx, &f.lim, &ta.t, PV_POOL, &known, f.ws, &plan));
 
     /* a run with a pool whose page_size is out of range names it */

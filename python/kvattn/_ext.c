@@ -1837,6 +1837,8 @@ static PyObject *workspace_plan_prefill(PyObject *o, PyObject *args, PyObject *k
     }
     kva_plan_options opt;
     parse_options(no_split, graph, fixed, 0, &opt);
+    /* (the runs this plan is for see every key: the scheduling hint, kvattn.h) */
+    if (!causal && window < 0) opt.flags |= KVA_PLAN_FULL_ATTENTION;
     kva_plan_limits lim = w->lim;
     lim.num_qo_heads = hq;
     lim.num_kv_heads = hk;

@@ -159,6 +159,7 @@ typedef struct kva__prefill_merge_args {
     const int32_t *group_indptr;  /* [num_groups + 1] */
     const int32_t *num_groups_dev; /* device header's group count */
     const int32_t *split_dev;     /* device header's split flag */
+    const int32_t *merge_groups_dev; /* device header's count of leading groups that may be split */
     const float *partial_o, *partial_lse;
     int64_t rows_per_work;
     int32_t num_qo_heads, head_dim, qo_tile; /* the plan's query tile */

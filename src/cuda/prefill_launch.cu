@@ -367,6 +367,7 @@ static kva_status launch_merge(kva_context *ctx, const kva_plan *plan, const kva
     m.group_indptr = kva__plan_ints(dev) + h->off_group_indptr;
     m.num_groups_dev = &hdr_dev->num_groups;
     m.split_dev = &hdr_dev->split_kv;
+    m.merge_groups_dev = &hdr_dev->merge_groups;
     m.partial_o = a->partial_o;
     m.partial_lse = a->partial_lse;
     m.rows_per_work = h->rows_per_work;

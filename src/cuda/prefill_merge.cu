@@ -25,7 +25,11 @@ __global__ void __launch_bounds__(32 * KVA__PM_WARPS) kva__prefill_merge_kernel(
     const float LOG2E = 1.4426950408889634f;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int Hq = a.num_qo_heads, D = a.head_dim;
-    const int64_t rows = (int64_t)__ldg(a.num_groups_dev) * a.qo_tile * Hq;
+    /* (only the leading groups that may be split: a plan with one cut item has its pieces in
+     * group 0, and a walk over every row of every group cost ~70 us at 512 groups -- a warp per
+     * row, each a dependent load of the group's range) */
+    const int32_t ngroups = min(__ldg(a.num_groups_dev), __ldg(a.merge_groups_dev));
+    const int64_t rows = (int64_t)ngroups * a.qo_tile * Hq;
     const int64_t step = WIDE ? (int64_t)gridDim.x : (int64_t)gridDim.x * KVA__PM_WARPS;
     const int s0 = WIDE ? warp : 0, ds = WIDE ? KVA__PM_WARPS : 1; /* my states: s0, s0 + ds, ... */
     __shared__ float red_m[KVA__PM_WARPS], red_sum[KVA__PM_WARPS];

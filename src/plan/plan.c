@@ -4,6 +4,7 @@
  * the workspace's host part; on CUDA, upload them to the device part with one async copy.
  */
 #include "planner.h"
+#include "prefill_balance.h"
 #include "decode_scheduler.h"
 #include "workspace_layout.h"
 #include "../common/internal.h"
@@ -123,6 +124,55 @@ static int32_t choose_qo_tile(const kva__split_policy *pol, int kind, int32_t ba
     return pol->qo_tile_min;
 }
 
+/* KVA_PLAN_FULL_ATTENTION on a persistent launch (policy.balance_blocks): cuts the item the
+ * launch would run last into key pieces when that evens out its last wave (prefill_balance.h).
+ * Only for a plan the search left whole (one item per group). The pieces become work items
+ * 0 .. parts - 1 and group 0 (run last in every head; their partial states take slots 0 .. parts
+ * - 1), the other items follow in their order. scratch: >= w ints (the unit records' region,
+ * written later). Returns the work count; *parts_out = the pieces (0: nothing cut). */
+static int64_t balance_last_wave(const kva__workspace_layout *L, int32_t num_kv_heads, const int32_t *kv_len,
+                                 int32_t chunk, int32_t *scratch, int32_t *req, int32_t *qt, int32_t *kt,
+                                 int32_t *gi, int64_t w, int32_t *parts_out) {
+    *parts_out = 0;
+    (void)gi;
+    if (L->policy.balance_blocks < 2 || w > INT32_MAX) return w;
+    for (int64_t i = 0; i < w; ++i) {
+        if (kt[i] != 0) return w; /* the search split some request: its merge balances already */
+        scratch[i] = kv_len[req[i]] < chunk ? kv_len[req[i]] : chunk;
+    }
+    int64_t max_parts = L->cap_split_work;
+    if (max_parts > L->cap_work - w + 1) max_parts = L->cap_work - w + 1;
+    if (max_parts > 64) max_parts = 64;
+    kva__balance_problem bp = {(int32_t)w, scratch, num_kv_heads, L->policy.balance_blocks,
+                               L->policy.balance_tile_keys > 0 ? L->policy.balance_tile_keys : 128,
+                               (int32_t)max_parts, L->policy.balance_min_tiles};
+    int32_t which;
+    const int32_t parts = kva__balance_last_wave(&bp, &which);
+    if (parts < 2) return w;
+    const int32_t rb = req[which], rq = qt[which];
+    /* items after the cut one move up by parts - 1, those before it by parts (from the end) */
+    for (int64_t i = w - 1; i > which; --i) {
+        req[i + parts - 1] = req[i];
+        qt[i + parts - 1] = qt[i];
+        kt[i + parts - 1] = kt[i];
+    }
+    for (int64_t i = which - 1; i >= 0; --i) {
+        req[i + parts] = req[i];
+        qt[i + parts] = qt[i];
+        kt[i + parts] = kt[i];
+    }
+    for (int32_t j = 0; j < parts; ++j) {
+        req[j] = rb;
+        qt[j] = rq;
+        kt[j] = j;
+    }
+    /* groups: the cut item's pieces, then one item each */
+    gi[0] = 0;
+    for (int64_t k = 1; k <= w; ++k) gi[k] = (int32_t)(parts + k - 1);
+    *parts_out = parts;
+    return w + parts - 1;
+}
+
 typedef struct plan_inputs {
     int kind;
     int32_t batch;
@@ -141,7 +191,7 @@ static kva_status make_plan(kva_context *ctx, const kva_plan_limits *limits, con
     if (options) opt = *options;
     if (opt.algo != KVA_DECODE_PARTIAL_ROWMAX && opt.algo != KVA_DECODE_GLOBAL_ROWMAX)
         return kva__fail(KVA_ERR_INVALID_ARG, "%s: options.algo %d is unknown", kva__api(), (int)opt.algo);
-    if (opt.flags & ~(uint32_t)(KVA_PLAN_NO_SPLIT | KVA_PLAN_GRAPH))
+    if (opt.flags & ~(uint32_t)(KVA_PLAN_NO_SPLIT | KVA_PLAN_GRAPH | KVA_PLAN_FULL_ATTENTION))
         return kva__fail(KVA_ERR_INVALID_ARG, "%s: options.flags 0x%x has unknown bits", kva__api(),
                          opt.flags);
     if (opt.algo == KVA_DECODE_GLOBAL_ROWMAX && in->kind != KVA__PLAN_DECODE)
@@ -247,6 +297,7 @@ static kva_status make_plan(kva_context *ctx, const kva_plan_limits *limits, con
     int32_t *gi = ints + h->off_group_indptr;
     int32_t chunk;
     int64_t w;
+    int32_t cut_parts = 0; /* prefill: the first cut_parts work items are one item's key pieces */
     /* decode: searched plans cut each request into equal parts (decode_scheduler.h) */
     const int equal_chunks = opt.fixed_chunk_size == 0;
     if (in->kind == KVA__PLAN_DECODE) {
@@ -267,6 +318,10 @@ static kva_status make_plan(kva_context *ctx, const kva_plan_limits *limits, con
     } else {
         chunk = kva__search_chunk_size(&p);
         w = kva__flatten_work(&p, chunk, req, qt, kt, L.cap_work, gi, L.cap_groups + 1);
+        if (w > 0 && (opt.flags & KVA_PLAN_FULL_ATTENTION) && opt.fixed_chunk_size == 0 &&
+            !(opt.flags & (KVA_PLAN_GRAPH | KVA_PLAN_NO_SPLIT)))
+            w = balance_last_wave(&L, limits->num_kv_heads, kv_len, chunk, ints + h->off_unit_records, req, qt,
+                                  kt, gi, w, &cut_parts);
     }
     if (w < 0 && opt.fixed_chunk_size > 0 && limits->min_fixed_chunk == 0)
         return kva__fail(KVA_ERR_WORKSPACE_TOO_SMALL,
@@ -289,7 +344,8 @@ static kva_status make_plan(kva_context *ctx, const kva_plan_limits *limits, con
                          "limits.min_fixed_chunk holds; size it (and plan) with "
                          "limits.min_fixed_chunk = %d",
                          kva__api(), chunk, (long long)w, (long long)L.cap_split_work, chunk);
-    if (split && w > L.cap_split_work)
+    /* (a cut item's pieces are the only split items: slots 0 .. cut_parts - 1, checked there) */
+    if (split && !cut_parts && w > L.cap_split_work)
         return kva__fail(KVA_ERR_WORKSPACE_TOO_SMALL,
                          "%s: %lld split work items exceed the %lld partial states the workspace "
                          "was sized for",
@@ -304,6 +360,7 @@ static kva_status make_plan(kva_context *ctx, const kva_plan_limits *limits, con
     h->kv_chunk_size = chunk;
     h->qo_tile_size = p.qo_tile;
     h->split_kv = split;
+    h->merge_groups = !split ? 0 : cut_parts ? 1 : (int32_t)g;
     h->page_size = page_size;
     h->num_pages = in->num_pages;
     h->num_qo_heads = limits->num_qo_heads;
@@ -348,6 +405,9 @@ static kva_status make_plan(kva_context *ctx, const kva_plan_limits *limits, con
             rec[KVA__UR_REQUEST] = b;
             rec[KVA__UR_KEY_BEG] = (int32_t)(beg < len ? beg : len);
             rec[KVA__UR_KEY_END] = (int32_t)(beg + chunk < len ? beg + chunk : len);
+            if (i < cut_parts) /* a piece of the cut item (balance_last_wave) */
+                kva__balance_piece(len, cut_parts, L.policy.balance_tile_keys, kt[i], &rec[KVA__UR_KEY_BEG],
+                                   &rec[KVA__UR_KEY_END]);
             rec[KVA__UR_KV_LEN] = len;
             rec[KVA__UR_PAGE_BEG] = kv_indptr[b];
             rec[KVA__PR_Q_ROW0] = qo_indptr[b] + tok0;

@@ -39,6 +39,10 @@ typedef struct kva__split_policy {
                               (kva__split_problem; 0: the scheduler's default) */
     int32_t merge_level_keys; /* decode: the merge tree's second level, in key-times
                               (kva__split_problem; 0: free) */
+    int32_t balance_blocks;   /* prefill: the persistent launch's blocks, for
+                              KVA_PLAN_FULL_ATTENTION plans (prefill_balance.h); 0: none */
+    int32_t balance_tile_keys; /* prefill: its keys per tile (pieces are whole tiles) */
+    int32_t balance_min_tiles; /* prefill: shorter items stay whole (0: the default, prefill_balance.h) */
 } kva__split_policy;
 
 /* The CUDA decode kernel's lone_block_percent for a head dim. A block alone on its SM has only
@@ -80,6 +84,9 @@ typedef struct kva__plan_header {
     int32_t head_dim;
     int32_t algo;
     uint32_t generation;    /* bumped by every plan call into this workspace (kva_plan.generation) */
+    int32_t merge_groups;   /* the split merge's groups: the first merge_groups (0 unsplit; all
+                             * groups where the search split keys; 1 where prefill_balance.h cut
+                             * one item, moved to group 0) */
     /* int32 element offsets from the start of the int section. group_indptr is a CSR over the
      * groups in work order: prefill (request, query tile) groups in request order; decode
      * requests longest chunk first (decode_scheduler.h), whose key ranges are in the unit

@@ -1,0 +1,96 @@
+/* prefill_balance.c -- an even last wave for the persistent prefill launch; see prefill_balance.h. */
+#include "prefill_balance.h"
+
+#include <stdlib.h>
+
+/* Cost model, in tile-times of one block: an item costs its key tiles plus a fixed 1.5 for its
+ * start and epilogue (the v6.23 model of bench/NOTES.md, which predicted the dynamic walk's gains);
+ * a cut adds the split merge, a few microseconds after the launch (~3 tile-times at d128), and
+ * must gain more than half a percent to be worth a plan that differs from the plain one. */
+#define ITEM_OVERHEAD 1.5
+#define MERGE_COST 3.0
+#define MIN_GAIN 0.005
+
+static double tiles_of(int32_t keys, int32_t tile_keys) {
+    return keys > 0 ? (double)((keys + tile_keys - 1) / tile_keys) : 0.0;
+}
+
+/* A min-heap of the blocks' finishing times. */
+static void sift_down(double *h, int n, int i) {
+    for (;;) {
+        int l = 2 * i + 1, m = i;
+        if (l < n && h[l] < h[m]) m = l;
+        if (l + 1 < n && h[l + 1] < h[m]) m = l + 1;
+        if (m == i) return;
+        const double t = h[i];
+        h[i] = h[m];
+        h[m] = t;
+        i = m;
+    }
+}
+
+/* The next free block takes an item of cost c (blocks start at 0, so the first B items go to
+ * B distinct blocks, as the launch's first pairs do). */
+static void take(double *h, int n, double c) {
+    h[0] += c;
+    sift_down(h, n, 0);
+}
+
+void kva__balance_piece(int32_t keys, int32_t parts, int32_t tile_keys, int32_t j, int32_t *beg, int32_t *end) {
+    const int64_t tiles = keys > 0 ? ((int64_t)keys + tile_keys - 1) / tile_keys : 0;
+    const int64_t t0 = tiles * j / parts, t1 = tiles * (j + 1) / parts;
+    const int64_t b = t0 * tile_keys, e = t1 * tile_keys;
+    *beg = (int32_t)(b < keys ? b : keys);
+    *end = (int32_t)(e < keys ? e : keys);
+}
+
+double kva__balance_makespan(const kva__balance_problem *p, int32_t which, int32_t parts) {
+    const int B = p->blocks > 0 ? p->blocks : 1;
+    double *h = (double *)calloc((size_t)B, sizeof(double));
+    if (!h) return -1.0;
+    for (int32_t kh = 0; kh < p->num_kv_heads; ++kh) {
+        /* the launch's order within a head: the plan's last item first; the cut item's pieces
+         * sit at the plan's front, so they run last */
+        for (int32_t i = p->num_items - 1; i >= 0; --i)
+            if (parts <= 1 || i != which) take(h, B, tiles_of(p->item_keys[i], p->tile_keys) + ITEM_OVERHEAD);
+        if (parts > 1)
+            for (int32_t j = parts - 1; j >= 0; --j) {
+                int32_t b, e;
+                kva__balance_piece(p->item_keys[which], parts, p->tile_keys, j, &b, &e);
+                take(h, B, tiles_of(e - b, p->tile_keys) + ITEM_OVERHEAD);
+            }
+    }
+    double m = 0.0;
+    for (int i = 0; i < B; ++i)
+        if (h[i] > m) m = h[i];
+    free(h);
+    return m;
+}
+
+int32_t kva__balance_last_wave(const kva__balance_problem *p, int32_t *which) {
+    *which = -1;
+    if (p->blocks < 2 || p->num_items < 1 || p->num_kv_heads < 1 || p->tile_keys < 1 || p->max_parts < 2)
+        return 0;
+    const int64_t pairs = (int64_t)p->num_items * p->num_kv_heads;
+    /* fewer pairs than blocks: every item has a block of its own (splitting them is the split
+     * search's job, planner.h); too many: the last wave is too small a part to matter */
+    if (pairs <= p->blocks || pairs > KVA__BALANCE_MAX_PAIRS) return 0;
+    int32_t w = 0;
+    for (int32_t i = 1; i < p->num_items; ++i)
+        if (p->item_keys[i] > p->item_keys[w]) w = i;
+    const double tiles = tiles_of(p->item_keys[w], p->tile_keys);
+    if (tiles < (p->min_cut_tiles > 0 ? p->min_cut_tiles : KVA__BALANCE_MIN_CUT_TILES)) return 0;
+    const double base = kva__balance_makespan(p, -1, 1);
+    if (base <= 0.0) return 0;
+    double best = base * (1.0 - MIN_GAIN);
+    int32_t best_parts = 0;
+    for (int32_t parts = 2; parts <= p->max_parts && parts <= tiles; parts *= 2) {
+        const double m = kva__balance_makespan(p, w, parts);
+        if (m >= 0.0 && m + MERGE_COST < best) {
+            best = m + MERGE_COST;
+            best_parts = parts;
+        }
+    }
+    if (best_parts) *which = w;
+    return best_parts;
+}

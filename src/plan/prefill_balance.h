@@ -1,0 +1,57 @@
+/*
+ * prefill_balance.h -- an even last wave for the persistent (Hopper) prefill launch.
+ *
+ * The launch walks (KV head, work item) pairs, heads outer, items from the plan's last to its
+ * first, on a fixed number of persistent blocks that each take the next pair when they finish
+ * one. With equal items (full attention over equal requests) N pairs on B blocks take
+ * ceil(N / B) item-times, the mean only N / B: 16384 tokens x 32 query heads at d128 are 4096
+ * pairs on 132 SMs, 31.03 waves run in 32 (3% of every such row, whatever its length). Cutting
+ * the item the launch runs last into a few key pieces, whose partial states the split merge
+ * combines, lets the last wave end within a piece of the mean.
+ *
+ * Pure arithmetic on the host (no device state); the CUDA prefill policy enables it for the
+ * persistent kernel, and plans ask for it with KVA_PLAN_FULL_ATTENTION (the cost model counts
+ * every key of an item: under a causal mask the items the walk runs last are the short ones and
+ * need no help).
+ */
+#ifndef KVA_PREFILL_BALANCE_H
+#define KVA_PREFILL_BALANCE_H
+
+#include <stdint.h>
+
+typedef struct kva__balance_problem {
+    int32_t num_items;       /* whole work items, one per (request, query tile) */
+    const int32_t *item_keys; /* [num_items] keys each item attends to */
+    int32_t num_kv_heads;    /* pairs = num_items x num_kv_heads */
+    int32_t blocks;          /* persistent blocks (0: no balancing) */
+    int32_t tile_keys;       /* keys per kernel tile: pieces are whole tiles */
+    int32_t max_parts;       /* pieces an item may become (the plan's partial-state slots) */
+    int32_t min_cut_tiles;   /* items shorter than this stay whole (0: KVA__BALANCE_MIN_CUT_TILES) */
+} kva__balance_problem;
+
+/* Only items of more than 64 tiles are cut. The model assumes exact costs, so its cut lines the
+ * last wave up to the tile; the real blocks drift by a fraction of an item, which shorter items
+ * do not absorb. Measured (H200, bench/NOTES.md): 16-tile items (8 x 2048 at d128, 32 x 512 at
+ * d256) 2-4% slower cut; 64-tile items (2 x 8192) level in paired rounds, -8..+15% across head
+ * dims in one table run; 128-tile items (16k) +3-5% at every head dim. */
+#define KVA__BALANCE_MIN_CUT_TILES 96
+
+/* Pairs above which the simulation is skipped: with that many waves the last one is < 1% of
+ * the run, and planning stays O(pairs log blocks) on a bounded count. */
+#define KVA__BALANCE_MAX_PAIRS (1 << 17)
+
+/* The cut that shortens the simulated launch most: *which = the item to cut (the longest),
+ * returns its number of pieces (2 .. max_parts, a power of two), or 0 when no cut gains more
+ * than the merge it adds. The pieces of item `which`, moved to the front of the plan (run last
+ * in every head), are kva__balance_piece(keys, parts, tile_keys, j) for j = 0 .. parts - 1. */
+int32_t kva__balance_last_wave(const kva__balance_problem *p, int32_t *which);
+
+/* Piece j of an item of `keys` keys cut into `parts`: [*beg, *end), whole tiles except the
+ * last piece's end; the pieces cover [0, keys) once, in order. */
+void kva__balance_piece(int32_t keys, int32_t parts, int32_t tile_keys, int32_t j, int32_t *beg, int32_t *end);
+
+/* The launch's simulated length in tile-times (the cost model of the .c file), for tests:
+ * items walked as the launch walks them, item `which` cut into `parts` (parts <= 1: whole). */
+double kva__balance_makespan(const kva__balance_problem *p, int32_t which, int32_t parts);
+
+#endif /* KVA_PREFILL_BALANCE_H */
