@@ -1037,6 +1037,17 @@ out:
  * sm_90 GPU, KVA_PREFILL_PATH unset or "hopper") block 0's ticket count (the last word of its
  * ring, zeroed before each capped run) must show it drew tickets, so the test knows the dynamic
  * walk ran. */
+/* Whether this test's prefill runs take the persistent Hopper kernel: a CUDA context on an sm_90
+ * device, KVA_PREFILL_PATH unset or "hopper". */
+static bool hopper_path(void) {
+    int major = 0;
+#if KVA_HAVE_CUDA
+    if (!cpu_mode) (void)cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
+#endif
+    const char *path = getenv("KVA_PREFILL_PATH");
+    return major == 9 && (!path || !*path || strcmp(path, "hopper") == 0);
+}
+
 static void check_work_distribution(kva_context *ctx, kva_rng *rng, uint32_t flags) {
     prefill_case c = plain_case(KVA_BF16, 128, 0);
     c.hq = 8;
@@ -1052,12 +1063,7 @@ static void check_work_distribution(kva_context *ctx, kva_rng *rng, uint32_t fla
     float *lse_dev = NULL;
     unsigned char *first_o = NULL;
     const size_t rows = (size_t)b.total_qo * c.hq;
-    int major = 0;
-#if KVA_HAVE_CUDA
-    if (!cpu_mode) (void)cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
-#endif
-    const char *path = getenv("KVA_PREFILL_PATH");
-    const bool hopper = major == 9 && (!path || !*path || strcmp(path, "hopper") == 0);
+    const bool hopper = hopper_path();
     if (!problem_make(ctx, rng, &c, &b, true, &pr)) goto out;
     kva_plan_limits lim = problem_limits(&pr);
     if (!workspace_make(ctx, &lim, &ws)) goto out;
@@ -1145,12 +1151,7 @@ KVA_TEST(cuda_prefill_last_wave) {
     if (!ctx) return;
     kva_rng rng;
     kva_rng_seed(&rng, kva_test_seed());
-    int major = 0;
-#if KVA_HAVE_CUDA
-    if (!cpu_mode) (void)cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
-#endif
-    const char *path = getenv("KVA_PREFILL_PATH");
-    const bool hopper = major == 9 && (!path || !*path || strcmp(path, "hopper") == 0);
+    const bool hopper = hopper_path();
     static const struct {
         kva_dtype dt;
         int32_t D, hk, page;
