@@ -1145,7 +1145,8 @@ KVA_TEST(cuda_prefill_work_distribution) {
  * after the launch. Ragged and paged (pages of 16 and 3), one and two KV heads, lengths that are
  * not multiples of a tile; each plan run without a mask and, since the hint only shapes the
  * schedule, with a causal one, against the float64 reference. The plan follows the device
- * (KVA_PREFILL_PATH=wgmma / mma run the same cut plan, and must be right); CPU plans stay whole. */
+ * (KVA_PREFILL_PATH=wgmma / mma run the same cut plan, and must be right); on a CPU context
+ * (KVA_TEST_PREFILL_DEVICE=cpu) the same cases check the runs only. */
 KVA_TEST(cuda_prefill_last_wave) {
     kva_context *ctx = prefill_context();
     if (!ctx) return;
@@ -1195,8 +1196,6 @@ KVA_TEST(cuda_prefill_last_wave) {
                     if (hopper && !cpu_mode)
                         CHECK_MSG(r.split && r.num_work > 15,
                                   "%s: the plan was not cut (%d work items, split %d)", what, r.num_work, r.split);
-                    else if (cpu_mode)
-                        CHECK_MSG(!r.split, "%s: a CPU plan was cut", what);
                 }
                 run_out_free(ctx, &r);
             }
