@@ -463,8 +463,9 @@ enum {
     KVA_PLAN_FULL_ATTENTION = 1 << 2 /* prefill: a scheduling hint that runs of this plan use no
                                    causal mask and no window (every query sees all of its
                                    request's keys). On CUDA's persistent (Hopper) kernel the
-                                   plan may then cut the item the launch runs last into key
-                                   pieces, merged after the launch, so that its last wave ends
+                                   plan may then cut its longest work item into key pieces,
+                                   moved to the front of the plan (the launch runs them last)
+                                   and merged after the launch, so that its last wave ends
                                    evenly (plan.split_kv is then 1). Only the schedule depends
                                    on it: a causal or windowed run of such a plan is still
                                    exact. Ignored by decode plans, KVA_PLAN_GRAPH, NO_SPLIT and
@@ -499,7 +500,8 @@ typedef struct kva_plan {
     int32_t kv_chunk_size;     /* the longest key chunk of a work item. Decode: a searched plan
                                   cuts each request into equal chunks of at most this many keys;
                                   fixed_chunk_size cuts at its multiples. Prefill: keys per work
-                                  item (the binary-search result) */
+                                  item (the binary-search result); the pieces of an item cut
+                                  for KVA_PLAN_FULL_ATTENTION are shorter */
     int32_t qo_tile_size;      /* query rows per work item (prefill; 1 for decode) */
     int32_t num_work;          /* flattened (request, q tile, kv chunk) work items */
     int32_t padded_work;       /* launch size; > num_work only with KVA_PLAN_GRAPH */
@@ -508,7 +510,9 @@ typedef struct kva_plan {
     kva_decode_algo algo;
     const int32_t *request_indices; /* [num_work] request of each work item */
     const int32_t *qo_tile_indices; /* [num_work] query tile of each work item */
-    const int32_t *kv_tile_indices; /* [num_work] key chunk of each work item */
+    const int32_t *kv_tile_indices; /* [num_work] key chunk of each work item (a cut item's
+                                       pieces: 0, 1, ...; their keys are not kv_tile x
+                                       kv_chunk_size) */
     const int32_t *merge_indptr;    /* [batch+1] decode: work items merge_indptr[j] ..
                                        merge_indptr[j+1]-1 are the chunks of the j-th request in
                                        work order, request_indices[merge_indptr[j]]; requests are

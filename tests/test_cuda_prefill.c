@@ -493,6 +493,7 @@ typedef struct run_out {
     float *lse; /* host copy, NULL without LSE */
     int32_t split, chunk, num_work;
     bool ok;
+    int32_t num_groups, merge_groups; /* the plan header's (a cut plan: merge_groups 1) */
 } run_out;
 
 static void run_out_free(kva_context *ctx, run_out *r) {
@@ -522,6 +523,8 @@ static void plan_and_run(kva_context *ctx, const problem *pr, const kva_plan_opt
     out->split = plan.split_kv;
     out->chunk = plan.kv_chunk_size;
     out->num_work = plan.num_work;
+    out->num_groups = kva__plan_header_of(ws.host)->num_groups;
+    out->merge_groups = kva__plan_header_of(ws.host)->merge_groups;
     st = c->page_size ? kva_prefill_run_paged(ctx, &plan, &pr->p, pr->q.d, &pr->pool.dev_pages,
                                               out->o.d, lse_dev)
                       : kva_prefill_run_ragged(ctx, &plan, &pr->p, pr->q.d, pr->k.d, pr->v.d,
@@ -1000,7 +1003,7 @@ KVA_TEST(cuda_prefill_plan_reused_across_layers) {
         CHECK_OK(kva_synchronize(ctx));
         tbuf_fetch(ctx, &o);
         float *lse = cuda_test_download(ctx, lse_dev, sizeof(float) * (rows + LSE_GUARD));
-        run_out r = {o, lse, 0, 0, 0, true};
+        run_out r = {o, lse, 0, 0, 0, true, 0, 0};
         check_against_reference(cur, &r, what);
         if (run == 0) {
             first_o = kva_test_alloc(o.bytes);
@@ -1098,7 +1101,7 @@ static void check_work_distribution(kva_context *ctx, kva_rng *rng, uint32_t fla
         CHECK_OK(kva_synchronize(ctx));
         tbuf_fetch(ctx, &o);
         float *lse = cuda_test_download(ctx, lse_dev, sizeof(float) * (rows + LSE_GUARD));
-        run_out r = {o, lse, 0, 0, 0, true};
+        run_out r = {o, lse, 0, 0, 0, true, 0, 0};
         check_against_reference(&pr, &r, what);
         free(lse);
         if (run == 0) {
@@ -1144,9 +1147,11 @@ KVA_TEST(cuda_prefill_work_distribution) {
  * head (2 waves + 1) make the planner cut the longest item into key pieces, run last and merged
  * after the launch. Ragged and paged (pages of 16 and 3), one and two KV heads, lengths that are
  * not multiples of a tile; each plan run without a mask and, since the hint only shapes the
- * schedule, with a causal one, against the float64 reference. The plan follows the device
- * (KVA_PREFILL_PATH=wgmma / mma run the same cut plan, and must be right); on a CPU context
- * (KVA_TEST_PREFILL_DEVICE=cpu) the same cases check the runs only. */
+ * schedule, with a causal one, against the float64 reference. The plan follows the context's
+ * prefill path: on the Hopper path the f32 case runs a cut plan on the f32 kernel (other kernels
+ * run cut plans wherever the Hopper one cannot: f32, variants without its hook, strides a tensor
+ * map cannot describe); KVA_PREFILL_PATH=wgmma / mma contexts, and CPU ones
+ * (KVA_TEST_PREFILL_DEVICE=cpu), must not cut. */
 KVA_TEST(cuda_prefill_last_wave) {
     kva_context *ctx = prefill_context();
     if (!ctx) return;
@@ -1156,8 +1161,9 @@ KVA_TEST(cuda_prefill_last_wave) {
     static const struct {
         kva_dtype dt;
         int32_t D, hk, page;
-    } cases[4] = {{KVA_BF16, 128, 1, 0}, {KVA_F16, 64, 2, 0}, {KVA_BF16, 256, 1, 16}, {KVA_F16, 128, 2, 3}};
-    for (int ci = 0; ci < 4; ++ci) {
+    } cases[5] = {{KVA_BF16, 128, 1, 0}, {KVA_F16, 64, 2, 0}, {KVA_BF16, 256, 1, 16}, {KVA_F16, 128, 2, 3},
+                  {KVA_F32, 128, 1, 0}};
+    for (int ci = 0; ci < 5; ++ci) {
         /* the Hopper kernel's query tokens per item at group 4: 128 rows (192 at d64) / 4 */
         const int32_t T = cases[ci].D == 64 ? 48 : 32;
         const int32_t qo1[1] = {15 * T - 5}, kv1[1] = {2037};
@@ -1193,9 +1199,16 @@ KVA_TEST(cuda_prefill_last_wave) {
                     check_against_reference(&pr, &r, what);
                     /* (the plan follows the device, not KVA_PREFILL_PATH: a cut plan run by the
                      * other kernels must be right too) */
+                    /* cut: the pieces are group 0, the only group the merge walks; else a whole
+                     * plan or one the split search cut everywhere */
                     if (hopper && !cpu_mode)
-                        CHECK_MSG(r.split && r.num_work > 15,
-                                  "%s: the plan was not cut (%d work items, split %d)", what, r.num_work, r.split);
+                        CHECK_MSG(r.split && r.merge_groups == 1 && r.num_work > r.num_groups,
+                                  "%s: the plan was not cut (%d work items, %d groups, merge_groups %d)", what,
+                                  r.num_work, r.num_groups, r.merge_groups);
+                    else
+                        CHECK_MSG(r.merge_groups == 0 || r.merge_groups == r.num_groups,
+                                  "%s: a plan cut off the persistent Hopper kernel (merge_groups %d of %d)", what,
+                                  r.merge_groups, r.num_groups);
                 }
                 run_out_free(ctx, &r);
             }

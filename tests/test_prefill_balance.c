@@ -98,3 +98,70 @@ KVA_TEST(prefill_balance_leaves_whole) {
     CHECK_MSG(parts >= 2 && which == 300, "cut %d into %d", which, parts);
     free(k);
 }
+
+/* The simulated length against an independent simulation written from the launch's order
+ * (prefill_balance.h): heads outer; within a head the plan's last item first, the cut item's
+ * pieces (at the plan's front) last; each pair to the block that frees first. Random lengths,
+ * so an order or a cost the model got wrong changes the number. */
+static double walk_by_hand(const kva__balance_problem *p, int32_t which, int32_t parts) {
+    double fin[64] = {0};
+    for (int32_t kh = 0; kh < p->num_kv_heads; ++kh)
+        for (int32_t pos = p->num_items - 1; pos >= -1; --pos) {
+            const int32_t n = pos >= 0 ? 1 : parts > 1 ? parts : 0;
+            for (int32_t j = n - 1; j >= 0; --j) {
+                if (pos >= 0 && parts > 1 && pos == which) break;
+                int32_t b = 0, e = p->item_keys[pos >= 0 ? pos : which];
+                if (pos < 0) kva__balance_piece(e, parts, p->tile_keys, j, &b, &e);
+                const double c = (double)(((int64_t)(e - b) + p->tile_keys - 1) / p->tile_keys) + ITEM_OVERHEAD;
+                int m = 0;
+                for (int i = 1; i < p->blocks; ++i)
+                    if (fin[i] < fin[m]) m = i;
+                fin[m] += c;
+            }
+        }
+    double mx = 0;
+    for (int i = 0; i < p->blocks; ++i) mx = fin[i] > mx ? fin[i] : mx;
+    return mx;
+}
+
+KVA_TEST(prefill_balance_model_matches_the_walk) {
+    kva_rng rng;
+    kva_rng_seed(&rng, kva_test_seed());
+    for (int c = 0; c < 200; ++c) {
+        const int32_t n = 1 + (int32_t)(kva_rng_u64(&rng) % 40);
+        int32_t *k = (int32_t *)malloc(sizeof(int32_t) * (size_t)n);
+        for (int32_t i = 0; i < n; ++i) k[i] = (int32_t)(kva_rng_u64(&rng) % 5000);
+        kva__balance_problem p = {n, k, 1 + (int32_t)(kva_rng_u64(&rng) % 3), 2 + (int32_t)(kva_rng_u64(&rng) % 30),
+                                  c % 2 ? 64 : 128, 16, 1};
+        const int32_t which = (int32_t)(kva_rng_u64(&rng) % (uint64_t)n), parts = 1 << (kva_rng_u64(&rng) % 4);
+        const double model = kva__balance_makespan(&p, which, parts), hand = walk_by_hand(&p, which, parts);
+        CHECK_MSG(fabs(model - hand) < 1e-9, "case %d (%d items, %d heads, %d blocks, cut %d into %d): model %.2f, walk %.2f",
+                  c, n, p.num_kv_heads, p.blocks, which, parts, model, hand);
+        free(k);
+    }
+}
+
+/* The bounds the plan's capacity relies on, and the merge's price: pieces <= max_parts and <=
+ * the item's tiles; 4-tile items whose best cut gains exactly the merge's cost stay whole. */
+KVA_TEST(prefill_balance_bounds) {
+    int32_t *k;
+    kva__balance_problem p = equal_items(512, 16384, &k);
+    int32_t which;
+    p.max_parts = 4;
+    int32_t parts = kva__balance_last_wave(&p, &which);
+    CHECK_MSG(parts >= 2 && parts <= 4, "max_parts 4: cut into %d", parts);
+    free(k);
+    p = equal_items(512, 3 * 128, &k); /* 3 tiles: at most 2 pieces */
+    p.blocks = 7;
+    p.min_cut_tiles = 1;
+    for (int32_t i = 0; i < 500; ++i) k[i] = 128;
+    parts = kva__balance_last_wave(&p, &which);
+    CHECK_MSG(parts <= 2, "a 3-tile item cut into %d", parts);
+    free(k);
+    /* 32 x 512 at d128: the model's best cut (16 pieces) ends 3 tile-times earlier, what the
+     * merge costs: no cut */
+    p = equal_items(512, 512, &k);
+    p.min_cut_tiles = 1;
+    CHECK_MSG(kva__balance_last_wave(&p, &which) == 0, "32 x 512: cut");
+    free(k);
+}

@@ -367,13 +367,13 @@ static kva_status prefill_policy(const kva_context *ctx, const kva_plan_limits *
     policy->qo_tile_min = small_tile >= 1 && small_tile < policy->qo_tile ? small_tile : 0;
     if (large.tma) {
         /* the persistent launch's blocks, as prefill_launch.cu sizes its grid (one per SM, at
-         * most KVA_PREFILL_PERSISTENT = N -- then also the concurrency the split search fills;
-         * = 0: a block per pair, nothing to balance) */
+         * most KVA_PREFILL_PERSISTENT = N -- then also the concurrency the split search fills,
+         * though not the workspace layout; = 0: a block per pair, nothing to balance) */
         const char *pers = getenv("KVA_PREFILL_PERSISTENT");
         const long cap = pers ? strtol(pers, NULL, 10) : 0;
         long blocks = ctx->num_sms > 0 ? ctx->num_sms : 1;
         if (cap > 0 && blocks > cap) blocks = cap;
-        if (cap > 0 && policy->max_blocks > cap) policy->max_blocks = cap;
+        if (cap > 0 && policy->max_blocks > cap) policy->search_blocks = cap;
         policy->balance_blocks = pers && strcmp(pers, "0") == 0 ? 0 : (int32_t)blocks;
         policy->balance_tile_keys = large.block_n > 0 ? large.block_n : 128;
         /* (tests: KVA_PREFILL_BALANCE_MIN_TILES = N cuts items of N tiles, so that small batches

@@ -7,7 +7,9 @@
  * group count and split flag from the workspace (a captured graph replays after re-planning).
  * Lanes own head_dim / 32 dims. Pass 1 finds the largest LSE, pass 2 sums exp(lse_s - max) * o_s.
  * Traffic: each partial state read once (from L2).
- * Rows of unsplit groups and tokens past the tile's end are skipped.
+ * Rows of unsplit groups and tokens past the tile's end are skipped; only the plan's first
+ * merge_groups groups are walked (all where the split search cut keys, 1 where the planner cut
+ * one item for the last wave: src/plan/prefill_balance.h).
  */
 #include "cuda_common.cuh"
 #include "prefill_kernels.h"

@@ -124,6 +124,11 @@ static int32_t choose_qo_tile(const kva__split_policy *pol, int kind, int32_t ba
     return pol->qo_tile_min;
 }
 
+/* The persistent kernel's keys per tile (pieces are whole tiles). */
+static int32_t balance_tile_keys(const kva__workspace_layout *L) {
+    return L->policy.balance_tile_keys > 0 ? L->policy.balance_tile_keys : 128;
+}
+
 /* KVA_PLAN_FULL_ATTENTION on a persistent launch (policy.balance_blocks): cuts the item the
  * launch would run last into key pieces when that evens out its last wave (prefill_balance.h).
  * Only for a plan the search left whole (one item per group). The pieces become work items
@@ -134,7 +139,6 @@ static int64_t balance_last_wave(const kva__workspace_layout *L, int32_t num_kv_
                                  int32_t chunk, int32_t *scratch, int32_t *req, int32_t *qt, int32_t *kt,
                                  int32_t *gi, int64_t w, int32_t *parts_out) {
     *parts_out = 0;
-    (void)gi;
     if (L->policy.balance_blocks < 2 || w > INT32_MAX) return w;
     for (int64_t i = 0; i < w; ++i) {
         if (kt[i] != 0) return w; /* the search split some request: its merge balances already */
@@ -143,8 +147,7 @@ static int64_t balance_last_wave(const kva__workspace_layout *L, int32_t num_kv_
     int64_t max_parts = L->cap_split_work;
     if (max_parts > L->cap_work - w + 1) max_parts = L->cap_work - w + 1;
     if (max_parts > 64) max_parts = 64;
-    kva__balance_problem bp = {(int32_t)w, scratch, num_kv_heads, L->policy.balance_blocks,
-                               L->policy.balance_tile_keys > 0 ? L->policy.balance_tile_keys : 128,
+    kva__balance_problem bp = {(int32_t)w, scratch, num_kv_heads, L->policy.balance_blocks, balance_tile_keys(L),
                                (int32_t)max_parts, L->policy.balance_min_tiles};
     int32_t which;
     const int32_t parts = kva__balance_last_wave(&bp, &which);
@@ -288,7 +291,8 @@ static kva_status make_plan(kva_context *ctx, const kva_plan_limits *limits, con
     p.kv_len = kv_len;
     p.qo_tile = choose_qo_tile(&L.policy, in->kind, B, qo_len, opt.flags);
     p.num_kv_heads = limits->num_kv_heads;
-    p.max_blocks = L.policy.max_blocks;
+    p.max_blocks = L.policy.search_blocks > 0 && L.policy.search_blocks < L.policy.max_blocks
+                       ? L.policy.search_blocks : L.policy.max_blocks;
     p.min_chunk = L.policy.min_chunk;
     p.fixed_chunk = opt.fixed_chunk_size;
     p.no_split = (opt.flags & KVA_PLAN_NO_SPLIT) != 0;
@@ -318,8 +322,9 @@ static kva_status make_plan(kva_context *ctx, const kva_plan_limits *limits, con
     } else {
         chunk = kva__search_chunk_size(&p);
         w = kva__flatten_work(&p, chunk, req, qt, kt, L.cap_work, gi, L.cap_groups + 1);
+        /* (not with the small query tile: its plans run on the non-persistent 64-row kernel) */
         if (w > 0 && (opt.flags & KVA_PLAN_FULL_ATTENTION) && opt.fixed_chunk_size == 0 &&
-            !(opt.flags & (KVA_PLAN_GRAPH | KVA_PLAN_NO_SPLIT)))
+            !(opt.flags & (KVA_PLAN_GRAPH | KVA_PLAN_NO_SPLIT)) && p.qo_tile == L.policy.qo_tile)
             w = balance_last_wave(&L, limits->num_kv_heads, kv_len, chunk, ints + h->off_unit_records, req, qt,
                                   kt, gi, w, &cut_parts);
     }
@@ -406,7 +411,7 @@ static kva_status make_plan(kva_context *ctx, const kva_plan_limits *limits, con
             rec[KVA__UR_KEY_BEG] = (int32_t)(beg < len ? beg : len);
             rec[KVA__UR_KEY_END] = (int32_t)(beg + chunk < len ? beg + chunk : len);
             if (i < cut_parts) /* a piece of the cut item (balance_last_wave) */
-                kva__balance_piece(len, cut_parts, L.policy.balance_tile_keys, kt[i], &rec[KVA__UR_KEY_BEG],
+                kva__balance_piece(len, cut_parts, balance_tile_keys(&L), kt[i], &rec[KVA__UR_KEY_BEG],
                                    &rec[KVA__UR_KEY_END]);
             rec[KVA__UR_KV_LEN] = len;
             rec[KVA__UR_PAGE_BEG] = kv_indptr[b];

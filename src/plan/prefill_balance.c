@@ -12,7 +12,7 @@
 #define MIN_GAIN 0.005
 
 static double tiles_of(int32_t keys, int32_t tile_keys) {
-    return keys > 0 ? (double)((keys + tile_keys - 1) / tile_keys) : 0.0;
+    return keys > 0 ? (double)(((int64_t)keys + tile_keys - 1) / tile_keys) : 0.0;
 }
 
 /* A min-heap of the blocks' finishing times. */
@@ -45,6 +45,7 @@ void kva__balance_piece(int32_t keys, int32_t parts, int32_t tile_keys, int32_t 
 }
 
 double kva__balance_makespan(const kva__balance_problem *p, int32_t which, int32_t parts) {
+    if (which < 0 || which >= p->num_items) parts = 1;
     const int B = p->blocks > 0 ? p->blocks : 1;
     double *h = (double *)calloc((size_t)B, sizeof(double));
     if (!h) return -1.0;
@@ -80,6 +81,13 @@ int32_t kva__balance_last_wave(const kva__balance_problem *p, int32_t *which) {
         if (p->item_keys[i] > p->item_keys[w]) w = i;
     const double tiles = tiles_of(p->item_keys[w], p->tile_keys);
     if (tiles < (p->min_cut_tiles > 0 ? p->min_cut_tiles : KVA__BALANCE_MIN_CUT_TILES)) return 0;
+    /* Greedy list scheduling ends within one item of the mean (every block is busy until the
+     * last item starts), and no cut ends before the mean: when the longest item cannot pay for
+     * the merge and the minimum gain, skip the simulations (O(items) instead of O(pairs log B)). */
+    double sum = 0.0;
+    for (int32_t i = 0; i < p->num_items; ++i) sum += tiles_of(p->item_keys[i], p->tile_keys) + ITEM_OVERHEAD;
+    const double mean = sum * p->num_kv_heads / p->blocks;
+    if (tiles + ITEM_OVERHEAD <= MERGE_COST + MIN_GAIN * mean) return 0;
     const double base = kva__balance_makespan(p, -1, 1);
     if (base <= 0.0) return 0;
     double best = base * (1.0 - MIN_GAIN);

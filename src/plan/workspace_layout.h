@@ -39,6 +39,9 @@ typedef struct kva__split_policy {
                               (kva__split_problem; 0: the scheduler's default) */
     int32_t merge_level_keys; /* decode: the merge tree's second level, in key-times
                               (kva__split_problem; 0: free) */
+    int64_t search_blocks;    /* 0, or a smaller budget for the prefill split search than the
+                              layout's max_blocks (tests: KVA_PREFILL_PERSISTENT's capped grid;
+                              the workspace layout does not change with it) */
     int32_t balance_blocks;   /* prefill: the persistent launch's blocks, for
                               KVA_PLAN_FULL_ATTENTION plans (prefill_balance.h); 0: none */
     int32_t balance_tile_keys; /* prefill: its keys per tile (pieces are whole tiles) */
@@ -88,9 +91,11 @@ typedef struct kva__plan_header {
                              * groups where the search split keys; 1 where prefill_balance.h cut
                              * one item, moved to group 0) */
     /* int32 element offsets from the start of the int section. group_indptr is a CSR over the
-     * groups in work order: prefill (request, query tile) groups in request order; decode
-     * requests longest chunk first (decode_scheduler.h), whose key ranges are in the unit
-     * records (equal chunks: kv_tile * kv_chunk_size is not the first key) */
+     * groups in work order: prefill (request, query tile) groups in request order (a plan with
+     * a cut item, merge_groups 1: its pieces first, as group 0; their key ranges, whole tiles,
+     * only in the unit records); decode requests longest chunk first (decode_scheduler.h), whose
+     * key ranges are in the unit records (equal chunks: kv_tile * kv_chunk_size is not the first
+     * key) */
     int64_t off_request, off_qo_tile, off_kv_tile, off_group_indptr;
     int64_t off_kv_indptr;     /* paged: page indptr [batch+1]; ragged: key row indptr [batch+1] */
     int64_t off_page_indices;  /* paged only [indptr[batch]] */
