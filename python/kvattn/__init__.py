@@ -388,7 +388,10 @@ class BatchPrefillWrapper(_Planned):
         of q. Keys: kv_indptr [B+1] (ragged k/v rows), or None and the paged table
         (paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len, page_size).
         variant, variant_data: a kvattn.Variant and its caller data, as in
-        BatchDecodeWrapper.plan (positions per request: keys from 0, queries bottom-right)."""
+        BatchDecodeWrapper.plan (positions per request: keys from 0, queries bottom-right).
+        causal=False without a window_left also tells the planner that every query sees all of
+        its request's keys (KVA_PLAN_FULL_ATTENTION): on a Hopper GPU it may then cut the longest
+        work item so that the launch's last wave ends evenly."""
         variant, variant_data = _variant_args(variant, variant_data, self._dev, num_qo_heads)
         qo = host_ints(qo_indptr)
         batch = len(qo) - 1
