@@ -129,8 +129,9 @@ static int32_t balance_tile_keys(const kva__workspace_layout *L) {
     return L->policy.balance_tile_keys > 0 ? L->policy.balance_tile_keys : 128;
 }
 
-/* KVA_PLAN_FULL_ATTENTION on a persistent launch (policy.balance_blocks): cuts the item the
- * launch would run last into key pieces when that evens out its last wave (prefill_balance.h).
+/* KVA_PLAN_FULL_ATTENTION on a persistent launch (policy.balance_blocks): cuts the longest item
+ * into key pieces, moved so that the launch runs them last, when that evens out its last wave
+ * (prefill_balance.h).
  * Only for a plan the search left whole (one item per group). The pieces become work items
  * 0 .. parts - 1 and group 0 (run last in every head; their partial states take slots 0 .. parts
  * - 1), the other items follow in their order. scratch: >= w ints (the unit records' region,

@@ -29,11 +29,12 @@ typedef struct kva__balance_problem {
     int32_t min_cut_tiles;   /* items shorter than this stay whole (0: KVA__BALANCE_MIN_CUT_TILES) */
 } kva__balance_problem;
 
-/* Only items of 96 tiles or more are cut (tiles of the kernel: 128 keys, 64 at d256). The model assumes exact costs, so its cut lines the
- * last wave up to the tile; the real blocks drift by a fraction of an item, which shorter items
- * do not absorb. Measured (H200, bench/NOTES.md): 16-tile items (8 x 2048 at d128, 32 x 512 at
- * d256) 2-4% slower cut; 64-tile items (2 x 8192) level in paired rounds, -8..+15% across head
- * dims in one table run; 128-tile items (16k) +3-5% at every head dim. */
+/* Only items of 96 tiles or more are cut (the kernel's tiles: 128 keys, 64 at d256). The model
+ * assumes exact costs, so its cut lines the last wave up to the tile; the real blocks drift by a
+ * fraction of an item, which shorter items do not absorb. Measured (H200, bench/NOTES.md): 16-tile
+ * items (8 x 2048 at d128, 32 x 512 at d256) 2-4% slower cut; 64-tile items (2 x 8192) level in
+ * paired rounds, -8..+15% across head dims in one table run; 128-tile items (16k at d128) +3-5%
+ * in paired rounds. */
 #define KVA__BALANCE_MIN_CUT_TILES 96
 
 /* Pairs above which the simulation is skipped: with that many waves the last one is < 1% of
