@@ -27,11 +27,13 @@
  *   cuda_variant_bench           soft cap as a snippet vs the built-in soft cap, ALiBi vs plain, on
  *                                the decode (32/8 d128 bf16, 8 x 4096 and 64 x 4096) and prefill
  *                                (1 x 16384 causal) headline shapes, on random and on constant
- *                                inputs; prints times and ratios
+ *                                inputs, the modes in a rotating order with an idle pause before
+ *                                each series; prints times and ratios
  *
  * The disk cache of these tests lives in a temporary XDG_CACHE_HOME (set once per process).
  * KVA_TEST_QUICK=1 (compute-sanitizer memcheck) shrinks the sweeps and skips the bench.
  */
+#define _POSIX_C_SOURCE 200809L /* nanosleep */
 #include "harness.h"
 #include "test_cuda_util.h"
 #include "test_util.h"
@@ -43,6 +45,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #if KVA_HAVE_CUDA
@@ -788,7 +791,17 @@ static double time_us(bench_fn fn, void *arg, int reps) {
     return ms * 1e3 / reps;
 }
 
-/* The four modes (plain, ALiBi, built-in cap, cap snippet) timed in turn over BENCH_ROUNDS rounds,
+/* The GPU idles BENCH_SETTLE_MS before every timed series, so that no mode is timed at the
+ * clocks and power state the previous one left (bench_torch.py's --settle, shorter here: the
+ * series are short). */
+#define BENCH_SETTLE_MS 100
+static void settle_gpu(void) {
+    cudaDeviceSynchronize();
+    const struct timespec pause = {0, BENCH_SETTLE_MS * 1000000L};
+    nanosleep(&pause, NULL);
+}
+
+/* The five modes (plain, ALiBi, built-in cap, cap snippet, identity snippet) timed in turn over BENCH_ROUNDS rounds,
  * each mode's median round in us[mode]: the GPU's clock and power state drift over a run, and
  * interleaving puts every mode under the same drift. */
 #define BENCH_ROUNDS 7
@@ -853,8 +866,12 @@ static bool time_modes(bench_fn fn, void *arg, kva_attn_params *p, const bench_v
         if (kva_test_failures) return false;
     }
     for (int r = 0; r < BENCH_ROUNDS; ++r)
-        for (int m = 0; m < BENCH_MODES; ++m) {
+        for (int i = 0; i < BENCH_MODES; ++i) {
+            /* each round starts at another mode, and every series after the same idle pause:
+             * with a fixed order ALiBi always ran right after plain, at the clocks plain left */
+            const int m = (r + i) % BENCH_MODES;
             set_mode(p, m, bv);
+            settle_gpu();
             rounds[m][r] = time_us(fn, arg, reps);
         }
     for (int m = 0; m < BENCH_MODES; ++m) us[m] = median_of(rounds[m], BENCH_ROUNDS);
