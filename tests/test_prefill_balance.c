@@ -3,7 +3,8 @@
  * without a GPU: the cuts it chooses on the README's full-attention rows (132 blocks, 8 KV heads,
  * 128-key tiles), the pieces' key ranges, and the shapes it must leave whole. With an independent
  * check of the simulated length: on equal items the whole plan takes ceil(pairs / blocks) items'
- * time, which the cost model must reproduce before its cuts mean anything.
+ * time, which the cost model must reproduce before its cuts mean anything. And the rewrite of the
+ * plan's work lists for a cut.
  */
 #include "harness.h"
 #include "test_util.h"
@@ -164,4 +165,68 @@ KVA_TEST(prefill_balance_bounds) {
     p.min_cut_tiles = 1;
     CHECK_MSG(kva__balance_last_wave(&p, &which) == 0, "32 x 512: cut");
     free(k);
+}
+
+/* The plan's rewrite for a cut (kva__balance_apply_cut): the cut item's pieces first, as group
+ * 0 with key pieces 0 .. parts - 1, then every other item in its order, one group each; nothing
+ * written past the new work count. Checked against a list built here, on random plans. */
+KVA_TEST(prefill_balance_apply_cut) {
+    kva_rng rng;
+    kva_rng_seed(&rng, kva_test_seed());
+    enum { PAD = 4, SENTINEL = -77 };
+    for (int round = 0; round < 300; ++round) {
+        const int32_t w = 1 + (int32_t)(kva_rng_u64(&rng) % 50);
+        const int32_t which = (int32_t)(kva_rng_u64(&rng) % (uint64_t)w);
+        const int32_t parts = 2 + (int32_t)(kva_rng_u64(&rng) % 63);
+        const int32_t n = w + parts - 1;
+        int32_t *req = (int32_t *)malloc(sizeof(int32_t) * (size_t)(n + PAD));
+        int32_t *qt = (int32_t *)malloc(sizeof(int32_t) * (size_t)(n + PAD));
+        int32_t *kt = (int32_t *)malloc(sizeof(int32_t) * (size_t)(n + PAD));
+        int32_t *gi = (int32_t *)malloc(sizeof(int32_t) * (size_t)(n + 1 + PAD));
+        int32_t *ereq = (int32_t *)malloc(sizeof(int32_t) * (size_t)n);
+        int32_t *eqt = (int32_t *)malloc(sizeof(int32_t) * (size_t)n);
+        int32_t *ekt = (int32_t *)malloc(sizeof(int32_t) * (size_t)n);
+        for (int32_t i = 0; i < n + PAD; ++i) req[i] = qt[i] = kt[i] = SENTINEL;
+        for (int32_t i = 0; i < n + 1 + PAD; ++i) gi[i] = SENTINEL;
+        /* whole items: distinct requests, query tiles that repeat (several items per request) */
+        for (int32_t i = 0; i < w; ++i) {
+            req[i] = 1000 + i / 3;
+            qt[i] = i % 3 + (int32_t)(kva_rng_u64(&rng) % 2) * 10;
+            kt[i] = 0;
+        }
+        for (int32_t i = 0; i <= w; ++i) gi[i] = i;
+        int32_t e = 0;
+        for (int32_t j = 0; j < parts; ++j, ++e) {
+            ereq[e] = req[which];
+            eqt[e] = qt[which];
+            ekt[e] = j;
+        }
+        for (int32_t i = 0; i < w; ++i)
+            if (i != which) {
+                ereq[e] = req[i];
+                eqt[e] = qt[i];
+                ekt[e] = 0;
+                ++e;
+            }
+        const int64_t got = kva__balance_apply_cut(w, which, parts, req, qt, kt, gi);
+        CHECK_MSG(got == n, "w %d, cut %d into %d: %lld items, expected %d", w, which, parts, (long long)got, n);
+        int bad = 0;
+        for (int32_t i = 0; i < n; ++i)
+            bad += req[i] != ereq[i] || qt[i] != eqt[i] || kt[i] != ekt[i];
+        /* groups: [0, parts) the pieces, then one item each */
+        bad += gi[0] != 0;
+        for (int32_t k = 1; k <= w; ++k) bad += gi[k] != parts + k - 1;
+        bad += gi[w] != n;
+        for (int32_t i = n; i < n + PAD; ++i) bad += req[i] != SENTINEL || qt[i] != SENTINEL || kt[i] != SENTINEL;
+        for (int32_t i = w + 1; i < n + 1 + PAD; ++i) bad += gi[i] != SENTINEL;
+        CHECK_MSG(bad == 0, "w %d, cut %d into %d: %d entries differ from the expected lists", w, which, parts, bad);
+        free(req);
+        free(qt);
+        free(kt);
+        free(gi);
+        free(ereq);
+        free(eqt);
+        free(ekt);
+        if (kva_test_failures) return;
+    }
 }

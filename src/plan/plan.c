@@ -153,28 +153,8 @@ static int64_t balance_last_wave(const kva__workspace_layout *L, int32_t num_kv_
     int32_t which;
     const int32_t parts = kva__balance_last_wave(&bp, &which);
     if (parts < 2) return w;
-    const int32_t rb = req[which], rq = qt[which];
-    /* items after the cut one move up by parts - 1, those before it by parts (from the end) */
-    for (int64_t i = w - 1; i > which; --i) {
-        req[i + parts - 1] = req[i];
-        qt[i + parts - 1] = qt[i];
-        kt[i + parts - 1] = kt[i];
-    }
-    for (int64_t i = which - 1; i >= 0; --i) {
-        req[i + parts] = req[i];
-        qt[i + parts] = qt[i];
-        kt[i + parts] = kt[i];
-    }
-    for (int32_t j = 0; j < parts; ++j) {
-        req[j] = rb;
-        qt[j] = rq;
-        kt[j] = j;
-    }
-    /* groups: the cut item's pieces, then one item each */
-    gi[0] = 0;
-    for (int64_t k = 1; k <= w; ++k) gi[k] = (int32_t)(parts + k - 1);
     *parts_out = parts;
-    return w + parts - 1;
+    return kva__balance_apply_cut(w, which, parts, req, qt, kt, gi);
 }
 
 typedef struct plan_inputs {

@@ -102,3 +102,28 @@ int32_t kva__balance_last_wave(const kva__balance_problem *p, int32_t *which) {
     if (best_parts) *which = w;
     return best_parts;
 }
+
+int64_t kva__balance_apply_cut(int64_t w, int32_t which, int32_t parts, int32_t *req, int32_t *qt, int32_t *kt,
+                               int32_t *gi) {
+    const int32_t rb = req[which], rq = qt[which];
+    /* items after the cut one move up by parts - 1, those before it by parts (from the end) */
+    for (int64_t i = w - 1; i > which; --i) {
+        req[i + parts - 1] = req[i];
+        qt[i + parts - 1] = qt[i];
+        kt[i + parts - 1] = kt[i];
+    }
+    for (int64_t i = (int64_t)which - 1; i >= 0; --i) {
+        req[i + parts] = req[i];
+        qt[i + parts] = qt[i];
+        kt[i + parts] = kt[i];
+    }
+    for (int32_t j = 0; j < parts; ++j) {
+        req[j] = rb;
+        qt[j] = rq;
+        kt[j] = j;
+    }
+    /* groups: the cut item's pieces, then one item each */
+    gi[0] = 0;
+    for (int64_t k = 1; k <= w; ++k) gi[k] = (int32_t)(parts + k - 1);
+    return w + parts - 1;
+}

@@ -52,6 +52,14 @@ int32_t kva__balance_last_wave(const kva__balance_problem *p, int32_t *which);
  * last piece's end; the pieces cover [0, keys) once, in order. */
 void kva__balance_piece(int32_t keys, int32_t parts, int32_t tile_keys, int32_t j, int32_t *beg, int32_t *end);
 
+/* The plan's work lists rewritten for the cut: item `which` of the w whole items (req / qt / kt:
+ * request, query tile and key tile of each, kt all 0; gi: the groups' first items, one item per
+ * group) becomes `parts` pieces at positions 0 .. parts - 1 (the same request and query tile,
+ * key piece j = kt), forming group 0; the other items follow in their order, one group each.
+ * The arrays hold >= w + parts - 1 entries (gi one more). Returns the new work count. */
+int64_t kva__balance_apply_cut(int64_t w, int32_t which, int32_t parts, int32_t *req, int32_t *qt, int32_t *kt,
+                               int32_t *gi);
+
 /* The launch's simulated length in tile-times (the cost model of the .c file), for tests:
  * items walked as the launch walks them, item `which` cut into `parts` (parts <= 1: whole). */
 double kva__balance_makespan(const kva__balance_problem *p, int32_t which, int32_t parts);
