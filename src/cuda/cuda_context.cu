@@ -125,9 +125,9 @@ static kva_status prepare_kernels(kva__cuda_private *priv) {
     /* Every prefill kernel (dtype x head dim x tile) gets its shared-memory limit; the largest
      * bf16 tile's occupancy sets the prefill split budget. */
     const kva_dtype dts[3] = {KVA_BF16, KVA_F16, KVA_F32};
-    const int dims[3] = {64, 128, 256};
+    const int dims[4] = {64, 128, 256, 96}; /* (96: the Hopper kernel's d96 products on the d128 layout) */
     for (int path = KVA__PREFILL_MMA; path <= priv->prefill_path; ++path)
-    for (int di = 0; di < 3; ++di)
+    for (int di = 0; di < 4; ++di)
         for (int ti = 0; ti < 3; ++ti)
             for (int rows = KVA__PREFILL_ROWS_SMALL; rows <= KVA__PREFILL_ROWS_LARGE; rows *= 2) {
                 kva__prefill_choice k;
@@ -139,7 +139,7 @@ static kva_status prepare_kernels(kva__cuda_private *priv) {
                                      "CUDA context: preparing the prefill kernel (%s, head_dim %d, %d rows, %d B "
                                      "shared memory) failed: %s",
                                      kva_dtype_name(dts[ti]), dims[di], k.rows, k.smem, cudaGetErrorString(err));
-                if (dts[ti] == KVA_BF16 && rows == KVA__PREFILL_ROWS_LARGE && path == priv->prefill_path) {
+                if (dts[ti] == KVA_BF16 && rows == KVA__PREFILL_ROWS_LARGE && path == priv->prefill_path && di < 3) {
                     int blocks = 0;
                     KVA_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, k.fn, k.threads, (size_t)k.smem));
                     priv->prefill_blocks_per_sm[di] = blocks > 0 ? blocks : 1;

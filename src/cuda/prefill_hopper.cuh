@@ -314,12 +314,18 @@ __device__ __forceinline__ float kva__hp_tree(float *t) {
     }
 }
 
-template <typename T, int D>
+/* D: the head dim the shared-memory tiles, copies and stores are laid out for; DW (<= D, a
+ * multiple of 16): the head dim of the matrix products and of O in registers. DW = 96 on the
+ * d128 layout is Phi-3's d96: Q K^T takes 6 k16 steps instead of 8 and P V is n96, where the
+ * d128 kernel spent a quarter of both on the zero columns (the copies past the real dim still
+ * land zeros, the O store's box is clipped to it). */
+template <typename T, int D, int DW = D>
 __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefill_hopper_kernel(const __grid_constant__ kva__hopper_prefill_args ha) {
 #if KVA__HAVE_WGMMA
+    static_assert(DW <= D && DW % 16 == 0, "the matrix products' head dim: a multiple of 16 within the layout's");
     using G = kva__hopper_geom<T, D>;
     constexpr int BN = G::BN, ROWS = G::ROWS, CPR = G::CPR, CWG = G::CWG;
-    constexpr int NT = BN / 8, DT = D / 8, CB = D / 64; /* column blocks of 64 elements */
+    constexpr int NT = BN / 8, DT = DW / 8, CB = D / 64; /* column blocks of 64 elements */
     const kva__prefill_args &a = ha.a;
     kva__pdl_trigger(); /* (the merge kernel's blocks may be placed once every block started) */
     /* consumer warpgroups at work in this launch: a decode record is one token of a GQA group
@@ -836,7 +842,7 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
         const uint64_t kd0 = kva__wgmma_desc_add(k_desc0, (uint32_t)(s * 2 * G::TILE_BYTES));
         kva__wgmma_fence();
 #pragma unroll
-        for (int kd = 0; kd < D / 16; ++kd) {
+        for (int kd = 0; kd < DW / 16; ++kd) {
             const uint32_t blk = (uint32_t)(kd >> 2);
             const uint64_t da = kva__wgmma_desc_add(qd, blk * ROWS * 128 + (kd & 3) * 32);
             const uint64_t db = kva__wgmma_desc_add(kd0, blk * BN * 128 + (kd & 3) * 32);
@@ -851,7 +857,7 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
 #pragma unroll
         for (int kk = 0; kk < BN / 16; ++kk) {
             const uint64_t db = kva__wgmma_desc_add(vd0, kk * 16 * 128);
-            kva__wgmma_rs<T, D>(&o_acc[0][0], pa[kk], db);
+            kva__wgmma_rs<T, DW>(&o_acc[0][0], pa[kk], db);
         }
         kva__wgmma_commit();
     };
@@ -1253,18 +1259,20 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
 }
 
 /* The warp-specialised kernel of one element type for a head dim, or NULL. */
-#define KVA__HP_CASE(T, D)                                                                     \
+#define KVA__HP_CASE(T, D, DW)                                                                 \
     *smem = kva__hopper_geom<T, D>::SMEM;                                                      \
     *threads = kva__hopper_geom<T, D>::THREADS;                                                \
     *rows = kva__hopper_geom<T, D>::ROWS;                                                      \
     *block_n = kva__hopper_geom<T, D>::BN;                                                     \
-    return (const void *)kva__prefill_hopper_kernel<T, D>;
+    return (const void *)kva__prefill_hopper_kernel<T, D, DW>;
+/* (head_dim: a built dim, or 96 -- the d128 layout with d96 products) */
 #define KVA__PREFILL_HOPPER_INSTANTIATE(T, NAME)                                               \
     const void *NAME(int head_dim, int *smem, int *threads, int *rows, int *block_n) {         \
         switch (head_dim) {                                                                    \
-        case 64: KVA__HP_CASE(T, 64)                                                           \
-        case 128: KVA__HP_CASE(T, 128)                                                         \
-        case 256: KVA__HP_CASE(T, 256)                                                         \
+        case 64: KVA__HP_CASE(T, 64, 64)                                                       \
+        case 96: KVA__HP_CASE(T, 128, 96)                                                      \
+        case 128: KVA__HP_CASE(T, 128, 128)                                                    \
+        case 256: KVA__HP_CASE(T, 256, 256)                                                    \
         default: return NULL;                                                                  \
         }                                                                                      \
     }

@@ -58,13 +58,16 @@ extern "C" int kva__prefill_hp_qbufs(void) { return KVA__HP_QBUFS; }
 bool kva__prefill_choose(kva_dtype dtype, int head_dim, int rows_wanted,
                          const kva__prefill_target *target, kva__prefill_choice *k) {
     memset(k, 0, sizeof *k);
-    /* (d96 runs the d128 kernel, paying for its padded columns: bench/NOTES.md) */
+    /* (head dims between the built ones run the next built kernel, paying for its padded
+     * columns; on Hopper d96 has its own products on the d128 layout: bench/NOTES.md) */
     const int D = kva__built_head_dim(head_dim);
     if (D == 0) return false;
     k->built_dim = D;
     if (rows_wanted > KVA__PREFILL_ROWS_SMALL && target->path == KVA__PREFILL_HOPPER &&
-        lookup_hopper(dtype, D, k) && k->smem <= target->smem_limit)
+        lookup_hopper(dtype, head_dim == 96 ? 96 : D, k) && k->smem <= target->smem_limit) {
+        k->built_dim = D; /* (the layout's: a variant's module is built for it) */
         return true;
+    }
     memset(k, 0, sizeof *k);
     k->built_dim = D;
     /* 128 rows share each K/V tile between twice the rows of the 64-row kernel; on Hopper the
