@@ -33,7 +33,9 @@
  * The disk cache of these tests lives in a temporary XDG_CACHE_HOME (set once per process).
  * KVA_TEST_QUICK=1 (compute-sanitizer memcheck) shrinks the sweeps and skips the bench.
  */
-#define _POSIX_C_SOURCE 200809L /* nanosleep */
+#ifndef _POSIX_C_SOURCE
+#define _POSIX_C_SOURCE 200809L /* nanosleep (CMake defines it for every target) */
+#endif
 #include "harness.h"
 #include "test_cuda_util.h"
 #include "test_util.h"
@@ -867,8 +869,8 @@ static bool time_modes(bench_fn fn, void *arg, kva_attn_params *p, const bench_v
     }
     for (int r = 0; r < BENCH_ROUNDS; ++r)
         for (int i = 0; i < BENCH_MODES; ++i) {
-            /* each round starts at another mode, and every series after the same idle pause:
-             * with a fixed order ALiBi always ran right after plain, at the clocks plain left */
+            /* every series after the same idle pause (with the modes back to back, ALiBi always
+             * ran at the clocks plain had left), each round opening with another mode */
             const int m = (r + i) % BENCH_MODES;
             set_mode(p, m, bv);
             settle_gpu();

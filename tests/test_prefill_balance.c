@@ -188,7 +188,7 @@ KVA_TEST(prefill_balance_apply_cut) {
         int32_t *ekt = (int32_t *)malloc(sizeof(int32_t) * (size_t)n);
         for (int32_t i = 0; i < n + PAD; ++i) req[i] = qt[i] = kt[i] = SENTINEL;
         for (int32_t i = 0; i < n + 1 + PAD; ++i) gi[i] = SENTINEL;
-        /* whole items: distinct requests, query tiles that repeat (several items per request) */
+        /* whole items: three per request, each (request, query tile) pair distinct */
         for (int32_t i = 0; i < w; ++i) {
             req[i] = 1000 + i / 3;
             qt[i] = i % 3 + (int32_t)(kva_rng_u64(&rng) % 2) * 10;

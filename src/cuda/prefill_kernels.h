@@ -146,7 +146,8 @@ const void *kva__prefill_f16(int head_dim, int rows, int *smem, int *threads);
 const void *kva__prefill_f32(int head_dim, int rows, int *smem, int *threads);
 /* The warp-specialised kernels (prefill_hopper_bf16.cu, prefill_hopper_f16.cu): *rows packed rows
  * (192 at d64, else 128), *threads (a producer warpgroup and one per 64 rows), *block_n keys per
- * tile; NULL for a head dim without one. */
+ * tile; head_dim a built dim (64, 128, 256) or 96 (the d128 layout with d96 products); NULL for
+ * another. */
 const void *kva__prefill_hopper_bf16(int head_dim, int *smem, int *threads, int *rows, int *block_n);
 const void *kva__prefill_hopper_f16(int head_dim, int *smem, int *threads, int *rows, int *block_n);
 

@@ -97,6 +97,8 @@ template <int TB> struct kva__wgmma_rs_op<__half, 64, TB> {
                      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1), "n"(TB));
     }
 };
+/* (n96: B spans one and a half 64-column swizzle atoms of the d128 V layout, the second read
+ * half; checked against the float64 reference by the d96 prefill sweeps on an H200) */
 template <int TB> struct kva__wgmma_rs_op<__nv_bfloat16, 96, TB> {
     static __device__ __forceinline__ void run(float *d, const uint32_t *a, uint64_t db) {
         asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %53, 0;\n"
