@@ -870,8 +870,9 @@ static bool time_modes(bench_fn fn, void *arg, kva_attn_params *p, const bench_v
     for (int r = 0; r < BENCH_ROUNDS; ++r)
         for (int i = 0; i < BENCH_MODES; ++i) {
             /* every series after the same idle pause (with the modes back to back, ALiBi always
-             * ran at the clocks plain had left), each round opening with another mode */
-            const int m = (r + i) % BENCH_MODES;
+             * ran at the clocks plain had left), each round opening with another mode, every
+             * other round in the reverse order (so no mode always follows the same one) */
+            const int k = (r + i) % BENCH_MODES, m = r & 1 ? BENCH_MODES - 1 - k : k;
             set_mode(p, m, bv);
             settle_gpu();
             rounds[m][r] = time_us(fn, arg, reps);
