@@ -389,6 +389,15 @@ def run_decode_models(args, info, ceiling):
             tq = [ours.q[s].unsqueeze(2) for s in range(nsets)]
             ours.free()
             del ours
+            if args.variants:
+                # the same pages head-major (KVA_LAYOUT_HND): a head's rows of a page contiguous
+                # instead of d * 2 bytes every hk * d * 2 (d96's 192-byte rows, bench/NOTES.md)
+                h = kb.PagedDecode(B, L, nsets, hq=hq, hk=hk, d=d, page=PS, hnd=True)
+                row["hnd_us"] = time_calls(h.run, nsets, iters) * 1e3
+                h.free()
+                del h
+                print("    HND pages: %.1f us (%.1f%%)" % (row["hnd_us"], 100 * kv_bytes / (row["hnd_us"] * 1e-6) / 1e9 / ceiling),
+                      flush=True)
             tk = [torch.randn(B, hk, L, d, device="cuda", dtype=torch.bfloat16) for _ in range(nsets)]
             tv = [torch.randn(B, hk, L, d, device="cuda", dtype=torch.bfloat16) for _ in range(nsets)]
             t = time_sdpa(tq, tk, tv, nsets, iters, hq != hk)
@@ -1233,7 +1242,8 @@ def main():
     which.add_argument("--decode-only", action="store_true", help="only the decode table")
     which.add_argument("--prefill-only", action="store_true", help="only the prefill table")
     ap.add_argument("--shapes", default=None, help="decode shapes, e.g. 1x8192,64x4096")
-    ap.add_argument("--variants", action="store_true", help="decode: also time other split choices")
+    ap.add_argument("--variants", action="store_true",
+                    help="decode: also time other split choices, and HND pages (main and model tables)")
     ap.add_argument("--no-models", action="store_true",
                     help="decode: skip the model-shape and ragged-batch tables")
     ap.add_argument("--models", default=None,
