@@ -468,8 +468,10 @@ enum {
                                    and merged after the launch, so that its last wave ends
                                    evenly (plan.split_kv is then 1). Only the schedule depends
                                    on it: a causal or windowed run of such a plan is still
-                                   exact. Ignored by decode plans, KVA_PLAN_GRAPH, NO_SPLIT and
-                                   fixed_chunk_size plans */
+                                   exact. The cut is skipped by KVA_PLAN_GRAPH, NO_SPLIT and
+                                   fixed_chunk_size plans; decode plans ignore the flag. Without
+                                   it, a prefill plan orders the items a launch runs last for a
+                                   causal mask instead (longest first; exact either way) */
 };
 
 typedef enum kva_decode_algo {
@@ -516,7 +518,12 @@ typedef struct kva_plan {
     const int32_t *merge_indptr;    /* [batch+1] decode: work items merge_indptr[j] ..
                                        merge_indptr[j+1]-1 are the chunks of the j-th request in
                                        work order, request_indices[merge_indptr[j]]; requests are
-                                       listed longest chunk first, so j is not the request index */
+                                       listed longest chunk first, so j is not the request index.
+                                       Prefill: [groups+1], group j is one (request, query tile)
+                                       and its items are that tile's key chunks; runs walk the
+                                       plan from its last item, and without
+                                       KVA_PLAN_FULL_ATTENTION the groups a launch runs last are
+                                       listed fewest causal keys first (met longest first) */
     kva_workspace workspace;   /* the workspace this plan lives in */
     uint32_t generation;       /* which plan call into that workspace made it: every later plan
                                   call into the same workspace (failed or not) makes this plan

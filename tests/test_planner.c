@@ -8,6 +8,7 @@
 #include "harness.h"
 #include "test_util.h"
 #include "../src/plan/planner.h"
+#include "../src/plan/prefill_balance.h"
 #include "../src/plan/workspace_layout.h"
 
 #include <stdlib.h>
@@ -64,9 +65,12 @@ KVA_TEST(planner_chunk_search_is_minimal) {
     }
 }
 
-/* Every (request, query tile, key position) in exactly one work item; groups in order. */
+/* Every (request, query tile, key position) in exactly one work item; a group's items are one
+ * (request, query tile) in key order; groups in flattening order (request, then query tile) from
+ * group `ordered_from` on. */
 static void check_coverage(const kva__split_problem *p, int32_t chunk, const int32_t *req,
-                           const int32_t *qt, const int32_t *kt, int64_t n, const int32_t *gi) {
+                           const int32_t *qt, const int32_t *kt, int64_t n, const int32_t *gi,
+                           int64_t ordered_from) {
     int64_t total = 0;
     for (int32_t b = 0; b < p->batch_size; ++b) {
         int32_t ql = p->qo_len ? p->qo_len[b] : 1;
@@ -83,10 +87,12 @@ static void check_coverage(const kva__split_problem *p, int32_t chunk, const int
     int64_t g = 0;
     for (int64_t w = 0; w < n; ++w) {
         int32_t b = req[w], len = p->kv_len[b];
-        CHECK_MSG(w == 0 || req[w] > req[w - 1] || (req[w] == req[w - 1] && qt[w] >= qt[w - 1]),
-                  "work items out of order at %lld", (long long)w);
         while (gi[g + 1] <= w) ++g;
         CHECK_MSG(gi[g] <= w && w < gi[g + 1], "work item %lld outside its group", (long long)w);
+        CHECK_MSG(w == gi[g] || (req[w] == req[w - 1] && qt[w] == qt[w - 1] && kt[w] == kt[w - 1] + 1),
+                  "work item %lld: not the next key chunk of its group", (long long)w);
+        CHECK_MSG(w == 0 || g <= ordered_from || req[w] > req[w - 1] || (req[w] == req[w - 1] && qt[w] >= qt[w - 1]),
+                  "work items out of order at %lld", (long long)w);
         int64_t k0 = (int64_t)kt[w] * chunk, k1 = k0 + chunk < len ? k0 + chunk : len;
         int64_t row = base[b] + (int64_t)qt[w] * (len > 0 ? len : 1);
         if (len == 0) { /* the empty request's single item */
@@ -135,7 +141,7 @@ KVA_TEST(planner_work_covers_every_key_once) {
         CHECK_MSG(got == n, "flatten gave %lld items, count_work %lld", (long long)got, (long long)n);
         if (got == n) {
             CHECK(gi[0] == 0 && gi[groups] == n);
-            check_coverage(&p, chunk, req, qt, kt, n, gi);
+            check_coverage(&p, chunk, req, qt, kt, n, gi, 0);
         }
         /* one item short, or one group short: refused */
         if (n > 0) CHECK(kva__flatten_work(&p, chunk, req, qt, kt, n - 1, gi, groups + 1) == -1);
@@ -384,9 +390,41 @@ KVA_TEST(planner_prefill_plans_cover_queries_and_keys) {
         p.qo_len = qlens;
         p.qo_tile = plan.qo_tile_size;
         CHECK(plan.qo_tile_size >= 1);
+        /* the leading groups (the launch's last wave) by the keys a causal mask leaves them,
+         * fewest first (prefill_balance.h); the rest in flattening order */
+        const int32_t *gi = plan.merge_indptr;
+        int64_t groups = 0, lead = 1;
+        for (int32_t b = 0; b < B; ++b) groups += (qlens[b] + plan.qo_tile_size - 1) / plan.qo_tile_size;
+        CHECK(gi[0] == 0 && gi[groups] == plan.num_work);
+        while (lead < groups &&
+               kva__balance_causal_keys(qlens[plan.request_indices[gi[lead]]], klens[plan.request_indices[gi[lead]]],
+                                        plan.qo_tile_size, plan.qo_tile_indices[gi[lead]]) >=
+                   kva__balance_causal_keys(qlens[plan.request_indices[gi[lead - 1]]],
+                                            klens[plan.request_indices[gi[lead - 1]]], plan.qo_tile_size,
+                                            plan.qo_tile_indices[gi[lead - 1]]))
+            ++lead;
         check_coverage(&p, plan.kv_chunk_size, plan.request_indices, plan.qo_tile_indices,
-                       plan.kv_tile_indices, plan.num_work, plan.merge_indptr);
+                       plan.kv_tile_indices, plan.num_work, plan.merge_indptr, lead);
         if (opt.flags & KVA_PLAN_NO_SPLIT) CHECK(!plan.split_kv);
+    }
+    /* Four requests of two 64-token tiles: the launch walks the plan from its last item, so the
+     * plan lists them fewest causal keys first -- every first tile, then every second one, each
+     * in request order -- and the walk meets the long ones first; with
+     * KVA_PLAN_FULL_ATTENTION they stay in request order. */
+    const int32_t qo4[5] = {0, 128, 256, 384, 512};
+    for (int full = 0; full < 2; ++full) {
+        kva_plan plan;
+        kva_plan_options opt = {full ? KVA_PLAN_FULL_ATTENTION | KVA_PLAN_NO_SPLIT : KVA_PLAN_NO_SPLIT, 0,
+                                KVA_DECODE_PARTIAL_ROWMAX};
+        CHECK_OK(kva_prefill_plan(ctx, &lim, 4, qo4, qo4, NULL, 0, &opt, ws, &plan));
+        CHECK(plan.qo_tile_size == 64 && plan.num_work == 8);
+        if (plan.qo_tile_size != 64 || plan.num_work != 8) break;
+        for (int32_t i = 0; i < 8; ++i) {
+            const int32_t b = full ? i / 2 : i % 4, t = full ? i % 2 : i / 4;
+            CHECK_MSG(plan.request_indices[i] == b && plan.qo_tile_indices[i] == t && plan.merge_indptr[i] == i,
+                      "%s plan, item %d: request %d tile %d, expected request %d tile %d", full ? "full" : "causal", i,
+                      plan.request_indices[i], plan.qo_tile_indices[i], b, t);
+        }
     }
     free(ws.device);
     free(ws.host);

@@ -4,16 +4,27 @@
  * 128-key tiles), the pieces' key ranges, and the shapes it must leave whole. With an independent
  * check of the simulated length: on equal items the whole plan takes ceil(pairs / blocks) items'
  * time, which the cost model must reproduce before its cuts mean anything. And the rewrite of the
- * plan's work lists for a cut.
+ * plan's work lists for a cut. And for causal plans, the order of the items the launch runs last.
  */
 #include "harness.h"
 #include "test_util.h"
+#include "../src/plan/planner.h"
 #include "../src/plan/prefill_balance.h"
 
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #define ITEM_OVERHEAD 1.5 /* as prefill_balance.c's cost model */
+
+/* Stops the test when cond fails (what follows would only cascade). */
+#define REQUIRE_TRUE(cond)                                                                     \
+    do {                                                                                       \
+        if (!(cond)) {                                                                         \
+            kva_test_fail(__FILE__, __LINE__, "REQUIRE_TRUE(%s)", #cond);                      \
+            return;                                                                            \
+        }                                                                                      \
+    } while (0)
 
 static kva__balance_problem equal_items(int32_t n, int32_t keys, int32_t **keys_out) {
     int32_t *k = (int32_t *)malloc(sizeof(int32_t) * (size_t)n);
@@ -228,5 +239,164 @@ KVA_TEST(prefill_balance_apply_cut) {
         free(eqt);
         free(ekt);
         if (kva_test_failures) return;
+    }
+}
+
+/* ---- causal plans: the last wave by order (kva__balance_causal_tail) ---------------------------- */
+
+/* Keys a query tile sees under a bottom-right causal mask: its last query's, from nothing (more
+ * queries than keys that far) to every key; the last tile may be partial. */
+KVA_TEST(prefill_balance_causal_keys) {
+    CHECK(kva__balance_causal_keys(512, 512, 32, 0) == 32);
+    CHECK(kva__balance_causal_keys(512, 512, 32, 15) == 512);
+    CHECK(kva__balance_causal_keys(500, 500, 32, 15) == 500);      /* partial last tile */
+    CHECK(kva__balance_causal_keys(512, 16896, 32, 0) == 16416);   /* chunked prefill */
+    CHECK(kva__balance_causal_keys(300, 100, 64, 0) == 0);         /* queries outnumber keys */
+    CHECK(kva__balance_causal_keys(300, 100, 64, 3) == 56);
+    CHECK(kva__balance_causal_keys(300, 100, 64, 4) == 100);
+    CHECK(kva__balance_causal_keys(7, 0, 16, 0) == 0);             /* no keys */
+}
+
+/* The same keys, written out here so that the rewrite below is checked against an independent
+ * formula: the last query of tile t is min((t + 1) * tile, q) - 1, at position kv - q + it. */
+static int32_t visible_by_hand(int32_t q, int32_t kv, int32_t tile, int32_t t) {
+    const int64_t last_query = ((int64_t)(t + 1) * tile < q ? (int64_t)(t + 1) * tile : q) - 1;
+    const int64_t pos = (int64_t)kv - q + last_query;
+    return pos < 0 ? 0 : pos + 1 > kv ? kv : (int32_t)(pos + 1);
+}
+
+/* The rewrite on random plans from kva__flatten_work (split requests too, so groups of several
+ * items): the groups starting inside the window, stably sorted by their keys, fewest first, each
+ * with its items in order; every later item and group offset as before; nothing written outside
+ * the arrays or past the scratch the header promises. Checked against lists built here. */
+KVA_TEST(prefill_balance_causal_tail_rewrite) {
+    kva_rng rng;
+    kva_rng_seed(&rng, kva_test_seed());
+    enum { PAD = 4, SENTINEL = -77 };
+    int32_t qlen[24], klen[24];
+    for (int round = 0; round < 400; ++round) {
+        kva__split_problem p;
+        memset(&p, 0, sizeof p);
+        p.batch_size = 1 + (int32_t)(kva_rng_u64(&rng) % 24);
+        for (int32_t b = 0; b < p.batch_size; ++b) {
+            qlen[b] = 1 + (int32_t)(kva_rng_u64(&rng) % 300);
+            klen[b] = round % 5 == 0 ? (int32_t)(kva_rng_u64(&rng) % 200) : qlen[b] + (int32_t)(kva_rng_u64(&rng) % 700);
+        }
+        p.qo_len = qlen;
+        p.kv_len = klen;
+        p.qo_tile = 1 + (int32_t)(kva_rng_u64(&rng) % 64);
+        const int32_t chunk = round % 3 == 0 ? 64 + (int32_t)(kva_rng_u64(&rng) % 400) : 100000;
+        const int64_t w = kva__count_work(&p, chunk);
+        int64_t g = 0;
+        for (int32_t b = 0; b < p.batch_size; ++b) g += (qlen[b] + p.qo_tile - 1) / p.qo_tile;
+        int32_t *req = (int32_t *)malloc(sizeof(int32_t) * (size_t)(w + PAD));
+        int32_t *qt = (int32_t *)malloc(sizeof(int32_t) * (size_t)(w + PAD));
+        int32_t *kt = (int32_t *)malloc(sizeof(int32_t) * (size_t)(w + PAD));
+        int32_t *gi = (int32_t *)malloc(sizeof(int32_t) * (size_t)(g + 1 + PAD));
+        const int64_t scratch_ints = 4 * g + 3 * w + 1;
+        int32_t *scratch = (int32_t *)malloc(sizeof(int32_t) * (size_t)(scratch_ints + PAD));
+        for (int64_t i = 0; i < w + PAD; ++i) req[i] = qt[i] = kt[i] = SENTINEL;
+        for (int64_t i = 0; i < g + 1 + PAD; ++i) gi[i] = SENTINEL;
+        for (int64_t i = scratch_ints; i < scratch_ints + PAD; ++i) scratch[i] = SENTINEL;
+        REQUIRE_TRUE(kva__flatten_work(&p, chunk, req, qt, kt, w, gi, g + 1) == w);
+        /* expected: the leading groups (start < window) by key, ties in plan order (a stable
+         * selection sort: the first of the smallest keys left), then the rest as they were */
+        const int64_t window = (int64_t)(kva_rng_u64(&rng) % (uint64_t)(w + 3));
+        int64_t n = 0;
+        while (n < g && gi[n] < window) ++n;
+        int32_t *ereq = (int32_t *)malloc(sizeof(int32_t) * (size_t)w), *eqt = (int32_t *)malloc(sizeof(int32_t) * (size_t)w);
+        int32_t *ekt = (int32_t *)malloc(sizeof(int32_t) * (size_t)w), *egi = (int32_t *)malloc(sizeof(int32_t) * (size_t)(g + 1));
+        unsigned char *taken = (unsigned char *)calloc((size_t)n + 1, 1);
+        int64_t e = 0;
+        for (int64_t j = 0; j < n; ++j) {
+            int64_t best = -1;
+            int32_t best_key = 0;
+            for (int64_t c = 0; c < n; ++c) {
+                if (taken[c]) continue;
+                const int32_t k = visible_by_hand(qlen[req[gi[c]]], klen[req[gi[c]]], p.qo_tile, qt[gi[c]]);
+                if (best < 0 || k < best_key) {
+                    best = c;
+                    best_key = k;
+                }
+            }
+            taken[best] = 1;
+            egi[j] = (int32_t)e;
+            for (int32_t i = gi[best]; i < gi[best + 1]; ++i, ++e) {
+                ereq[e] = req[i];
+                eqt[e] = qt[i];
+                ekt[e] = kt[i];
+            }
+        }
+        for (int64_t i = e; i < w; ++i) {
+            ereq[i] = req[i];
+            eqt[i] = qt[i];
+            ekt[i] = kt[i];
+        }
+        for (int64_t j = n; j <= g; ++j) egi[j] = gi[j];
+        const int64_t moved = kva__balance_causal_tail(w, g, req, qt, kt, gi, qlen, klen, p.qo_tile, window, scratch);
+        CHECK_MSG(moved == 0 || moved == n, "round %d: %lld groups ordered, %lld in the window", round, (long long)moved,
+                  (long long)n);
+        int bad = 0;
+        for (int64_t i = 0; i < w; ++i) bad += req[i] != ereq[i] || qt[i] != eqt[i] || kt[i] != ekt[i];
+        for (int64_t j = 0; j <= g; ++j) bad += gi[j] != egi[j];
+        for (int64_t i = w; i < w + PAD; ++i) bad += req[i] != SENTINEL || qt[i] != SENTINEL || kt[i] != SENTINEL;
+        for (int64_t i = g + 1; i < g + 1 + PAD; ++i) bad += gi[i] != SENTINEL;
+        for (int64_t i = scratch_ints; i < scratch_ints + PAD; ++i) bad += scratch[i] != SENTINEL;
+        CHECK_MSG(bad == 0, "round %d (%d requests, tile %d, chunk %d, %lld items, window %lld): %d entries differ", round,
+                  p.batch_size, p.qo_tile, chunk, (long long)w, (long long)window, bad);
+        free(req);
+        free(qt);
+        free(kt);
+        free(gi);
+        free(scratch);
+        free(ereq);
+        free(eqt);
+        free(ekt);
+        free(egi);
+        free(taken);
+        if (kva_test_failures) return;
+    }
+}
+
+/* What the order is for: the README's causal rows at d128 (32-token query tiles, 128-key tiles,
+ * 8 KV heads, 132 persistent blocks, the window of 4 waves) in the cost model of the full-attention
+ * cut. In plan order the walk repeats each request's tiles long to short, so its last wave mixes
+ * 1- to 16-tile items; ordered, it ends on the short ones: the model's launch 1.5-2% shorter at
+ * 32 x 512 and 8 x 2048; one request (16k) is ordered already. */
+KVA_TEST(prefill_balance_causal_tail_evens_the_last_wave) {
+    const int32_t batches[] = {32, 8, 1};
+    for (int c = 0; c < 3; ++c) {
+        const int32_t B = batches[c], len = 16384 / B, tile = 32, tiles = len / tile;
+        int32_t qlen[32], klen[32];
+        for (int32_t b = 0; b < B; ++b) qlen[b] = klen[b] = len;
+        kva__split_problem p;
+        memset(&p, 0, sizeof p);
+        p.batch_size = B;
+        p.qo_len = qlen;
+        p.kv_len = klen;
+        p.qo_tile = tile;
+        const int64_t w = (int64_t)B * tiles;
+        int32_t *req = (int32_t *)malloc(sizeof(int32_t) * (size_t)w), *qt = (int32_t *)malloc(sizeof(int32_t) * (size_t)w);
+        int32_t *kt = (int32_t *)malloc(sizeof(int32_t) * (size_t)w), *gi = (int32_t *)malloc(sizeof(int32_t) * (size_t)(w + 1));
+        int32_t *scratch = (int32_t *)malloc(sizeof(int32_t) * (size_t)(7 * w + 1));
+        int32_t *keys = (int32_t *)malloc(sizeof(int32_t) * (size_t)w);
+        REQUIRE_TRUE(kva__flatten_work(&p, len, req, qt, kt, w, gi, w + 1) == w);
+        kva__balance_problem bp = {(int32_t)w, keys, 8, 132, 128, 1, 0};
+        for (int64_t i = 0; i < w; ++i) keys[i] = visible_by_hand(len, len, tile, qt[i]);
+        const double before = kva__balance_makespan(&bp, -1, 1);
+        kva__balance_causal_tail(w, w, req, qt, kt, gi, qlen, klen, tile, KVA__BALANCE_TAIL_WAVES * 132, scratch);
+        for (int64_t i = 0; i < w; ++i) keys[i] = visible_by_hand(len, len, tile, qt[i]);
+        const double after = kva__balance_makespan(&bp, -1, 1);
+        printf("    %d x %d causal: %.1f -> %.1f tile-times\n", B, len, before, after);
+        if (B > 1)
+            CHECK_MSG(after < before * 0.99, "%d x %d: %.1f -> %.1f tile-times", B, len, before, after);
+        else
+            CHECK_MSG(after == before, "16k: %.1f -> %.1f", before, after);
+        free(req);
+        free(qt);
+        free(kt);
+        free(gi);
+        free(scratch);
+        free(keys);
     }
 }

@@ -1,6 +1,7 @@
 /* prefill_balance.c -- an even last wave for the persistent prefill launch; see prefill_balance.h. */
 #include "prefill_balance.h"
 
+#include <stdbool.h>
 #include <stdlib.h>
 
 /* Cost model, in tile-times of one block: an item costs its key tiles plus a fixed 1.5 for its
@@ -126,4 +127,59 @@ int64_t kva__balance_apply_cut(int64_t w, int32_t which, int32_t parts, int32_t 
     gi[0] = 0;
     for (int64_t k = 1; k <= w; ++k) gi[k] = (int32_t)(parts + k - 1);
     return w + parts - 1;
+}
+
+int32_t kva__balance_causal_keys(int32_t qo_len, int32_t kv_len, int32_t qo_tile, int32_t t) {
+    const int64_t last = (int64_t)(t + 1) * qo_tile < qo_len ? (int64_t)(t + 1) * qo_tile : qo_len;
+    const int64_t keys = (int64_t)kv_len - qo_len + last;
+    return keys < 0 ? 0 : keys > kv_len ? kv_len : (int32_t)keys;
+}
+
+int64_t kva__balance_causal_tail(int64_t w, int64_t g, int32_t *req, int32_t *qt, int32_t *kt, int32_t *gi,
+                                 const int32_t *qo_len, const int32_t *kv_len, int32_t qo_tile, int64_t window,
+                                 int32_t *scratch) {
+    int64_t n = 0; /* the leading groups that start inside the window */
+    while (n < g && gi[n] < window) ++n;
+    if (n < 2 || qo_tile < 1) return 0;
+    const int64_t m = gi[n]; /* their items */
+    if (m > w) return 0;
+    int32_t *key = scratch, *idx = key + n, *tmp = idx + n, *old_gi = tmp + n;
+    int32_t *old_req = old_gi + n + 1, *old_qt = old_req + m, *old_kt = old_qt + m;
+    bool sorted = true;
+    for (int64_t j = 0; j < n; ++j) {
+        const int32_t i = gi[j];
+        key[j] = kva__balance_causal_keys(qo_len[req[i]], kv_len[req[i]], qo_tile, qt[i]);
+        idx[j] = (int32_t)j;
+        if (j > 0 && key[j] < key[j - 1]) sorted = false;
+    }
+    if (sorted) return 0;
+    /* stable bottom-up merge sort of the group indices by key */
+    for (int64_t width = 1; width < n; width *= 2) {
+        for (int64_t lo = 0; lo < n; lo += 2 * width) {
+            const int64_t mid = lo + width < n ? lo + width : n, hi = lo + 2 * width < n ? lo + 2 * width : n;
+            int64_t a = lo, b = mid, o = lo;
+            while (a < mid && b < hi) tmp[o++] = key[idx[b]] < key[idx[a]] ? idx[b++] : idx[a++];
+            while (a < mid) tmp[o++] = idx[a++];
+            while (b < hi) tmp[o++] = idx[b++];
+        }
+        int32_t *s = idx;
+        idx = tmp;
+        tmp = s;
+    }
+    for (int64_t j = 0; j <= n; ++j) old_gi[j] = gi[j];
+    for (int64_t i = 0; i < m; ++i) {
+        old_req[i] = req[i];
+        old_qt[i] = qt[i];
+        old_kt[i] = kt[i];
+    }
+    int64_t o = 0;
+    for (int64_t j = 0; j < n; ++j) {
+        gi[j] = (int32_t)o;
+        for (int32_t i = old_gi[idx[j]]; i < old_gi[idx[j] + 1]; ++i, ++o) {
+            req[o] = old_req[i];
+            qt[o] = old_qt[i];
+            kt[o] = old_kt[i];
+        }
+    }
+    return n; /* (groups from n on keep their items and offsets: gi[n] = m still) */
 }

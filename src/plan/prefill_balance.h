@@ -11,8 +11,8 @@
  *
  * Pure arithmetic on the host (no device state); the CUDA prefill policy enables it for the
  * persistent kernel, and plans ask for it with KVA_PLAN_FULL_ATTENTION (the cost model counts
- * every key of an item: under a causal mask the items the walk runs last are the short ones and
- * need no help).
+ * every key of an item). Plans without it may run causal: their last wave is evened out by order
+ * instead (kva__balance_causal_tail), on every launch that walks the plan from its last item.
  */
 #ifndef KVA_PREFILL_BALANCE_H
 #define KVA_PREFILL_BALANCE_H
@@ -59,6 +59,26 @@ void kva__balance_piece(int32_t keys, int32_t parts, int32_t tile_keys, int32_t 
  * The arrays hold >= w + parts - 1 entries (gi one more). Returns the new work count. */
 int64_t kva__balance_apply_cut(int64_t w, int32_t which, int32_t parts, int32_t *req, int32_t *qt, int32_t *kt,
                                int32_t *gi);
+
+/* Causal plans: the keys query tile t of a request of qo_len queries over kv_len keys sees at
+ * most under a bottom-right causal mask (its last query's keys; 0 when the queries outnumber the
+ * keys that far), the length the launch's walk meets it with. */
+int32_t kva__balance_causal_keys(int32_t qo_len, int32_t kv_len, int32_t qo_tile, int32_t t);
+
+/* The launch's last wave for plans that may run causal (those without KVA_PLAN_FULL_ATTENTION):
+ * the plan's leading groups -- every head's walk runs them last -- reordered so that the walk
+ * meets them longest first (ascending by kva__balance_causal_keys in the plan, stable). In plan
+ * order a batch of equal requests repeats each request's tiles long to short, so the last wave
+ * mixed 1- to 4-tile items (32 x 512 at d128) and blocks that drew a long one ended up to an item
+ * after the others; longest first, the wave ends on short items. Only groups starting within the
+ * first `window` work items move (a few waves of the launch: the items running together then
+ * still share a few requests' K/V in L2), each with its items together and in order; req / qt /
+ * kt / gi: the plan's work lists (w items, g groups), rewritten in place; scratch >= 4 * g + 3 * w
+ * + 1 ints. Returns the number of groups ordered (0: nothing moved). */
+#define KVA__BALANCE_TAIL_WAVES 4 /* the window: the model gains as much as from ordering all */
+int64_t kva__balance_causal_tail(int64_t w, int64_t g, int32_t *req, int32_t *qt, int32_t *kt, int32_t *gi,
+                                 const int32_t *qo_len, const int32_t *kv_len, int32_t qo_tile, int64_t window,
+                                 int32_t *scratch);
 
 /* The launch's simulated length in tile-times (the cost model of the .c file), for tests:
  * items walked as the launch walks them, item `which` cut into `parts` (parts <= 1: whole). */
