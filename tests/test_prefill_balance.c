@@ -369,12 +369,7 @@ KVA_TEST(prefill_balance_causal_tail_evens_the_last_wave) {
         const int32_t B = batches[c], len = 16384 / B, tile = 32, tiles = len / tile;
         int32_t qlen[32], klen[32];
         for (int32_t b = 0; b < B; ++b) qlen[b] = klen[b] = len;
-        kva__split_problem p;
-        memset(&p, 0, sizeof p);
-        p.batch_size = B;
-        p.qo_len = qlen;
-        p.kv_len = klen;
-        p.qo_tile = tile;
+        kva__split_problem p = {.batch_size = B, .qo_len = qlen, .kv_len = klen, .qo_tile = tile};
         const int64_t w = (int64_t)B * tiles;
         int32_t *req = (int32_t *)malloc(sizeof(int32_t) * (size_t)w), *qt = (int32_t *)malloc(sizeof(int32_t) * (size_t)w);
         int32_t *kt = (int32_t *)malloc(sizeof(int32_t) * (size_t)w), *gi = (int32_t *)malloc(sizeof(int32_t) * (size_t)(w + 1));
