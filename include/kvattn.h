@@ -522,8 +522,9 @@ typedef struct kva_plan {
                                        Prefill: [groups+1], group j is one (request, query tile)
                                        and its items are that tile's key chunks; runs walk the
                                        plan from its last item, and without
-                                       KVA_PLAN_FULL_ATTENTION the groups a launch runs last are
-                                       listed fewest causal keys first (met longest first) */
+                                       KVA_PLAN_FULL_ATTENTION the groups a launch runs last may
+                                       be listed fewest causal key tiles first (met longest
+                                       first) */
     kva_workspace workspace;   /* the workspace this plan lives in */
     uint32_t generation;       /* which plan call into that workspace made it: every later plan
                                   call into the same workspace (failed or not) makes this plan

@@ -13,6 +13,7 @@
 #include "../src/reference/reference.h"
 
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -174,7 +175,8 @@ typedef struct run_result {
     void *o;    /* total_qo x Hq x D, packed NHD */
     float *lse; /* total_qo x Hq */
     int ok;
-    int32_t split; /* plan.split_kv */
+    int32_t split;  /* plan.split_kv */
+    uint64_t order; /* a hash of the plan's work order (request, query tile, key chunk per item) */
 } run_result;
 
 /* Plans the batch. A fixed chunk size that needs more partial states than the workspace holds
@@ -243,6 +245,10 @@ static run_result plan_and_run(kva_context *ctx, const kva_attn_params *p, const
                   kva_last_error());
         r.ok = st == KVA_OK;
         r.split = plan.split_kv;
+        r.order = 1469598103934665603ull;
+        for (int32_t i = 0; i < plan.num_work; ++i)
+            r.order = (r.order ^ (uint64_t)(plan.request_indices[i] * 1000003 + plan.qo_tile_indices[i] * 101 +
+                                            plan.kv_tile_indices[i])) * 1099511628211ull;
         const unsigned char *tail_o = (const unsigned char *)r.o + on * D * es;
         const unsigned char *tail_l = (const unsigned char *)(r.lse + on);
         for (int i = 0; i < 64; ++i)
@@ -260,11 +266,15 @@ static void free_result(run_result *r) {
     free(r->lse);
 }
 
-/* Forced-split plans that really split, so tests can insist the merge path ran. */
-static int splits_seen;
+/* Forced-split plans that really split, so tests can insist the merge path ran; automatic
+ * plans whose work order the causal last-wave order changed. */
+static int splits_seen, reorders_seen;
 
 /* Runs the batch with an automatic, a forced-split and an unsplit plan; each must match the
- * reference, and the split results must match the unsplit one. */
+ * reference, and the split results must match the unsplit one. And the automatic and the
+ * forced-split plan once more with KVA_PLAN_FULL_ATTENTION, which keeps the work in plan order
+ * (the CPU has no last-wave cut): the same chunks in another order must give the same bits
+ * (prefill_balance.h). */
 static void check_plans(kva_context *ctx, kva_rng *rng, const kva_attn_params *p, const batch *b,
                         kva_tensor q, kva_tensor k, kva_tensor v, const pool *pl,
                         const char *what) {
@@ -272,12 +282,15 @@ static void check_plans(kva_context *ctx, kva_rng *rng, const kva_attn_params *p
     size_t on = (size_t)b->total_qo * Hq;
     double *eo = malloc(sizeof(double) * (on * D + 1)), *el = malloc(sizeof(double) * (on + 1));
     reference(p, b, q, k, v, pl, eo, el);
-    kva_plan_options opts[3] = {{0, 0, KVA_DECODE_PARTIAL_ROWMAX},
-                                {0, kva_rng_int(rng, 5, 40), KVA_DECODE_PARTIAL_ROWMAX},
-                                {KVA_PLAN_NO_SPLIT, 0, KVA_DECODE_PARTIAL_ROWMAX}};
-    const char *names[3] = {"auto", "split", "no-split"};
-    run_result res[3];
-    for (int i = 0; i < 3; ++i) {
+    const int32_t forced = kva_rng_int(rng, 5, 40);
+    kva_plan_options opts[5] = {{0, 0, KVA_DECODE_PARTIAL_ROWMAX},
+                                {0, forced, KVA_DECODE_PARTIAL_ROWMAX},
+                                {KVA_PLAN_NO_SPLIT, 0, KVA_DECODE_PARTIAL_ROWMAX},
+                                {KVA_PLAN_FULL_ATTENTION, 0, KVA_DECODE_PARTIAL_ROWMAX},
+                                {KVA_PLAN_FULL_ATTENTION, forced, KVA_DECODE_PARTIAL_ROWMAX}};
+    const char *names[5] = {"auto", "split", "no-split", "auto, plan order", "split, plan order"};
+    run_result res[5];
+    for (int i = 0; i < 5; ++i) {
         char w[320];
         snprintf(w, sizeof w, "%s [%s plan, chunk %d]", what, names[i], opts[i].fixed_chunk_size);
         res[i] = plan_and_run(ctx, p, b, q, k, v, pl, &opts[i], w);
@@ -295,7 +308,14 @@ static void check_plans(kva_context *ctx, kva_rng *rng, const kva_attn_params *p
         kva_compare(w, res[1].o, q.dtype, ns, on * D, kva_tol_for(q.dtype), NULL);
         free(ns);
     }
-    for (int i = 0; i < 3; ++i)
+    for (int i = 0; i < 2; ++i)
+        if (res[i].ok && res[3 + i].ok) {
+            reorders_seen += res[i].order != res[3 + i].order;
+            CHECK_MSG(memcmp(res[i].o, res[3 + i].o, on * D * kva_dtype_size(q.dtype)) == 0 &&
+                          memcmp(res[i].lse, res[3 + i].lse, on * sizeof(float)) == 0,
+                      "%s: the %s plan's results differ in causal order and plan order", what, names[i]);
+        }
+    for (int i = 0; i < 5; ++i)
         free_result(&res[i]);
     free(eo);
     free(el);
@@ -361,6 +381,50 @@ KVA_TEST_CPU_VARIANTS(cpu_prefill_ragged_batches) {
                               0.0f, NULL);
         }
     CHECK_MSG(splits_seen > 0, "no forced-split plan split: the merge path went untested");
+    kva_context_destroy(ctx);
+}
+
+/* Causal batches whose plans the last-wave order changes (requests of several query tiles whose
+ * tiles see 1 to 3 key tiles, some splitting): against the reference, and bit for bit against the
+ * same plan in plan order (check_plans). */
+KVA_TEST_CPU_VARIANTS(cpu_prefill_causal_order) {
+    kva_context *ctx = cpu_context();
+    if (!ctx) return;
+    kva_rng rng;
+    kva_rng_seed(&rng, kva_test_seed());
+    reorders_seen = 0;
+    for (int c = 0; c < (quick() ? 2 : 4); ++c) {
+        batch b;
+        const int32_t n = 3 + c;
+        make_batch(&b, &rng, n, 2, 2); /* (lengths replaced below) */
+        b.qo_indptr[0] = b.kv_indptr[0] = 0;
+        for (int32_t i = 0; i < n; ++i) {
+            b.qo_len[i] = kva_rng_int(&rng, 150, 330);
+            b.kv_len[i] = b.qo_len[i] + (c % 2 ? kva_rng_int(&rng, 0, 20) : 0);
+            b.qo_indptr[i + 1] = b.qo_indptr[i] + b.qo_len[i];
+            b.kv_indptr[i + 1] = b.kv_indptr[i] + b.kv_len[i];
+        }
+        b.total_qo = b.qo_indptr[n];
+        b.total_kv = b.kv_indptr[n];
+        const kva_dtype dt = c % 2 ? KVA_BF16 : KVA_F32;
+        const int32_t hq = 4, hk = 2, D = 64;
+        size_t es = kva_dtype_size(dt), qn = (size_t)b.total_qo * hq * D, kn = (size_t)b.total_kv * hk * D;
+        void *qb = kva_test_alloc(qn * es + 64), *kb = kva_test_alloc(kn * es + 64), *vb = kva_test_alloc(kn * es + 64);
+        kva_fill_random(&rng, qb, dt, qn, -2.0f, 2.0f);
+        kva_fill_random(&rng, kb, dt, kn, -1.0f, 1.0f);
+        kva_fill_random(&rng, vb, dt, kn, -1.0f, 1.0f);
+        kva_attn_params p = kva_attn_params_default(hq, hk, D);
+        p.causal = 1;
+        char what[128];
+        snprintf(what, sizeof what, "causal order case %d (%d requests, %s)", c, n, kva_dtype_name(dt));
+        check_plans(ctx, &rng, &p, &b, kva_tensor_nhd(qb, dt, hq, D), kva_tensor_nhd(kb, dt, hk, D),
+                    kva_tensor_nhd(vb, dt, hk, D), NULL, what);
+        free(qb);
+        free(kb);
+        free(vb);
+        free_batch(&b);
+    }
+    CHECK_MSG(reorders_seen > 0, "no automatic plan was reordered: the causal order went untested");
     kva_context_destroy(ctx);
 }
 

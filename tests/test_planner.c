@@ -359,6 +359,12 @@ KVA_TEST(planner_replan_same_workspace) {
     kva_context_destroy(ctx);
 }
 
+/* 128-key tiles work item i's query tile sees under a causal mask (the CPU's planning tile). */
+static int32_t causal_tiles(const kva_plan *plan, const int32_t *qlens, const int32_t *klens, int32_t i) {
+    const int32_t b = plan->request_indices[i];
+    return (kva__balance_causal_keys(qlens[b], klens[b], plan->qo_tile_size, plan->qo_tile_indices[i]) + 127) / 128;
+}
+
 KVA_TEST(planner_prefill_plans_cover_queries_and_keys) {
     kva_rng rng;
     kva_rng_seed(&rng, kva_test_seed());
@@ -390,37 +396,32 @@ KVA_TEST(planner_prefill_plans_cover_queries_and_keys) {
         p.qo_len = qlens;
         p.qo_tile = plan.qo_tile_size;
         CHECK(plan.qo_tile_size >= 1);
-        /* the leading groups (the launch's last wave) by the keys a causal mask leaves them,
-         * fewest first (prefill_balance.h); the rest in flattening order */
+        /* the leading groups (the launch's last wave) may be ordered by the 128-key tiles a causal
+         * mask leaves them, fewest first (prefill_balance.h); the rest in flattening order */
         const int32_t *gi = plan.merge_indptr;
         int64_t groups = 0, lead = 1;
         for (int32_t b = 0; b < B; ++b) groups += (qlens[b] + plan.qo_tile_size - 1) / plan.qo_tile_size;
         CHECK(gi[0] == 0 && gi[groups] == plan.num_work);
-        while (lead < groups &&
-               kva__balance_causal_keys(qlens[plan.request_indices[gi[lead]]], klens[plan.request_indices[gi[lead]]],
-                                        plan.qo_tile_size, plan.qo_tile_indices[gi[lead]]) >=
-                   kva__balance_causal_keys(qlens[plan.request_indices[gi[lead - 1]]],
-                                            klens[plan.request_indices[gi[lead - 1]]], plan.qo_tile_size,
-                                            plan.qo_tile_indices[gi[lead - 1]]))
+        while (lead < groups && causal_tiles(&plan, qlens, klens, gi[lead]) >= causal_tiles(&plan, qlens, klens, gi[lead - 1]))
             ++lead;
         check_coverage(&p, plan.kv_chunk_size, plan.request_indices, plan.qo_tile_indices,
                        plan.kv_tile_indices, plan.num_work, plan.merge_indptr, lead);
         if (opt.flags & KVA_PLAN_NO_SPLIT) CHECK(!plan.split_kv);
     }
-    /* Four requests of two 64-token tiles: the launch walks the plan from its last item, so the
-     * plan lists them fewest causal keys first -- every first tile, then every second one, each
-     * in request order -- and the walk meets the long ones first; with
-     * KVA_PLAN_FULL_ATTENTION they stay in request order. */
-    const int32_t qo4[5] = {0, 128, 256, 384, 512};
+    /* Four requests of four 64-token tiles (1, 1, 2 and 2 tiles of 128 keys under a causal mask):
+     * the launch walks the plan from its last item, so the plan lists them fewest tiles first --
+     * every request's first two tiles, then every request's last two, each in plan order -- and
+     * the walk meets the long ones first; with KVA_PLAN_FULL_ATTENTION they stay in request order. */
+    const int32_t qo4[5] = {0, 256, 512, 768, 1024};
     for (int full = 0; full < 2; ++full) {
         kva_plan plan;
         kva_plan_options opt = {full ? KVA_PLAN_FULL_ATTENTION | KVA_PLAN_NO_SPLIT : KVA_PLAN_NO_SPLIT, 0,
                                 KVA_DECODE_PARTIAL_ROWMAX};
         CHECK_OK(kva_prefill_plan(ctx, &lim, 4, qo4, qo4, NULL, 0, &opt, ws, &plan));
-        CHECK(plan.qo_tile_size == 64 && plan.num_work == 8);
-        if (plan.qo_tile_size != 64 || plan.num_work != 8) break;
-        for (int32_t i = 0; i < 8; ++i) {
-            const int32_t b = full ? i / 2 : i % 4, t = full ? i % 2 : i / 4;
+        CHECK(plan.qo_tile_size == 64 && plan.num_work == 16);
+        if (plan.qo_tile_size != 64 || plan.num_work != 16) break;
+        for (int32_t i = 0; i < 16; ++i) {
+            const int32_t b = full ? i / 4 : (i % 8) / 2, t = full ? i % 4 : (i / 8) * 2 + i % 2;
             CHECK_MSG(plan.request_indices[i] == b && plan.qo_tile_indices[i] == t && plan.merge_indptr[i] == i,
                       "%s plan, item %d: request %d tile %d, expected request %d tile %d", full ? "full" : "causal", i,
                       plan.request_indices[i], plan.qo_tile_indices[i], b, t);

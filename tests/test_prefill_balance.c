@@ -12,6 +12,8 @@
 #include "../src/plan/prefill_balance.h"
 
 #include <math.h>
+#include <stdbool.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -266,15 +268,18 @@ static int32_t visible_by_hand(int32_t q, int32_t kv, int32_t tile, int32_t t) {
 }
 
 /* The rewrite on random plans from kva__flatten_work (split requests too, so groups of several
- * items): the groups starting inside the window, stably sorted by their keys, fewest first, each
- * with its items in order; every later item and group offset as before; nothing written outside
- * the arrays or past the scratch the header promises. Checked against lists built here. */
+ * items), with random tile sizes, windows and cache budgets: when the groups starting inside the
+ * window differ by a factor of two in tiles and their requests' K/V fits the budget, those groups
+ * stably sorted by their tiles, fewest first, each with its items in order, every later item and
+ * group offset as before; otherwise nothing changed. Nothing written outside the arrays or past
+ * the scratch the header promises. Checked against lists built here. */
 KVA_TEST(prefill_balance_causal_tail_rewrite) {
     kva_rng rng;
     kva_rng_seed(&rng, kva_test_seed());
     enum { PAD = 4, SENTINEL = -77 };
     int32_t qlen[24], klen[24];
-    for (int round = 0; round < 400; ++round) {
+    int moved_rounds = 0, kept_rounds = 0;
+    for (int round = 0; round < 600; ++round) {
         kva__split_problem p;
         memset(&p, 0, sizeof p);
         p.batch_size = 1 + (int32_t)(kva_rng_u64(&rng) % 24);
@@ -299,26 +304,35 @@ KVA_TEST(prefill_balance_causal_tail_rewrite) {
         for (int64_t i = 0; i < g + 1 + PAD; ++i) gi[i] = SENTINEL;
         for (int64_t i = scratch_ints; i < scratch_ints + PAD; ++i) scratch[i] = SENTINEL;
         REQUIRE_TRUE(kva__flatten_work(&p, chunk, req, qt, kt, w, gi, g + 1) == w);
-        /* expected: the leading groups (start < window) by key, ties in plan order (a stable
-         * selection sort: the first of the smallest keys left), then the rest as they were */
-        const int64_t window = (int64_t)(kva_rng_u64(&rng) % (uint64_t)(w + 3));
+        const int32_t tile_keys = 1 + (int32_t)(kva_rng_u64(&rng) % 160);
+        const kva__causal_tail t = {qlen, klen, p.qo_tile, tile_keys, (int64_t)(kva_rng_u64(&rng) % (uint64_t)(w + 3)),
+                                    1 + (int64_t)(kva_rng_u64(&rng) % 4), (int64_t)(kva_rng_u64(&rng) % 30000)};
+        /* expected: when the window's groups differ twofold and their K/V fits, the leading
+         * groups (start < window) by tiles, ties in plan order (a stable selection sort: the first
+         * of the smallest left), then the rest as they were; else the lists unchanged */
         int64_t n = 0;
-        while (n < g && gi[n] < window) ++n;
+        while (n < g && gi[n] < t.window) ++n;
+        int32_t *tiles = (int32_t *)malloc(sizeof(int32_t) * (size_t)(n + 1));
+        int32_t lo = INT32_MAX, hi = 0;
+        int64_t bytes = 0;
+        unsigned char *counted = (unsigned char *)calloc((size_t)p.batch_size, 1);
+        for (int64_t c = 0; c < n; ++c) {
+            const int32_t b = req[gi[c]];
+            tiles[c] = (visible_by_hand(qlen[b], klen[b], p.qo_tile, qt[gi[c]]) + tile_keys - 1) / tile_keys;
+            lo = tiles[c] < lo ? tiles[c] : lo;
+            hi = tiles[c] > hi ? tiles[c] : hi;
+            if (!counted[b]) bytes += (int64_t)klen[b] * t.kv_bytes_per_key;
+            counted[b] = 1;
+        }
+        const bool move = n >= 2 && hi >= 2 * (int64_t)lo && bytes <= t.cache_bytes;
         int32_t *ereq = (int32_t *)malloc(sizeof(int32_t) * (size_t)w), *eqt = (int32_t *)malloc(sizeof(int32_t) * (size_t)w);
         int32_t *ekt = (int32_t *)malloc(sizeof(int32_t) * (size_t)w), *egi = (int32_t *)malloc(sizeof(int32_t) * (size_t)(g + 1));
         unsigned char *taken = (unsigned char *)calloc((size_t)n + 1, 1);
         int64_t e = 0;
-        for (int64_t j = 0; j < n; ++j) {
+        for (int64_t j = 0; move && j < n; ++j) {
             int64_t best = -1;
-            int32_t best_key = 0;
-            for (int64_t c = 0; c < n; ++c) {
-                if (taken[c]) continue;
-                const int32_t k = visible_by_hand(qlen[req[gi[c]]], klen[req[gi[c]]], p.qo_tile, qt[gi[c]]);
-                if (best < 0 || k < best_key) {
-                    best = c;
-                    best_key = k;
-                }
-            }
+            for (int64_t c = 0; c < n; ++c)
+                if (!taken[c] && (best < 0 || tiles[c] < tiles[best])) best = c;
             taken[best] = 1;
             egi[j] = (int32_t)e;
             for (int32_t i = gi[best]; i < gi[best + 1]; ++i, ++e) {
@@ -332,23 +346,30 @@ KVA_TEST(prefill_balance_causal_tail_rewrite) {
             eqt[i] = qt[i];
             ekt[i] = kt[i];
         }
-        for (int64_t j = n; j <= g; ++j) egi[j] = gi[j];
-        const int64_t moved = kva__balance_causal_tail(w, g, req, qt, kt, gi, qlen, klen, p.qo_tile, window, scratch);
-        CHECK_MSG(moved == 0 || moved == n, "round %d: %lld groups ordered, %lld in the window", round, (long long)moved,
-                  (long long)n);
+        for (int64_t j = move ? n : 0; j <= g; ++j) egi[j] = gi[j];
+        const int64_t moved = kva__balance_causal_tail(&t, w, g, req, qt, kt, gi, scratch);
+        CHECK_MSG(moved == 0 || (move && moved == n), "round %d: %lld groups ordered, %lld in the window%s", round,
+                  (long long)moved, (long long)n, move ? "" : ", none expected");
+        moved_rounds += moved > 0;
+        kept_rounds += !move;
         int bad = 0;
         for (int64_t i = 0; i < w; ++i) bad += req[i] != ereq[i] || qt[i] != eqt[i] || kt[i] != ekt[i];
         for (int64_t j = 0; j <= g; ++j) bad += gi[j] != egi[j];
         for (int64_t i = w; i < w + PAD; ++i) bad += req[i] != SENTINEL || qt[i] != SENTINEL || kt[i] != SENTINEL;
         for (int64_t i = g + 1; i < g + 1 + PAD; ++i) bad += gi[i] != SENTINEL;
         for (int64_t i = scratch_ints; i < scratch_ints + PAD; ++i) bad += scratch[i] != SENTINEL;
-        CHECK_MSG(bad == 0, "round %d (%d requests, tile %d, chunk %d, %lld items, window %lld): %d entries differ", round,
-                  p.batch_size, p.qo_tile, chunk, (long long)w, (long long)window, bad);
+        CHECK_MSG(bad == 0,
+                  "round %d (%d requests, tile %d, chunk %d, %lld items, window %lld, tiles %d..%d, %lld of %lld bytes): "
+                  "%d entries differ",
+                  round, p.batch_size, p.qo_tile, chunk, (long long)w, (long long)t.window, lo, hi, (long long)bytes,
+                  (long long)t.cache_bytes, bad);
         free(req);
         free(qt);
         free(kt);
         free(gi);
         free(scratch);
+        free(tiles);
+        free(counted);
         free(ereq);
         free(eqt);
         free(ekt);
@@ -356,13 +377,45 @@ KVA_TEST(prefill_balance_causal_tail_rewrite) {
         free(taken);
         if (kva_test_failures) return;
     }
+    /* the random cases reach both sides of the conditions */
+    CHECK_MSG(moved_rounds > 50 && kept_rounds > 50, "%d rounds reordered, %d kept", moved_rounds, kept_rounds);
+}
+
+/* Left as they are: the window's K/V beyond the budget; a chunked prefill over long contexts,
+ * whose tiles all see about as many keys (64 requests of 128 queries over 16k keys: 127-128
+ * tiles); a budget of 0. */
+KVA_TEST(prefill_balance_causal_tail_keeps_order) {
+    int32_t qlen[64], klen[64];
+    for (int c = 0; c < 3; ++c) {
+        const int32_t B = c == 1 ? 64 : 32;
+        for (int32_t b = 0; b < B; ++b) {
+            qlen[b] = c == 1 ? 128 : 512;
+            klen[b] = c == 1 ? 16384 : 512;
+        }
+        kva__split_problem p = {.batch_size = B, .qo_len = qlen, .kv_len = klen, .qo_tile = 32};
+        const int64_t w = kva__count_work(&p, 1 << 20);
+        int32_t *req = (int32_t *)malloc(sizeof(int32_t) * (size_t)w), *qt = (int32_t *)malloc(sizeof(int32_t) * (size_t)w);
+        int32_t *kt = (int32_t *)malloc(sizeof(int32_t) * (size_t)w), *gi = (int32_t *)malloc(sizeof(int32_t) * (size_t)(w + 1));
+        int32_t *scratch = (int32_t *)malloc(sizeof(int32_t) * (size_t)(7 * w + 1));
+        REQUIRE_TRUE(kva__flatten_work(&p, 1 << 20, req, qt, kt, w, gi, w + 1) == w);
+        /* 32 x 512 at d128 is 8 MB of K/V per head: over a 4 MB budget; the chunked batch within 1 GB */
+        const int64_t budget = c == 0 ? 4 << 20 : c == 1 ? (int64_t)1 << 30 : 0;
+        const kva__causal_tail t = {qlen, klen, 32, 128, 1 << 20, 512, budget};
+        CHECK_MSG(kva__balance_causal_tail(&t, w, w, req, qt, kt, gi, scratch) == 0, "case %d reordered", c);
+        for (int64_t i = 0; i < w; ++i) CHECK(req[i] == i / (w / B) && qt[i] == i % (w / B));
+        free(req);
+        free(qt);
+        free(kt);
+        free(gi);
+        free(scratch);
+    }
 }
 
 /* What the order is for: the README's causal rows at d128 (32-token query tiles, 128-key tiles,
- * 8 KV heads, 132 persistent blocks, the window of 4 waves) in the cost model of the full-attention
- * cut. In plan order the walk repeats each request's tiles long to short, so its last wave mixes
- * 1- to 16-tile items; ordered, it ends on the short ones: the model's launch 1.5-2% shorter at
- * 32 x 512 and 8 x 2048; one request (16k) is ordered already. */
+ * 8 KV heads, 132 persistent blocks, the window of 4 waves, half of the H200's L2) in the cost
+ * model of the full-attention cut. In plan order the walk repeats each request's tiles long to
+ * short, so its last wave mixes 1- to 16-tile items; ordered, it ends on the short ones: the
+ * model's launch 1.5-2% shorter at 32 x 512 and 8 x 2048; one request (16k) is ordered already. */
 KVA_TEST(prefill_balance_causal_tail_evens_the_last_wave) {
     const int32_t batches[] = {32, 8, 1};
     for (int c = 0; c < 3; ++c) {
@@ -379,7 +432,8 @@ KVA_TEST(prefill_balance_causal_tail_evens_the_last_wave) {
         kva__balance_problem bp = {(int32_t)w, keys, 8, 132, 128, 1, 0};
         for (int64_t i = 0; i < w; ++i) keys[i] = visible_by_hand(len, len, tile, qt[i]);
         const double before = kva__balance_makespan(&bp, -1, 1);
-        kva__balance_causal_tail(w, w, req, qt, kt, gi, qlen, klen, tile, KVA__BALANCE_TAIL_WAVES * 132, scratch);
+        const kva__causal_tail t = {qlen, klen, tile, 128, KVA__BALANCE_TAIL_WAVES * 132, 128 * 2 * 2, 30 << 20};
+        kva__balance_causal_tail(&t, w, w, req, qt, kt, gi, scratch);
         for (int64_t i = 0; i < w; ++i) keys[i] = visible_by_hand(len, len, tile, qt[i]);
         const double after = kva__balance_makespan(&bp, -1, 1);
         printf("    %d x %d causal: %.1f -> %.1f tile-times\n", B, len, before, after);

@@ -26,6 +26,8 @@ kva_status kva__cpu_split_policy(const kva_context *ctx, const kva_plan_limits *
     policy->max_blocks = 4 * (int64_t)kva__cpu_count();
     if (policy->max_blocks < 16) policy->max_blocks = 16;
     policy->min_chunk = 256;
+    /* a causal plan's last tasks may be reordered while their K/V stays within a typical L3 share */
+    policy->order_cache_bytes = (int64_t)8 << 20;
     policy->qo_tile = kind == KVA__PLAN_DECODE
                           ? 1
                           : kva__prefill_tile_tokens(limits->num_qo_heads / limits->num_kv_heads);

@@ -362,6 +362,9 @@ static kva_status prefill_policy(const kva_context *ctx, const kva_plan_limits *
     const int per_sm = priv && priv->prefill_blocks_per_sm[dim_idx] > 0 ? priv->prefill_blocks_per_sm[dim_idx] : 1;
     policy->max_blocks = (int64_t)(ctx->num_sms > 0 ? ctx->num_sms : 1) * per_sm;
     policy->min_chunk = 256;
+    /* a causal plan's last waves may be reordered while their K/V fits half of L2 (the rest is
+     * the other heads' and the outputs' traffic) */
+    policy->order_cache_bytes = (int64_t)(ctx->l2_bytes / 2);
     policy->qo_tile = kva__prefill_tile_tokens_for(large.rows, group);
     const int32_t small_tile = kva__prefill_tile_tokens_for(small.rows, group);
     policy->qo_tile_min = small_tile >= 1 && small_tile < policy->qo_tile ? small_tile : 0;

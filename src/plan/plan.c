@@ -159,14 +159,17 @@ static int64_t balance_last_wave(const kva__workspace_layout *L, int32_t num_kv_
 
 /* A plan that may run causal: the items every head's walk runs last (the plan's first, within
  * KVA__BALANCE_TAIL_WAVES waves of the launch's blocks) ordered so that the walk meets them
- * longest first (prefill_balance.h). scratch: the unit records' region, written later. */
-static void order_causal_tail(const kva__workspace_layout *L, const kva__split_problem *p, int64_t w,
-                              int32_t *scratch, int32_t *req, int32_t *qt, int32_t *kt, int32_t *gi) {
+ * longest first, where that gains and the cache keeps their K/V (prefill_balance.h). scratch:
+ * the unit records' region (8 ints per item of the capacity), written later. */
+static void order_causal_tail(const kva__workspace_layout *L, const kva__split_problem *p, int32_t head_dim,
+                              int64_t w, int32_t *scratch, int32_t *req, int32_t *qt, int32_t *kt, int32_t *gi) {
     int64_t g = 0;
     for (int32_t b = 0; b < p->batch_size; ++b) g += ((int64_t)p->qo_len[b] + p->qo_tile - 1) / p->qo_tile;
-    const int64_t blocks = L->policy.balance_blocks > 0 ? L->policy.balance_blocks : L->policy.max_blocks;
-    (void)kva__balance_causal_tail(w, g, req, qt, kt, gi, p->qo_len, p->kv_len, p->qo_tile,
-                                   KVA__BALANCE_TAIL_WAVES * (blocks > 0 ? blocks : 1), scratch);
+    int64_t blocks = L->policy.balance_blocks > L->policy.max_blocks ? L->policy.balance_blocks : L->policy.max_blocks;
+    if (blocks < 1) blocks = 1;
+    const kva__causal_tail t = {p->qo_len, p->kv_len, p->qo_tile, balance_tile_keys(L), KVA__BALANCE_TAIL_WAVES * blocks,
+                                (int64_t)head_dim * 2 * 2, L->policy.order_cache_bytes};
+    (void)kva__balance_causal_tail(&t, w, g, req, qt, kt, gi, scratch);
 }
 
 typedef struct plan_inputs {
@@ -321,7 +324,7 @@ static kva_status make_plan(kva_context *ctx, const kva_plan_limits *limits, con
             w = balance_last_wave(&L, limits->num_kv_heads, kv_len, chunk, ints + h->off_unit_records, req, qt,
                                   kt, gi, w, &cut_parts);
         else if (w > 0 && !(opt.flags & KVA_PLAN_FULL_ATTENTION))
-            order_causal_tail(&L, &p, w, ints + h->off_unit_records, req, qt, kt, gi);
+            order_causal_tail(&L, &p, limits->head_dim, w, ints + h->off_unit_records, req, qt, kt, gi);
     }
     if (w < 0 && opt.fixed_chunk_size > 0 && limits->min_fixed_chunk == 0)
         return kva__fail(KVA_ERR_WORKSPACE_TOO_SMALL,

@@ -2,6 +2,7 @@
 #include "prefill_balance.h"
 
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdlib.h>
 
 /* Cost model, in tile-times of one block: an item costs its key tiles plus a fixed 1.5 for its
@@ -135,32 +136,38 @@ int32_t kva__balance_causal_keys(int32_t qo_len, int32_t kv_len, int32_t qo_tile
     return keys < 0 ? 0 : keys > kv_len ? kv_len : (int32_t)keys;
 }
 
-int64_t kva__balance_causal_tail(int64_t w, int64_t g, int32_t *req, int32_t *qt, int32_t *kt, int32_t *gi,
-                                 const int32_t *qo_len, const int32_t *kv_len, int32_t qo_tile, int64_t window,
-                                 int32_t *scratch) {
+int64_t kva__balance_causal_tail(const kva__causal_tail *p, int64_t w, int64_t g, int32_t *req, int32_t *qt,
+                                 int32_t *kt, int32_t *gi, int32_t *scratch) {
     int64_t n = 0; /* the leading groups that start inside the window */
-    while (n < g && gi[n] < window) ++n;
-    if (n < 2 || qo_tile < 1) return 0;
+    while (n < g && gi[n] < p->window) ++n;
+    if (n < 2 || p->qo_tile < 1 || p->tile_keys < 1 || p->cache_bytes <= 0) return 0;
     const int64_t m = gi[n]; /* their items */
     if (m > w) return 0;
     int32_t *key = scratch, *idx = key + n, *tmp = idx + n, *old_gi = tmp + n;
     int32_t *old_req = old_gi + n + 1, *old_qt = old_req + m, *old_kt = old_qt + m;
     bool sorted = true;
+    int32_t lo = INT32_MAX, hi = 0;
+    int64_t kv_bytes = 0;
     for (int64_t j = 0; j < n; ++j) {
-        const int32_t i = gi[j];
-        key[j] = kva__balance_causal_keys(qo_len[req[i]], kv_len[req[i]], qo_tile, qt[i]);
+        const int32_t i = gi[j], b = req[i];
+        const int32_t keys = kva__balance_causal_keys(p->qo_len[b], p->kv_len[b], p->qo_tile, qt[i]);
+        key[j] = (int32_t)(((int64_t)keys + p->tile_keys - 1) / p->tile_keys);
         idx[j] = (int32_t)j;
         if (j > 0 && key[j] < key[j - 1]) sorted = false;
+        lo = key[j] < lo ? key[j] : lo;
+        hi = key[j] > hi ? key[j] : hi;
+        /* (a request's groups are adjacent in plan order: count each request once) */
+        if (j == 0 || b != req[gi[j - 1]]) kv_bytes += (int64_t)p->kv_len[b] * p->kv_bytes_per_key;
     }
-    if (sorted) return 0;
+    if (sorted || hi < 2 * (int64_t)lo || kv_bytes > p->cache_bytes) return 0;
     /* stable bottom-up merge sort of the group indices by key */
     for (int64_t width = 1; width < n; width *= 2) {
-        for (int64_t lo = 0; lo < n; lo += 2 * width) {
-            const int64_t mid = lo + width < n ? lo + width : n, hi = lo + 2 * width < n ? lo + 2 * width : n;
-            int64_t a = lo, b = mid, o = lo;
-            while (a < mid && b < hi) tmp[o++] = key[idx[b]] < key[idx[a]] ? idx[b++] : idx[a++];
+        for (int64_t l = 0; l < n; l += 2 * width) {
+            const int64_t mid = l + width < n ? l + width : n, r = l + 2 * width < n ? l + 2 * width : n;
+            int64_t a = l, b = mid, o = l;
+            while (a < mid && b < r) tmp[o++] = key[idx[b]] < key[idx[a]] ? idx[b++] : idx[a++];
             while (a < mid) tmp[o++] = idx[a++];
-            while (b < hi) tmp[o++] = idx[b++];
+            while (b < r) tmp[o++] = idx[b++];
         }
         int32_t *s = idx;
         idx = tmp;

@@ -65,20 +65,34 @@ int64_t kva__balance_apply_cut(int64_t w, int32_t which, int32_t parts, int32_t 
  * keys that far), the length the launch's walk meets it with. */
 int32_t kva__balance_causal_keys(int32_t qo_len, int32_t kv_len, int32_t qo_tile, int32_t t);
 
-/* The launch's last wave for plans that may run causal (those without KVA_PLAN_FULL_ATTENTION):
- * the plan's leading groups -- every head's walk runs them last -- reordered so that the walk
- * meets them longest first (ascending by kva__balance_causal_keys in the plan, stable). In plan
- * order a batch of equal requests repeats each request's tiles long to short, so the last wave
- * mixed 1- to 4-tile items (32 x 512 at d128) and blocks that drew a long one ended up to an item
- * after the others; longest first, the wave ends on short items. Only groups starting within the
- * first `window` work items move (a few waves of the launch: the items running together then
- * still share a few requests' K/V in L2), each with its items together and in order; req / qt /
- * kt / gi: the plan's work lists (w items, g groups), rewritten in place; scratch >= 4 * g + 3 * w
- * + 1 ints. Returns the number of groups ordered (0: nothing moved). */
-#define KVA__BALANCE_TAIL_WAVES 4 /* the window: the model gains as much as from ordering all */
-int64_t kva__balance_causal_tail(int64_t w, int64_t g, int32_t *req, int32_t *qt, int32_t *kt, int32_t *gi,
-                                 const int32_t *qo_len, const int32_t *kv_len, int32_t qo_tile, int64_t window,
-                                 int32_t *scratch);
+/* The launch's last wave for plans that may run causal (those without KVA_PLAN_FULL_ATTENTION).
+ * In plan order a batch of requests repeats each request's tiles long to short, so the last wave
+ * mixes long and short items (32 x 512 at d128: 1 to 4 key tiles) and the blocks that draw a long
+ * one end up to an item after the others. The plan's leading groups -- every head's walk runs them
+ * last -- are reordered so that the walk meets them longest first: stably by their causal keys in
+ * whole tiles, fewest first in the plan. Only when it can gain and costs no locality:
+ *   - only groups starting within the first `window` work items move (a few waves of the launch);
+ *   - only when the longest of them has at least twice the tiles of the shortest (a chunked
+ *     prefill over long contexts, all its tiles alike, keeps its order);
+ *   - only when the K/V of the requests they belong to fits in `cache_bytes`: moved, one
+ *     request's tiles no longer run side by side, and its K/V must stay in the cache between them.
+ * Split groups move whole, their items together and in order. */
+typedef struct kva__causal_tail {
+    const int32_t *qo_len, *kv_len; /* [batch] queries and keys per request */
+    int32_t qo_tile;                /* query tokens per group */
+    int32_t tile_keys;              /* the launch's keys per tile */
+    int64_t window;                 /* work items from the plan's front that may move */
+    int64_t kv_bytes_per_key;       /* K and V bytes of one key of one KV head */
+    int64_t cache_bytes;            /* what the window's K/V may take (<= 0: never reorder) */
+} kva__causal_tail;
+
+#define KVA__BALANCE_TAIL_WAVES 4 /* the window, in the launch's blocks: the model gains as much as from ordering all */
+
+/* Reorders as above; req / qt / kt / gi: the plan's work lists (w items, g groups), rewritten in
+ * place; scratch >= 4 * g + 3 * w + 1 ints (4 per moving group and 3 per moving item, + 1).
+ * Returns the number of groups ordered (0: nothing moved). */
+int64_t kva__balance_causal_tail(const kva__causal_tail *p, int64_t w, int64_t g, int32_t *req, int32_t *qt,
+                                 int32_t *kt, int32_t *gi, int32_t *scratch);
 
 /* The launch's simulated length in tile-times (the cost model of the .c file), for tests:
  * items walked as the launch walks them, item `which` cut into `parts` (parts <= 1: whole). */

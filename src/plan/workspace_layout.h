@@ -46,6 +46,8 @@ typedef struct kva__split_policy {
                               KVA_PLAN_FULL_ATTENTION plans (prefill_balance.h); 0: none */
     int32_t balance_tile_keys; /* prefill: its keys per tile (pieces are whole tiles) */
     int32_t balance_min_tiles; /* prefill: shorter items stay whole (0: the default, prefill_balance.h) */
+    int64_t order_cache_bytes; /* prefill: the K/V (2-byte elements) a causal plan's reordered last
+                              waves may touch (kva__causal_tail.cache_bytes; 0: never reorder) */
 } kva__split_policy;
 
 /* The CUDA decode kernel's lone_block_percent for a head dim. A block alone on its SM has only
