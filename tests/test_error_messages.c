@@ -117,3 +117,39 @@ KVA_TEST(error_messages_name_the_public_call_and_argument) {
     kva_host_free(ctx, ws.host);
     kva_context_destroy(ctx);
 }
+
+/* kva_cache_append checks k / v with the attention calls' tensor check: its messages must name
+ * kva_cache_append, not the call an earlier failure on this thread was serving (they read
+ * "kva_decode_workspace_size: kva_cache_append: k.dtype ..." or "kvattn: kva_cache_append: ..."). */
+KVA_TEST(error_messages_cache_append_tensors_name_the_call) {
+    kva_context *ctx = NULL;
+    REQUIRE_OK(kva_context_create(KVA_DEVICE_CPU, 0, &ctx));
+    enum { HK = 2, D = 16 };
+    kva_cache_config cfg = {.num_layers = 1, .num_kv_heads = HK, .head_dim = D, .page_size = 4,
+                            .num_pages = 4, .dtype = KVA_F32, .layout = KVA_LAYOUT_NHD,
+                            .max_sequences = 2, .max_append_tokens = 8};
+    kva_cache *cache = NULL;
+    REQUIRE_OK(kva_cache_create(ctx, &cfg, &cache));
+    int32_t seq, two = 2;
+    REQUIRE_OK(kva_cache_add_sequence(cache, &seq));
+    REQUIRE_OK(kva_cache_reserve(cache, 1, &seq, &two));
+    float *rows = kva_test_alloc(2 * HK * D * sizeof(float));
+    memset(rows, 0, 2 * HK * D * sizeof(float));
+    kva_tensor k = kva_tensor_nhd(rows, KVA_F32, HK, D), v = k;
+    size_t a, b;
+    kva_tensor bad = k;
+    bad.dtype = KVA_BF16;
+    (void)kva_decode_workspace_size(ctx, NULL, &a, &b); /* another call's name on this thread */
+    EXPECT_MSG(kva_cache_append(cache, 0, 1, &seq, &two, bad, v), "kva_cache_append", "k.dtype");
+    bad = v;
+    bad.data = NULL;
+    (void)kva_decode_workspace_size(ctx, NULL, &a, &b);
+    EXPECT_MSG(kva_cache_append(cache, 0, 1, &seq, &two, k, bad), "kva_cache_append", "v.data");
+    bad = k;
+    bad.data = (char *)rows + 4;
+    EXPECT_MSG(kva_cache_append(cache, 0, 1, &seq, &two, bad, v), "kva_cache_append", "k.data");
+    CHECK_OK(kva_cache_append(cache, 0, 1, &seq, &two, k, v));
+    free(rows);
+    kva_cache_destroy(cache);
+    kva_context_destroy(ctx);
+}

@@ -16,6 +16,7 @@
 
 kva_status kva_cache_append(kva_cache *c, int32_t layer, int32_t n, const int32_t *seq_ids,
                             const int32_t *num_new, kva_tensor k, kva_tensor v) {
+    KVA_API("kva_cache_append"); /* kva__check_tensor's messages start with the public call */
     KVA_CHECK_NULL(c);
     if (layer < 0 || layer >= c->cfg.num_layers)
         return kva__fail(KVA_ERR_OUT_OF_RANGE, "kva_cache_append: layer %d outside 0..%d", layer,
@@ -40,8 +41,8 @@ kva_status kva_cache_append(kva_cache *c, int32_t layer, int32_t n, const int32_
         return kva__fail(KVA_ERR_BAD_SHAPE,
                          "kva_cache_append: %lld tokens, the cache was created for at most %d",
                          (long long)total, c->cfg.max_append_tokens);
-    KVA_TRY(kva__check_tensor("kva_cache_append: k", k, c->cfg.dtype, total));
-    KVA_TRY(kva__check_tensor("kva_cache_append: v", v, c->cfg.dtype, total));
+    KVA_TRY(kva__check_tensor("k", k, c->cfg.dtype, total));
+    KVA_TRY(kva__check_tensor("v", v, c->cfg.dtype, total));
 
     const int32_t ps = c->cfg.page_size;
     int64_t row = 0;
