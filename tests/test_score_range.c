@@ -201,3 +201,41 @@ KVA_TEST(score_range_huge_scores_are_exact_or_nan) {
     free(c);
     kva_context_destroy(ctx);
 }
+
+static float plus_inf_at_key_7(float s, int32_t q_pos, int32_t kv_pos, int32_t qo_head, void *user) {
+    (void)q_pos, (void)qo_head, (void)user;
+    return kv_pos == 7 ? INFINITY : s;
+}
+
+static float nan_at_key_7(float s, int32_t q_pos, int32_t kv_pos, int32_t qo_head, void *user) {
+    (void)q_pos, (void)qo_head, (void)user;
+    return kv_pos == 7 ? NAN : s;
+}
+
+/* A score_mod that returns +inf or NaN for a visible key puts the row out of range: NaN, as the
+ * float64 reference gives, never an empty row (+inf used to give o = 0, LSE -inf) nor a finite
+ * row that silently dropped the key (NaN did). Only -inf masks a key. Every CPU kernel variant. */
+KVA_TEST_CPU_VARIANTS(score_range_score_mod_inf_or_nan_gives_nan) {
+    kva_context *ctx = NULL;
+    REQUIRE_OK(kva_context_create(KVA_DEVICE_CPU, 0, &ctx));
+    kva_rng rng;
+    kva_rng_seed(&rng, kva_test_seed());
+    sr_case *c = kva_test_alloc(sizeof *c);
+    float b[SR_KEYS];
+    for (int j = 0; j < SR_KEYS; ++j) b[j] = kva_rng_uniform(&rng, -1, 1);
+    sr_make(c, 1.0f, b, &rng);
+    kva_attn_params p = kva_attn_params_default(1, 1, SR_D);
+    const kva_score_mod_fn mods[2] = {plus_inf_at_key_7, nan_at_key_7};
+    for (int m = 0; m < 2; ++m) {
+        p.score_mod = mods[m];
+        double o[SR_D], lse;
+        sr_reference(c, &p, o, &lse);
+        CHECK(isnan(lse) && isnan(o[0])); /* the oracle's answer */
+        sr_all_paths(ctx, c, &p, expect_nan);
+        p.logits_soft_cap = 30.0f; /* the same through the soft-cap path */
+        sr_all_paths(ctx, c, &p, expect_nan);
+        p.logits_soft_cap = 0.0f;
+    }
+    free(c);
+    kva_context_destroy(ctx);
+}

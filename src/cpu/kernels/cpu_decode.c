@@ -321,7 +321,9 @@ static void finish_scores(const decode_job *J, const task_heads *th, float *s, i
                 if (J->soft_cap > 0) x = J->soft_cap * tanhf(x / J->soft_cap);
                 if (J->score_mod) x = J->score_mod(x, q_pos, k0 + t, hq, J->score_mod_user);
                 const float y = x * KVA_LOG2E;
-                overflow |= (x - x == 0.0f) && !(y - y == 0.0f); /* a mask (-inf) is fine */
+                /* not finite in log2 units: out of range, as is a NaN or +inf that score_mod
+                 * returned; only a -inf mask is fine */
+                overflow |= !(y - y == 0.0f) && x != -INFINITY;
                 row[t] = y;
             }
         } else {

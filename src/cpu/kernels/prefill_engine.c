@@ -339,6 +339,8 @@ static void apply_variants(const kva__prefill_config *cfg, const scratch_view *s
                     if (kpos < sv->lane_lo[r] || kpos > sv->lane_hi[r]) continue;
                     x[i] = cfg->score_mod(x[i], sv->lane_qpos[r], kpos, sv->lane_head[r],
                                           cfg->score_mod_user);
+                    /* a NaN or +inf score is out of range too (only -inf masks the key) */
+                    if (x[i] != x[i] || x[i] == INFINITY) bad[c][i] = -1;
                 }
             }
             const kva__vf y = x * kva__splat(KVA_LOG2E);
