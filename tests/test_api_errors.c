@@ -470,3 +470,45 @@ KVA_TEST(api_errors_prefill_plan_and_attention) {
     free(ws.host);
     fixture_free(&f);
 }
+
+/* Strides whose offsets overflow int64 / the address space (index x stride x element size) are
+ * refused before any kernel computes one: they used to pass (non-negative multiples of 4) and
+ * crash in the kernels' pointer arithmetic (UBSan: signed overflow). */
+KVA_TEST(api_errors_overflowing_strides_are_refused) {
+    fixture f;
+    if (!fixture_init(&f)) {
+        kva_test_fail(__FILE__, __LINE__, "fixture: %s", kva_last_error());
+        fixture_free(&f);
+        return;
+    }
+    const int64_t huge = (int64_t)1 << 61; /* x 4 bytes already overflows int64 */
+    kva_tensor q = fq(&f), o = fo(&f), t;
+    kva_kv_pages pg = f.pages;
+    poison_outputs(&f);
+    pg.stride_page = huge;
+    EXPECT_ERROR(kva_decode_run(f.ctx, &f.plan, &f.params, q, &pg, o, f.lse), KVA_ERR_BAD_SHAPE);
+    CHECK(strstr(kva_last_error(), "kva_decode_run: pages strides") != NULL);
+    pg = f.pages;
+    pg.stride_head = huge / 2;
+    EXPECT_ERROR(kva_decode_run(f.ctx, &f.plan, &f.params, q, &pg, o, f.lse), KVA_ERR_BAD_SHAPE);
+    t = q;
+    t.stride_token = huge;
+    EXPECT_ERROR(kva_decode_run(f.ctx, &f.plan, &f.params, t, &f.pages, o, f.lse), KVA_ERR_BAD_SHAPE);
+    CHECK(strstr(kva_last_error(), "kva_decode_run: q strides") != NULL);
+    t = o;
+    t.stride_head = INT64_MAX - 3;
+    EXPECT_ERROR(kva_decode_run(f.ctx, &f.plan, &f.params, q, &f.pages, t, f.lse), KVA_ERR_BAD_SHAPE);
+    /* dense attention: q, k, v, o */
+    kva_tensor k = kva_tensor_nhd(f.pool, KVA_F32, FX_HK, FX_D);
+    t = k;
+    t.stride_head = huge;
+    EXPECT_ERROR(kva_attention(f.ctx, &f.params, 2, 2, q, t, k, o, f.lse), KVA_ERR_BAD_SHAPE);
+    CHECK(strstr(kva_last_error(), "kva_attention: k strides") != NULL);
+    EXPECT_ERROR(kva_attention(f.ctx, &f.params, 2, 2, q, k, t, o, f.lse), KVA_ERR_BAD_SHAPE);
+    t = o;
+    t.stride_token = huge;
+    EXPECT_ERROR(kva_attention(f.ctx, &f.params, 2, 2, q, k, k, t, f.lse), KVA_ERR_BAD_SHAPE);
+    CHECK(outputs_untouched(&f));
+    check_plan_still_runs(&f, "the refused strides");
+    fixture_free(&f);
+}

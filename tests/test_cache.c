@@ -983,12 +983,13 @@ KVA_TEST(cache_bad_input_changes_nothing) {
     void *kb, *vb;
     kva_tensor k = make_rows(&r, dt, rows, cfg.num_kv_heads, cfg.head_dim, &kb, scratch);
     kva_tensor v = make_rows(&r, dt, rows, cfg.num_kv_heads, cfg.head_dim, &vb, scratch);
-    kva_tensor k_f32 = k, k_null = k, k_misaligned = k, v_bf16 = v, k_odd_stride = k;
+    kva_tensor k_f32 = k, k_null = k, k_misaligned = k, v_bf16 = v, k_odd_stride = k, v_huge = v;
     k_f32.dtype = KVA_F32;
     v_bf16.dtype = KVA_BF16;
     k_null.data = NULL;
     k_misaligned.data = (char *)k.data + 2;
     k_odd_stride.stride_token += 1;
+    v_huge.stride_token = (int64_t)1 << 62; /* token 1 at 2^63 bytes: past the address space */
 
 #define BAD(expr, status) EXPECT_FAIL_UNCHANGED(c, &cfg, before, after, expr, status)
     /* add / free / fork */
@@ -1038,6 +1039,8 @@ KVA_TEST(cache_bad_input_changes_nothing) {
     BAD(kva_cache_append(c, 0, 1, &g, &one, k_null, v), KVA_ERR_INVALID_ARG);
     BAD(kva_cache_append(c, 0, 1, &g, &one, k_misaligned, v), KVA_ERR_BAD_SHAPE);
     BAD(kva_cache_append(c, 0, 1, &g, &one, k_odd_stride, v), KVA_ERR_BAD_SHAPE);
+    int32_t two = 2;
+    BAD(kva_cache_append(c, 0, 1, &g, &two, k, v_huge), KVA_ERR_BAD_SHAPE);
     BAD(kva_cache_append(c, 0, 1, &a, &one, k, v), KVA_ERR_BAD_STATE); /* shared with b */
     int32_t ga[2] = {g, a};
     BAD(kva_cache_append(c, 1, 2, ga, twos, k, v), KVA_ERR_BAD_STATE); /* g's row not written */

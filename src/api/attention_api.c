@@ -18,10 +18,10 @@ kva_status kva_attention(kva_context *ctx, const kva_attn_params *params, int32_
     kva_dtype dt = q.dtype;
     if (!kva__dtype_valid(dt))
         return kva__fail(KVA_ERR_INVALID_ARG, "kva_attention: q.dtype %d is unknown", (int)dt);
-    KVA_TRY(kva__check_tensor("q", q, dt, qo_len));
-    KVA_TRY(kva__check_tensor("k", k, dt, kv_len));
-    KVA_TRY(kva__check_tensor("v", v, dt, kv_len));
-    KVA_TRY(kva__check_tensor("o", o, dt, qo_len));
+    KVA_TRY(kva__check_tensor("q", q, dt, qo_len, params->num_qo_heads, params->head_dim));
+    KVA_TRY(kva__check_tensor("k", k, dt, kv_len, params->num_kv_heads, params->head_dim));
+    KVA_TRY(kva__check_tensor("v", v, dt, kv_len, params->num_kv_heads, params->head_dim));
+    KVA_TRY(kva__check_tensor("o", o, dt, qo_len, params->num_qo_heads, params->head_dim));
     if (ctx->device == KVA_DEVICE_CUDA)
         return kva__cuda_attention(ctx, params, qo_len, kv_len, q, k, v, o, lse);
     return kva__cpu_attention(ctx, params, qo_len, kv_len, q, k, v, o, lse);
@@ -34,8 +34,10 @@ kva_status kva_decode_run(kva_context *ctx, const kva_plan *plan, const kva_attn
     KVA_TRY(kva__check_plan(plan, KVA__PLAN_DECODE, params));
     const kva__plan_header *h = kva__plan_header_of(plan->workspace.host);
     KVA_TRY(kva__check_pages(pages, params, h->page_size, h->num_pages));
-    KVA_TRY(kva__check_tensor("q", q, pages->dtype, plan->batch_size));
-    KVA_TRY(kva__check_tensor("o", o, pages->dtype, plan->batch_size));
+    KVA_TRY(kva__check_tensor("q", q, pages->dtype, plan->batch_size, params->num_qo_heads,
+                              params->head_dim));
+    KVA_TRY(kva__check_tensor("o", o, pages->dtype, plan->batch_size, params->num_qo_heads,
+                              params->head_dim));
     if (ctx->device == KVA_DEVICE_CUDA)
         return kva__cuda_decode_run(ctx, plan, params, q, pages, o, lse);
     return kva__cpu_decode_run(ctx, plan, params, q, pages, o, lse);
@@ -59,10 +61,10 @@ kva_status kva_prefill_run_ragged(kva_context *ctx, const kva_plan *plan,
     kva_dtype dt = q.dtype;
     if (!kva__dtype_valid(dt))
         return kva__fail(KVA_ERR_INVALID_ARG, "kva_prefill_run_ragged: q.dtype %d is unknown", (int)dt);
-    KVA_TRY(kva__check_tensor("q", q, dt, nq));
-    KVA_TRY(kva__check_tensor("k", k, dt, nk));
-    KVA_TRY(kva__check_tensor("v", v, dt, nk));
-    KVA_TRY(kva__check_tensor("o", o, dt, nq));
+    KVA_TRY(kva__check_tensor("q", q, dt, nq, params->num_qo_heads, params->head_dim));
+    KVA_TRY(kva__check_tensor("k", k, dt, nk, params->num_kv_heads, params->head_dim));
+    KVA_TRY(kva__check_tensor("v", v, dt, nk, params->num_kv_heads, params->head_dim));
+    KVA_TRY(kva__check_tensor("o", o, dt, nq, params->num_qo_heads, params->head_dim));
     if (ctx->device == KVA_DEVICE_CUDA)
         return kva__cuda_prefill_run(ctx, plan, params, q, k, v, NULL, o, lse);
     return kva__cpu_prefill_run_ragged(ctx, plan, params, q, k, v, o, lse);
@@ -77,8 +79,8 @@ kva_status kva_prefill_run_paged(kva_context *ctx, const kva_plan *plan,
     const kva__plan_header *h = kva__plan_header_of(plan->workspace.host);
     KVA_TRY(kva__check_pages(pages, params, h->page_size, h->num_pages));
     int64_t nq = total_qo(plan);
-    KVA_TRY(kva__check_tensor("q", q, pages->dtype, nq));
-    KVA_TRY(kva__check_tensor("o", o, pages->dtype, nq));
+    KVA_TRY(kva__check_tensor("q", q, pages->dtype, nq, params->num_qo_heads, params->head_dim));
+    KVA_TRY(kva__check_tensor("o", o, pages->dtype, nq, params->num_qo_heads, params->head_dim));
     if (ctx->device == KVA_DEVICE_CUDA) {
         kva_tensor none = {NULL, pages->dtype, 0, 0};
         return kva__cuda_prefill_run(ctx, plan, params, q, none, none, pages, o, lse);

@@ -66,7 +66,21 @@ kva_status kva__check_head_dim(const kva_context *ctx, const char *what, int32_t
     return KVA_OK;
 }
 
-kva_status kva__check_tensor(const char *what, kva_tensor t, kva_dtype dtype, int64_t tokens) {
+/* True if count_i * stride_i (i < n) plus `inner` elements of es bytes stay within PTRDIFF_MAX
+ * bytes (counts and strides non-negative): the kernels' offsets (index x stride x element size,
+ * in int64 and size_t) then cannot overflow. A bound, not a check of the caller's allocation. */
+static bool addressable(int64_t es, int n, const int64_t *count, const int64_t *stride,
+                        int64_t inner) {
+    int64_t elems = inner, term;
+    for (int i = 0; i < n; ++i)
+        if (__builtin_mul_overflow(count[i], stride[i], &term) ||
+            __builtin_add_overflow(elems, term, &elems))
+            return false;
+    return !__builtin_mul_overflow(elems, es, &elems) && elems <= PTRDIFF_MAX;
+}
+
+kva_status kva__check_tensor(const char *what, kva_tensor t, kva_dtype dtype, int64_t tokens,
+                             int32_t heads, int32_t head_dim) {
     if (t.dtype != dtype)
         return kva__fail(KVA_ERR_BAD_SHAPE, "%s: %s.dtype is %s, expected %s", kva__api(), what,
                          kva_dtype_name(t.dtype), kva_dtype_name(dtype));
@@ -79,6 +93,13 @@ kva_status kva__check_tensor(const char *what, kva_tensor t, kva_dtype dtype, in
                          "%s: %s.data must be 16-byte aligned and its strides (%lld, %lld) "
                          "non-negative multiples of %lld elements",
                          kva__api(), what, (long long)t.stride_token, (long long)t.stride_head, (long long)vec);
+    const int64_t count[2] = {tokens, heads}, stride[2] = {t.stride_token, t.stride_head};
+    if (!addressable((int64_t)kva_dtype_size(dtype), 2, count, stride, head_dim))
+        return kva__fail(KVA_ERR_BAD_SHAPE,
+                         "%s: %s strides (%lld, %lld) over %lld tokens x %d heads exceed the "
+                         "address space",
+                         kva__api(), what, (long long)t.stride_token, (long long)t.stride_head,
+                         (long long)tokens, heads);
     return KVA_OK;
 }
 
@@ -112,6 +133,15 @@ kva_status kva__check_pages(const kva_kv_pages *pg, const kva_attn_params *p, in
                          "%s: pages.k_data / v_data must be 16-byte aligned and the strides "
                          "non-negative multiples of %lld elements",
                          kva__api(), (long long)vec);
+    const int64_t count[3] = {pg->num_pages, pg->page_size, pg->num_kv_heads};
+    const int64_t stride[3] = {pg->stride_page, pg->stride_token, pg->stride_head};
+    if (!addressable((int64_t)kva_dtype_size(pg->dtype), 3, count, stride, pg->head_dim))
+        return kva__fail(KVA_ERR_BAD_SHAPE,
+                         "%s: pages strides (%lld, %lld, %lld) over %d pages of %d tokens x %d "
+                         "heads exceed the address space",
+                         kva__api(), (long long)pg->stride_page, (long long)pg->stride_token,
+                         (long long)pg->stride_head, pg->num_pages, pg->page_size,
+                         pg->num_kv_heads);
     return KVA_OK;
 }
 

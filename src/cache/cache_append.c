@@ -41,8 +41,10 @@ kva_status kva_cache_append(kva_cache *c, int32_t layer, int32_t n, const int32_
         return kva__fail(KVA_ERR_BAD_SHAPE,
                          "kva_cache_append: %lld tokens, the cache was created for at most %d",
                          (long long)total, c->cfg.max_append_tokens);
-    KVA_TRY(kva__check_tensor("k", k, c->cfg.dtype, total));
-    KVA_TRY(kva__check_tensor("v", v, c->cfg.dtype, total));
+    KVA_TRY(kva__check_tensor("k", k, c->cfg.dtype, total, c->cfg.num_kv_heads,
+                              c->cfg.head_dim));
+    KVA_TRY(kva__check_tensor("v", v, c->cfg.dtype, total, c->cfg.num_kv_heads,
+                              c->cfg.head_dim));
 
     const int32_t ps = c->cfg.page_size;
     int64_t row = 0;
