@@ -153,3 +153,24 @@ KVA_TEST(error_messages_cache_append_tensors_name_the_call) {
     kva_cache_destroy(cache);
     kva_context_destroy(ctx);
 }
+
+/* A NULL cache is named as kvattn.h names the argument ("cache"), not as the library's local
+ * variable ("kva_cache_seq_len: c is NULL"). */
+KVA_TEST(error_messages_null_cache_is_named_cache) {
+    int32_t id = 0, ids[1] = {0}, one[1] = {1}, len, rc, indptr[2];
+    kva_kv_pages pages;
+    kva_cache_stats stats;
+    kva_tensor none = {NULL, KVA_F32, 0, 0};
+    EXPECT_MSG(kva_cache_add_sequence(NULL, &id), "kva_cache_add_sequence", "cache is NULL");
+    EXPECT_MSG(kva_cache_free_sequence(NULL, 0), "kva_cache_free_sequence", "cache is NULL");
+    EXPECT_MSG(kva_cache_fork(NULL, 0, &id), "kva_cache_fork", "cache is NULL");
+    EXPECT_MSG(kva_cache_reserve(NULL, 1, ids, one), "kva_cache_reserve", "cache is NULL");
+    EXPECT_MSG(kva_cache_append(NULL, 0, 1, ids, one, none, none), "kva_cache_append",
+               "cache is NULL");
+    EXPECT_MSG(kva_cache_seq_len(NULL, 0, &len), "kva_cache_seq_len", "cache is NULL");
+    EXPECT_MSG(kva_cache_page_table(NULL, 0, NULL, indptr, NULL, 0, NULL, NULL),
+               "kva_cache_page_table", "cache is NULL");
+    EXPECT_MSG(kva_cache_layer_pages(NULL, 0, &pages), "kva_cache_layer_pages", "cache is NULL");
+    EXPECT_MSG(kva_cache_get_stats(NULL, &stats), "kva_cache_get_stats", "cache is NULL");
+    EXPECT_MSG(kva_cache_page_refcount(NULL, 0, &rc), "kva_cache_page_refcount", "cache is NULL");
+}

@@ -168,7 +168,7 @@ kva_status kva__cache_seq_grow(kva_cache *c, kva__cache_seq *s, int32_t need) {
 }
 
 kva_status kva_cache_seq_len(const kva_cache *c, int32_t seq_id, int32_t *len) {
-    KVA_CHECK_NULL(c);
+    KVA__CACHE_CHECK_NULL(c);
     KVA_CHECK_NULL(len);
     KVA_TRY(kva__cache_check_seq(c, seq_id, "kva_cache_seq_len"));
     *len = c->seqs[seq_id].len;
@@ -176,7 +176,7 @@ kva_status kva_cache_seq_len(const kva_cache *c, int32_t seq_id, int32_t *len) {
 }
 
 kva_status kva_cache_layer_pages(const kva_cache *c, int32_t layer, kva_kv_pages *pages) {
-    KVA_CHECK_NULL(c);
+    KVA__CACHE_CHECK_NULL(c);
     KVA_CHECK_NULL(pages);
     if (layer < 0 || layer >= c->cfg.num_layers)
         return kva__fail(KVA_ERR_OUT_OF_RANGE, "kva_cache_layer_pages: layer %d outside 0..%d",
@@ -188,7 +188,7 @@ kva_status kva_cache_layer_pages(const kva_cache *c, int32_t layer, kva_kv_pages
 }
 
 kva_status kva_cache_get_stats(const kva_cache *c, kva_cache_stats *stats) {
-    KVA_CHECK_NULL(c);
+    KVA__CACHE_CHECK_NULL(c);
     KVA_CHECK_NULL(stats);
     memset(stats, 0, sizeof *stats);
     stats->num_pages = c->cfg.num_pages;
@@ -203,7 +203,7 @@ kva_status kva_cache_get_stats(const kva_cache *c, kva_cache_stats *stats) {
 }
 
 kva_status kva_cache_page_refcount(const kva_cache *c, int32_t page, int32_t *refcount) {
-    KVA_CHECK_NULL(c);
+    KVA__CACHE_CHECK_NULL(c);
     KVA_CHECK_NULL(refcount);
     if (page < 0 || page >= c->cfg.num_pages)
         return kva__fail(KVA_ERR_OUT_OF_RANGE, "kva_cache_page_refcount: page %d outside 0..%d",

@@ -17,7 +17,7 @@
 kva_status kva_cache_append(kva_cache *c, int32_t layer, int32_t n, const int32_t *seq_ids,
                             const int32_t *num_new, kva_tensor k, kva_tensor v) {
     KVA_API("kva_cache_append"); /* kva__check_tensor's messages start with the public call */
-    KVA_CHECK_NULL(c);
+    KVA__CACHE_CHECK_NULL(c);
     if (layer < 0 || layer >= c->cfg.num_layers)
         return kva__fail(KVA_ERR_OUT_OF_RANGE, "kva_cache_append: layer %d outside 0..%d", layer,
                          c->cfg.num_layers - 1);

@@ -71,6 +71,13 @@ struct kva_cache {
     int64_t cow_copies;
 };
 
+/* A NULL cache argument: named as kvattn.h names it ("kva_cache_seq_len: cache is NULL"), where
+ * KVA_CHECK_NULL(c) would name the local variable (c). Used in public entry points only. */
+#define KVA__CACHE_CHECK_NULL(c)                                                               \
+    do {                                                                                       \
+        if ((c) == NULL) return kva__fail(KVA_ERR_INVALID_ARG, "%s: cache is NULL", __func__); \
+    } while (0)
+
 /* Checks that id names a live sequence (KVA_ERR_BAD_STATE otherwise). `what` names the caller. */
 static inline kva_status kva__cache_check_seq(const kva_cache *c, int32_t id, const char *what) {
     if (id < 0 || id >= c->cfg.max_sequences)

@@ -9,7 +9,7 @@
 kva_status kva_cache_page_table(const kva_cache *c, int32_t n, const int32_t *seq_ids,
                                 int32_t *indptr, int32_t *indices, int32_t indices_capacity,
                                 int32_t *last_page_len, kva_page_table *table) {
-    KVA_CHECK_NULL(c);
+    KVA__CACHE_CHECK_NULL(c);
     KVA_CHECK_NULL(indptr);
     if (n < 0) return kva__fail(KVA_ERR_INVALID_ARG, "kva_cache_page_table: n = %d < 0", n);
     if (n > 0 && (!seq_ids || !last_page_len))

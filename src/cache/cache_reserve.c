@@ -32,7 +32,7 @@ static kva_status copy_pages_all_layers(kva_cache *c, int32_t n, const int32_t *
 
 kva_status kva_cache_reserve(kva_cache *c, int32_t n, const int32_t *seq_ids,
                              const int32_t *num_new) {
-    KVA_CHECK_NULL(c);
+    KVA__CACHE_CHECK_NULL(c);
     KVA_TRY(kva__cache_check_batch(c, n, seq_ids, "kva_cache_reserve"));
     if (n > 0 && !num_new) return kva__fail(KVA_ERR_INVALID_ARG, "kva_cache_reserve: num_new is NULL");
     const int32_t ps = c->cfg.page_size;

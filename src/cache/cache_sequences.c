@@ -18,7 +18,7 @@ static int32_t take_slot(kva_cache *c) {
 }
 
 kva_status kva_cache_add_sequence(kva_cache *c, int32_t *seq_id) {
-    KVA_CHECK_NULL(c);
+    KVA__CACHE_CHECK_NULL(c);
     KVA_CHECK_NULL(seq_id);
     if (c->num_free_slots == 0)
         return kva__fail(KVA_ERR_NO_SPACE, "kva_cache_add_sequence: all %d sequences are live",
@@ -28,7 +28,7 @@ kva_status kva_cache_add_sequence(kva_cache *c, int32_t *seq_id) {
 }
 
 kva_status kva_cache_free_sequence(kva_cache *c, int32_t seq_id) {
-    KVA_CHECK_NULL(c);
+    KVA__CACHE_CHECK_NULL(c);
     KVA_TRY(kva__cache_check_seq(c, seq_id, "kva_cache_free_sequence"));
     kva__cache_seq *s = &c->seqs[seq_id];
     for (int32_t i = 0; i < s->num_pages; ++i) kva__cache_page_unref(c, s->pages[i]);
@@ -41,7 +41,7 @@ kva_status kva_cache_free_sequence(kva_cache *c, int32_t seq_id) {
 }
 
 kva_status kva_cache_fork(kva_cache *c, int32_t parent_id, int32_t *child_id) {
-    KVA_CHECK_NULL(c);
+    KVA__CACHE_CHECK_NULL(c);
     KVA_CHECK_NULL(child_id);
     KVA_TRY(kva__cache_check_seq(c, parent_id, "kva_cache_fork"));
     if (c->num_free_slots == 0)
