@@ -174,3 +174,35 @@ KVA_TEST(error_messages_null_cache_is_named_cache) {
     EXPECT_MSG(kva_cache_get_stats(NULL, &stats), "kva_cache_get_stats", "cache is NULL");
     EXPECT_MSG(kva_cache_page_refcount(NULL, 0, &rc), "kva_cache_page_refcount", "cache is NULL");
 }
+
+/* A negative thread count, or one whose CPU scratch cannot be allocated: the message names the
+ * call and the argument (they read "kva_context_set_threads: -1 < 0" and "CPU scratch: cannot
+ * allocate N bytes"), and the context keeps its threads.
+ * Skipped under AddressSanitizer, whose allocator aborts on a request this large. */
+#if defined(__SANITIZE_ADDRESS__)
+#define KVA__ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define KVA__ASAN 1
+#endif
+#endif
+KVA_TEST(error_messages_set_threads_out_of_memory) {
+#ifdef KVA__ASAN
+    kva_test_skip("AddressSanitizer aborts on an allocation of 2^53 bytes");
+#else
+    kva_context *ctx = NULL;
+    REQUIRE_OK(kva_context_create(KVA_DEVICE_CPU, 0, &ctx));
+    const int before = kva_context_threads(ctx);
+    EXPECT_MSG(kva_context_set_threads(ctx, -1), "kva_context_set_threads", "num_threads");
+    /* INT32_MAX threads x 4 MB of scratch: 2^53 bytes, more than any address space */
+    kva_status st = kva_context_set_threads(ctx, INT32_MAX);
+    if (st == KVA_OK) { /* an address space and overcommit policy that reserve 8 PB */
+        kva_test_skip("the system reserved 2^53 bytes of scratch");
+    } else {
+        CHECK(st == KVA_ERR_OUT_OF_MEMORY);
+        EXPECT_MSG(st, "kva_context_set_threads", "num_threads");
+        CHECK(kva_context_threads(ctx) == before);
+    }
+    kva_context_destroy(ctx);
+#endif
+}

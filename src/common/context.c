@@ -35,14 +35,17 @@ static void cpu_model_name(char *out, size_t size) {
     fclose(f);
 }
 
-/* (Re)allocates per-thread scratch for n threads. Not on any run path. */
-static kva_status ensure_cpu_scratch(kva_context *ctx, int n) {
+/* (Re)allocates per-thread scratch for n threads. Not on any run path. `api` and `arg` name the
+ * public call and where n came from, for the message. */
+static kva_status ensure_cpu_scratch(kva_context *ctx, int n, const char *api, const char *arg) {
     if (ctx->cpu_scratch && ctx->cpu_scratch_threads >= n) return KVA_OK;
     size_t per = kva__align_up(kva__cpu_scratch_bytes_per_thread(), 64);
     void *p = NULL;
     if (posix_memalign(&p, 64, per * (size_t)n) != 0)
-        return kva__fail(KVA_ERR_OUT_OF_MEMORY, "CPU scratch: cannot allocate %zu bytes",
-                         per * (size_t)n);
+        return kva__fail(KVA_ERR_OUT_OF_MEMORY,
+                         "%s: cannot allocate the CPU scratch of %d threads (%s): %zu bytes, %zu "
+                         "per thread",
+                         api, n, arg, per * (size_t)n, per);
     free(ctx->cpu_scratch);
     ctx->cpu_scratch = p;
     ctx->cpu_scratch_per_thread = per;
@@ -71,7 +74,7 @@ kva_status kva_context_create(kva_device_type device, int device_id, kva_context
         }
         cpu_model_name(ctx->name, sizeof ctx->name);
         ctx->num_sms = ctx->num_threads;
-        st = ensure_cpu_scratch(ctx, ctx->num_threads);
+        st = ensure_cpu_scratch(ctx, ctx->num_threads, "kva_context_create", "the core count");
     } else {
         st = kva__cuda_context_init(ctx);
     }
@@ -114,10 +117,11 @@ kva_device_type kva_context_device(const kva_context *ctx) {
 kva_status kva_context_set_threads(kva_context *ctx, int num_threads) {
     KVA_CHECK_NULL(ctx);
     if (num_threads < 0)
-        return kva__fail(KVA_ERR_INVALID_ARG, "kva_context_set_threads: %d < 0", num_threads);
+        return kva__fail(KVA_ERR_INVALID_ARG, "kva_context_set_threads: num_threads = %d < 0",
+                         num_threads);
     int n = num_threads == 0 ? kva__cpu_count() : num_threads;
     if (ctx->device == KVA_DEVICE_CPU) {
-        KVA_TRY(ensure_cpu_scratch(ctx, n));
+        KVA_TRY(ensure_cpu_scratch(ctx, n, "kva_context_set_threads", "num_threads"));
         ctx->num_sms = n;
     }
     ctx->num_threads = n;
