@@ -84,7 +84,8 @@ size_t kva_dtype_size(kva_dtype dtype);
 /* "f32", "f16", "bf16", or "?" */
 const char *kva_dtype_name(kva_dtype dtype);
 
-/* Host-memory conversion of n elements between any two dtypes (round to nearest even). */
+/* Host-memory conversion of n elements between any two dtypes (round to nearest even). src and
+ * dst must be aligned to their element sizes (KVA_ERR_BAD_SHAPE otherwise). */
 kva_status kva_convert(const void *src, kva_dtype src_dtype, void *dst, kva_dtype dst_dtype,
                        size_t n);
 
@@ -600,7 +601,8 @@ kva_status kva_prefill_run_paged(kva_context *ctx, const kva_plan *plan,
  *     lse_out[r] = log(sum_s exp(lse_in[r][s]))
  *     v_out[r]   = sum_s exp(lse_in[r][s] - lse_out[r]) * v_in[r][s]
  * v_in: [num_rows, num_states, head_dim] (dtype), lse_in: f32 [num_rows, num_states],
- * v_out: [num_rows, head_dim] (dtype), lse_out: NULL or f32 [num_rows]. All in device memory.
+ * v_out: [num_rows, head_dim] (dtype), lse_out: NULL or f32 [num_rows]. All in device memory,
+ * each aligned to its element size (KVA_ERR_BAD_SHAPE otherwise).
  * States with lse = -inf contribute nothing; a row whose states are all -inf gets 0 and -inf;
  * a NaN LSE (a state whose scores left f32 range) makes the row NaN. */
 kva_status kva_merge_states(kva_context *ctx, int32_t num_rows, int32_t num_states,

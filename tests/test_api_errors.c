@@ -512,3 +512,52 @@ KVA_TEST(api_errors_overflowing_strides_are_refused) {
     check_plan_still_runs(&f, "the refused strides");
     fixture_free(&f);
 }
+
+/* Pointers the kernels access element by element must be aligned to their elements: a
+ * misaligned src / dst of kva_convert, v_in / v_out / lse of kva_merge_states or the lse output
+ * of a run used to be accepted and accessed as misaligned float / uint16_t (UBSan: misaligned
+ * load / store). They are refused, and nothing is written. */
+KVA_TEST(api_errors_misaligned_element_pointers_are_refused) {
+    fixture f;
+    if (!fixture_init(&f)) {
+        kva_test_fail(__FILE__, __LINE__, "fixture: %s", kva_last_error());
+        fixture_free(&f);
+        return;
+    }
+    unsigned char *buf = kva_test_alloc(4096);
+    float *src = (float *)(void *)buf;
+    for (int i = 0; i < 16; ++i) src[i] = 1.0f;
+    unsigned char *dst = buf + 1024;
+    kva_poison(dst, 256);
+    EXPECT_ERROR(kva_convert(buf + 2, KVA_F32, dst, KVA_BF16, 4), KVA_ERR_BAD_SHAPE);
+    EXPECT_ERROR(kva_convert(src, KVA_F32, dst + 1, KVA_F16, 4), KVA_ERR_BAD_SHAPE);
+    EXPECT_ERROR(kva_convert(src, KVA_F32, dst + 2, KVA_F32, 4), KVA_ERR_BAD_SHAPE);
+    CHECK(all_bytes(dst, 256, 0xFF));
+    CHECK_OK(kva_convert(buf + 2, KVA_BF16, dst + 514, KVA_F16, 4)); /* 2-byte elements */
+
+    /* merge: 2 rows x 2 states x 16, f32; lse at buf + 512 */
+    float *lse_in = (float *)(void *)(buf + 512);
+    for (int i = 0; i < 4; ++i) lse_in[i] = 0.0f;
+    EXPECT_ERROR(kva_merge_states(f.ctx, 2, 2, 16, KVA_F32, buf + 2, lse_in, dst, NULL), KVA_ERR_BAD_SHAPE);
+    EXPECT_ERROR(kva_merge_states(f.ctx, 2, 2, 16, KVA_F32, src, (const float *)(const void *)(buf + 514),
+                                  dst, NULL), KVA_ERR_BAD_SHAPE);
+    EXPECT_ERROR(kva_merge_states(f.ctx, 2, 2, 16, KVA_F32, src, lse_in, dst + 2, NULL), KVA_ERR_BAD_SHAPE);
+    EXPECT_ERROR(kva_merge_states(f.ctx, 2, 2, 16, KVA_BF16, src, lse_in, dst + 1, NULL), KVA_ERR_BAD_SHAPE);
+    EXPECT_ERROR(kva_merge_states(f.ctx, 2, 2, 16, KVA_F32, src, lse_in, dst, (float *)(void *)(dst + 257)),
+                 KVA_ERR_BAD_SHAPE);
+    CHECK(strstr(kva_last_error(), "kva_merge_states: lse_out") != NULL);
+    CHECK(all_bytes(dst, 256, 0xFF));
+
+    /* the lse output of the runs */
+    float *bad_lse = (float *)(void *)(dst + 1);
+    poison_outputs(&f);
+    EXPECT_ERROR(kva_decode_run(f.ctx, &f.plan, &f.params, fq(&f), &f.pages, fo(&f), bad_lse),
+                 KVA_ERR_BAD_SHAPE);
+    CHECK(strstr(kva_last_error(), "kva_decode_run: lse") != NULL);
+    kva_tensor k = kva_tensor_nhd(f.pool, KVA_F32, FX_HK, FX_D);
+    EXPECT_ERROR(kva_attention(f.ctx, &f.params, 2, 2, fq(&f), k, k, fo(&f), bad_lse), KVA_ERR_BAD_SHAPE);
+    CHECK(outputs_untouched(&f) && all_bytes(dst, 256, 0xFF));
+    check_plan_still_runs(&f, "the misaligned pointers");
+    free(buf);
+    fixture_free(&f);
+}

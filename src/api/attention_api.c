@@ -22,6 +22,7 @@ kva_status kva_attention(kva_context *ctx, const kva_attn_params *params, int32_
     KVA_TRY(kva__check_tensor("k", k, dt, kv_len, params->num_kv_heads, params->head_dim));
     KVA_TRY(kva__check_tensor("v", v, dt, kv_len, params->num_kv_heads, params->head_dim));
     KVA_TRY(kva__check_tensor("o", o, dt, qo_len, params->num_qo_heads, params->head_dim));
+    KVA_TRY(kva__check_aligned("lse", lse, sizeof(float)));
     if (ctx->device == KVA_DEVICE_CUDA)
         return kva__cuda_attention(ctx, params, qo_len, kv_len, q, k, v, o, lse);
     return kva__cpu_attention(ctx, params, qo_len, kv_len, q, k, v, o, lse);
@@ -38,6 +39,7 @@ kva_status kva_decode_run(kva_context *ctx, const kva_plan *plan, const kva_attn
                               params->head_dim));
     KVA_TRY(kva__check_tensor("o", o, pages->dtype, plan->batch_size, params->num_qo_heads,
                               params->head_dim));
+    KVA_TRY(kva__check_aligned("lse", lse, sizeof(float)));
     if (ctx->device == KVA_DEVICE_CUDA)
         return kva__cuda_decode_run(ctx, plan, params, q, pages, o, lse);
     return kva__cpu_decode_run(ctx, plan, params, q, pages, o, lse);
@@ -65,6 +67,7 @@ kva_status kva_prefill_run_ragged(kva_context *ctx, const kva_plan *plan,
     KVA_TRY(kva__check_tensor("k", k, dt, nk, params->num_kv_heads, params->head_dim));
     KVA_TRY(kva__check_tensor("v", v, dt, nk, params->num_kv_heads, params->head_dim));
     KVA_TRY(kva__check_tensor("o", o, dt, nq, params->num_qo_heads, params->head_dim));
+    KVA_TRY(kva__check_aligned("lse", lse, sizeof(float)));
     if (ctx->device == KVA_DEVICE_CUDA)
         return kva__cuda_prefill_run(ctx, plan, params, q, k, v, NULL, o, lse);
     return kva__cpu_prefill_run_ragged(ctx, plan, params, q, k, v, o, lse);
@@ -81,6 +84,7 @@ kva_status kva_prefill_run_paged(kva_context *ctx, const kva_plan *plan,
     int64_t nq = total_qo(plan);
     KVA_TRY(kva__check_tensor("q", q, pages->dtype, nq, params->num_qo_heads, params->head_dim));
     KVA_TRY(kva__check_tensor("o", o, pages->dtype, nq, params->num_qo_heads, params->head_dim));
+    KVA_TRY(kva__check_aligned("lse", lse, sizeof(float)));
     if (ctx->device == KVA_DEVICE_CUDA) {
         kva_tensor none = {NULL, pages->dtype, 0, 0};
         return kva__cuda_prefill_run(ctx, plan, params, q, none, none, pages, o, lse);
@@ -91,6 +95,7 @@ kva_status kva_prefill_run_paged(kva_context *ctx, const kva_plan *plan,
 kva_status kva_merge_states(kva_context *ctx, int32_t num_rows, int32_t num_states,
                             int32_t head_dim, kva_dtype dtype, const void *v_in,
                             const float *lse_in, void *v_out, float *lse_out) {
+    KVA_API("kva_merge_states");
     KVA_CHECK_NULL(ctx);
     if (num_rows < 0 || num_states < 0 || head_dim < 1 || head_dim > 1024)
         return kva__fail(KVA_ERR_BAD_SHAPE,
@@ -104,6 +109,12 @@ kva_status kva_merge_states(kva_context *ctx, int32_t num_rows, int32_t num_stat
         KVA_CHECK_NULL(v_in);
         KVA_CHECK_NULL(lse_in);
     }
+    /* the kernels access elements one by one (scalar tails, CUDA): natural alignment */
+    const size_t es = kva_dtype_size(dtype);
+    KVA_TRY(kva__check_aligned("v_in", v_in, es));
+    KVA_TRY(kva__check_aligned("lse_in", lse_in, sizeof(float)));
+    KVA_TRY(kva__check_aligned("v_out", v_out, es));
+    KVA_TRY(kva__check_aligned("lse_out", lse_out, sizeof(float)));
     if (ctx->device == KVA_DEVICE_CUDA)
         return kva__cuda_merge_states(ctx, num_rows, num_states, head_dim, dtype, v_in, lse_in,
                                       v_out, lse_out);

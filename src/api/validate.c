@@ -103,6 +103,13 @@ kva_status kva__check_tensor(const char *what, kva_tensor t, kva_dtype dtype, in
     return KVA_OK;
 }
 
+kva_status kva__check_aligned(const char *what, const void *p, size_t align) {
+    if (align > 1 && (uintptr_t)p % align != 0)
+        return kva__fail(KVA_ERR_BAD_SHAPE, "%s: %s (%p) must be %zu-byte aligned", kva__api(), what,
+                         p, align);
+    return KVA_OK;
+}
+
 kva_status kva__check_pages(const kva_kv_pages *pg, const kva_attn_params *p, int32_t page_size,
                             int32_t min_num_pages) {
     if (!pg) return kva__fail(KVA_ERR_INVALID_ARG, "%s: pages is NULL", kva__api());

@@ -28,6 +28,13 @@ kva_status kva_convert(const void *src, kva_dtype src_dtype, void *dst, kva_dtyp
     if (!kva__dtype_valid(src_dtype) || !kva__dtype_valid(dst_dtype))
         return kva__fail(KVA_ERR_INVALID_ARG, "kva_convert: unknown dtype (%d -> %d)",
                          (int)src_dtype, (int)dst_dtype);
+    /* elements are loaded and stored as float / uint16_t: natural alignment */
+    if ((uintptr_t)src % kva_dtype_size(src_dtype) != 0 ||
+        (uintptr_t)dst % kva_dtype_size(dst_dtype) != 0)
+        return kva__fail(KVA_ERR_BAD_SHAPE,
+                         "kva_convert: src (%p) and dst (%p) must be aligned to their elements "
+                         "(%zu and %zu bytes)",
+                         src, dst, kva_dtype_size(src_dtype), kva_dtype_size(dst_dtype));
     for (size_t i = 0; i < n; ++i)
         kva__store_f32(dst, dst_dtype, (int64_t)i, kva__load_f32(src, src_dtype, (int64_t)i));
     return KVA_OK;
