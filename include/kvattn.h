@@ -168,7 +168,8 @@ kva_status kva_synchronize(kva_context *ctx);
  * data + (t * stride_token + h * stride_head + i) elements. head_dim is contiguous and the
  * extents come from the call (token counts from indptr arrays, heads and head_dim from
  * kva_attn_params). data must be 16-byte aligned and both strides multiples of 8 elements for
- * f16/bf16 (4 for f32), so rows can be loaded as 16-byte vectors. */
+ * f16/bf16 (4 for f32), so rows can be loaded as 16-byte vectors. The rows of an output (o) must
+ * not share elements (a zero or too small stride: KVA_ERR_BAD_SHAPE); those of inputs may. */
 typedef struct kva_tensor {
     void *data;
     kva_dtype dtype;
@@ -645,7 +646,9 @@ typedef struct kva_cache_config {
 kva_status kva_cache_create(kva_context *ctx, const kva_cache_config *config, kva_cache **out);
 void kva_cache_destroy(kva_cache *cache); /* NULL is a no-op */
 
-/* New empty sequence; *seq_id receives its id (0 .. max_sequences-1).
+/* New empty sequence; *seq_id receives its id (0 .. max_sequences-1). Ids are slots: a freed
+ * id is handed out again, so a caller must forget an id once it frees it (freeing it again after
+ * a later add_sequence or fork got it would free that new sequence).
  * @return KVA_ERR_NO_SPACE if max_sequences are live. */
 kva_status kva_cache_add_sequence(kva_cache *cache, int32_t *seq_id);
 /* Frees a sequence; pages it shares with others stay theirs. */

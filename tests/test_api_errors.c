@@ -60,6 +60,9 @@ KVA_TEST(api_errors_context_and_memory) {
         CHECK_MSG(st == KVA_ERR_NOT_BUILT || st == KVA_ERR_DEVICE, "CUDA context without CUDA: %s",
                   kva_status_str(st));
         CHECK(ctx == NULL && kva_last_error()[0] != 0);
+        /* the message names the public call, not a backend function */
+        CHECK_MSG(strncmp(kva_last_error(), "kva_context_create: ", 20) == 0, "CUDA context without CUDA: \"%s\"",
+                  kva_last_error());
     }
     kva_context_destroy(NULL);
     REQUIRE_OK(kva_context_create(KVA_DEVICE_CPU, 0, &ctx));
@@ -90,6 +93,7 @@ KVA_TEST(api_errors_context_and_memory) {
     EXPECT_ERROR(kva_memcpy(ctx, dst, src, 16, (kva_copy_kind)5), KVA_ERR_INVALID_ARG);
     CHECK(all_bytes(dst, sizeof dst, 0x5a));
     CHECK_OK(kva_memcpy(ctx, NULL, NULL, 0, KVA_COPY_HOST_TO_DEVICE));
+    EXPECT_ERROR(kva_memcpy(ctx, NULL, NULL, 0, (kva_copy_kind)5), KVA_ERR_INVALID_ARG); /* even for no bytes */
     EXPECT_ERROR(kva_synchronize(NULL), KVA_ERR_INVALID_ARG);
     kva_context_destroy(ctx);
 }
@@ -104,6 +108,7 @@ KVA_TEST(api_errors_convert) {
     EXPECT_ERROR(kva_convert(src, KVA_F32, dst, (kva_dtype)-1, 4), KVA_ERR_INVALID_ARG);
     CHECK(all_bytes(dst, sizeof dst, 0x5a));
     CHECK_OK(kva_convert(NULL, KVA_F32, NULL, KVA_F16, 0));
+    EXPECT_ERROR(kva_convert(NULL, (kva_dtype)3, NULL, KVA_F16, 0), KVA_ERR_INVALID_ARG); /* even for none */
 }
 
 KVA_TEST(api_errors_merge_states) {
@@ -510,6 +515,48 @@ KVA_TEST(api_errors_overflowing_strides_are_refused) {
     EXPECT_ERROR(kva_attention(f.ctx, &f.params, 2, 2, q, k, k, t, f.lse), KVA_ERR_BAD_SHAPE);
     CHECK(outputs_untouched(&f));
     check_plan_still_runs(&f, "the refused strides");
+    fixture_free(&f);
+}
+
+/* An output whose (token, head) rows share elements (a zero or too small stride) would have
+ * threads race on them and return one result for several rows: refused, nothing written; padded
+ * rows and the HND order are fine. */
+KVA_TEST(api_errors_overlapping_output_rows_are_refused) {
+    fixture f;
+    if (!fixture_init(&f)) {
+        kva_test_fail(__FILE__, __LINE__, "fixture: %s", kva_last_error());
+        fixture_free(&f);
+        return;
+    }
+    kva_tensor q = fq(&f), o = fo(&f), t;
+    poison_outputs(&f);
+    t = o;
+    t.stride_token = 0; /* every request's rows on the first's */
+    EXPECT_ERROR(kva_decode_run(f.ctx, &f.plan, &f.params, q, &f.pages, t, f.lse), KVA_ERR_BAD_SHAPE);
+    CHECK(strstr(kva_last_error(), "kva_decode_run: o strides") != NULL);
+    t = o;
+    t.stride_head = FX_D / 2; /* heads half a row apart */
+    EXPECT_ERROR(kva_decode_run(f.ctx, &f.plan, &f.params, q, &f.pages, t, f.lse), KVA_ERR_BAD_SHAPE);
+    t = o;
+    t.stride_token = FX_D; /* tokens inside the heads' span (heads FX_D apart, too) */
+    EXPECT_ERROR(kva_decode_run(f.ctx, &f.plan, &f.params, q, &f.pages, t, f.lse), KVA_ERR_BAD_SHAPE);
+    kva_tensor k = kva_tensor_nhd(f.pool, KVA_F32, FX_HK, FX_D);
+    t = o;
+    t.stride_head = 0;
+    EXPECT_ERROR(kva_attention(f.ctx, &f.params, 2, 2, q, k, k, t, f.lse), KVA_ERR_BAD_SHAPE);
+    CHECK(strstr(kva_last_error(), "kva_attention: o strides") != NULL);
+    CHECK(outputs_untouched(&f));
+    /* the same rows of one token and head: nothing to overlap */
+    kva_attn_params one = f.params;
+    one.num_qo_heads = one.num_kv_heads = 1;
+    t = o;
+    t.stride_token = t.stride_head = 0;
+    CHECK_OK(kva_attention(f.ctx, &one, 1, 2, q, k, k, t, NULL));
+    /* HND rows and padded NHD rows: accepted */
+    CHECK_OK(kva_decode_run(f.ctx, &f.plan, &f.params, q, &f.pages, kva_tensor_hnd(f.o, KVA_F32, FX_B, FX_D), f.lse));
+    t = kva_tensor_nhd(f.o, KVA_F32, FX_HQ / 2, FX_D); /* heads of one token spill into the next: overlap */
+    EXPECT_ERROR(kva_decode_run(f.ctx, &f.plan, &f.params, q, &f.pages, t, f.lse), KVA_ERR_BAD_SHAPE);
+    check_plan_still_runs(&f, "the refused output strides");
     fixture_free(&f);
 }
 

@@ -21,7 +21,7 @@ kva_status kva_attention(kva_context *ctx, const kva_attn_params *params, int32_
     KVA_TRY(kva__check_tensor("q", q, dt, qo_len, params->num_qo_heads, params->head_dim));
     KVA_TRY(kva__check_tensor("k", k, dt, kv_len, params->num_kv_heads, params->head_dim));
     KVA_TRY(kva__check_tensor("v", v, dt, kv_len, params->num_kv_heads, params->head_dim));
-    KVA_TRY(kva__check_tensor("o", o, dt, qo_len, params->num_qo_heads, params->head_dim));
+    KVA_TRY(kva__check_output("o", o, dt, qo_len, params->num_qo_heads, params->head_dim));
     KVA_TRY(kva__check_aligned("lse", lse, sizeof(float)));
     if (ctx->device == KVA_DEVICE_CUDA)
         return kva__cuda_attention(ctx, params, qo_len, kv_len, q, k, v, o, lse);
@@ -37,7 +37,7 @@ kva_status kva_decode_run(kva_context *ctx, const kva_plan *plan, const kva_attn
     KVA_TRY(kva__check_pages(pages, params, h->page_size, h->num_pages));
     KVA_TRY(kva__check_tensor("q", q, pages->dtype, plan->batch_size, params->num_qo_heads,
                               params->head_dim));
-    KVA_TRY(kva__check_tensor("o", o, pages->dtype, plan->batch_size, params->num_qo_heads,
+    KVA_TRY(kva__check_output("o", o, pages->dtype, plan->batch_size, params->num_qo_heads,
                               params->head_dim));
     KVA_TRY(kva__check_aligned("lse", lse, sizeof(float)));
     if (ctx->device == KVA_DEVICE_CUDA)
@@ -66,7 +66,7 @@ kva_status kva_prefill_run_ragged(kva_context *ctx, const kva_plan *plan,
     KVA_TRY(kva__check_tensor("q", q, dt, nq, params->num_qo_heads, params->head_dim));
     KVA_TRY(kva__check_tensor("k", k, dt, nk, params->num_kv_heads, params->head_dim));
     KVA_TRY(kva__check_tensor("v", v, dt, nk, params->num_kv_heads, params->head_dim));
-    KVA_TRY(kva__check_tensor("o", o, dt, nq, params->num_qo_heads, params->head_dim));
+    KVA_TRY(kva__check_output("o", o, dt, nq, params->num_qo_heads, params->head_dim));
     KVA_TRY(kva__check_aligned("lse", lse, sizeof(float)));
     if (ctx->device == KVA_DEVICE_CUDA)
         return kva__cuda_prefill_run(ctx, plan, params, q, k, v, NULL, o, lse);
@@ -83,7 +83,7 @@ kva_status kva_prefill_run_paged(kva_context *ctx, const kva_plan *plan,
     KVA_TRY(kva__check_pages(pages, params, h->page_size, h->num_pages));
     int64_t nq = total_qo(plan);
     KVA_TRY(kva__check_tensor("q", q, pages->dtype, nq, params->num_qo_heads, params->head_dim));
-    KVA_TRY(kva__check_tensor("o", o, pages->dtype, nq, params->num_qo_heads, params->head_dim));
+    KVA_TRY(kva__check_output("o", o, pages->dtype, nq, params->num_qo_heads, params->head_dim));
     KVA_TRY(kva__check_aligned("lse", lse, sizeof(float)));
     if (ctx->device == KVA_DEVICE_CUDA) {
         kva_tensor none = {NULL, pages->dtype, 0, 0};

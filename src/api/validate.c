@@ -110,6 +110,31 @@ kva_status kva__check_aligned(const char *what, const void *p, size_t align) {
     return KVA_OK;
 }
 
+kva_status kva__check_output(const char *what, kva_tensor t, kva_dtype dtype, int64_t tokens,
+                             int32_t heads, int32_t head_dim) {
+    KVA_TRY(kva__check_tensor(what, t, dtype, tokens, heads, head_dim));
+    /* inner dimension (smaller stride) first: each dimension of more than one row must step past
+     * all that the dimensions inside it span (no overflow: kva__check_tensor bounded count x
+     * stride) */
+    int64_t n[2] = {tokens, heads}, st[2] = {t.stride_token, t.stride_head};
+    if (st[0] > st[1]) {
+        const int64_t a = n[0], b = st[0];
+        n[0] = n[1], st[0] = st[1], n[1] = a, st[1] = b;
+    }
+    int64_t span = head_dim;
+    for (int i = 0; i < 2; ++i) {
+        if (n[i] <= 1) continue;
+        if (st[i] < span)
+            return kva__fail(KVA_ERR_BAD_SHAPE,
+                             "%s: %s strides (%lld, %lld) make rows of %lld tokens x %d heads x %d "
+                             "overlap; an output's rows must not share elements",
+                             kva__api(), what, (long long)t.stride_token, (long long)t.stride_head,
+                             (long long)tokens, heads, head_dim);
+        span += st[i] * (n[i] - 1);
+    }
+    return KVA_OK;
+}
+
 kva_status kva__check_pages(const kva_kv_pages *pg, const kva_attn_params *p, int32_t page_size,
                             int32_t min_num_pages) {
     if (!pg) return kva__fail(KVA_ERR_INVALID_ARG, "%s: pages is NULL", kva__api());

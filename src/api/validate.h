@@ -15,6 +15,10 @@ kva_status kva__check_tensor(const char *what, kva_tensor t, kva_dtype dtype, in
 /* Checks that p (may be NULL) is aligned to `align` bytes, the size of the elements the kernels
  * load and store through it (f32 LSE arrays: 4). `what` names it. */
 kva_status kva__check_aligned(const char *what, const void *p, size_t align);
+/* kva__check_tensor for an output, and its (token, head) rows may not share elements (threads
+ * writing different rows would race and one result would be lost). */
+kva_status kva__check_output(const char *what, kva_tensor t, kva_dtype dtype, int64_t tokens,
+                             int32_t heads, int32_t head_dim);
 /* Checks a page pool against params and the plan's page size / pool size (and, as for tensors,
  * strides whose offsets cannot overflow). */
 kva_status kva__check_pages(const kva_kv_pages *pages, const kva_attn_params *params,

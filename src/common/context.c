@@ -204,11 +204,12 @@ void kva_host_free(kva_context *ctx, void *ptr) {
 kva_status kva_memcpy(kva_context *ctx, void *dst, const void *src, size_t bytes,
                       kva_copy_kind kind) {
     KVA_CHECK_NULL(ctx);
+    /* (an unknown kind is refused even for no bytes: a caller's bug, whatever the size) */
+    if (kind < KVA_COPY_HOST_TO_DEVICE || kind > KVA_COPY_DEVICE_TO_DEVICE)
+        return kva__fail(KVA_ERR_INVALID_ARG, "kva_memcpy: unknown copy kind %d", (int)kind);
     if (bytes == 0) return KVA_OK;
     KVA_CHECK_NULL(dst);
     KVA_CHECK_NULL(src);
-    if (kind < KVA_COPY_HOST_TO_DEVICE || kind > KVA_COPY_DEVICE_TO_DEVICE)
-        return kva__fail(KVA_ERR_INVALID_ARG, "kva_memcpy: unknown copy kind %d", (int)kind);
     if (ctx->device == KVA_DEVICE_CUDA) return kva__cuda_memcpy(ctx, dst, src, bytes, kind);
     memmove(dst, src, bytes);
     return KVA_OK;

@@ -22,12 +22,13 @@ const char *kva_dtype_name(kva_dtype dtype) {
 
 kva_status kva_convert(const void *src, kva_dtype src_dtype, void *dst, kva_dtype dst_dtype,
                        size_t n) {
-    if (n == 0) return KVA_OK;
-    KVA_CHECK_NULL(src);
-    KVA_CHECK_NULL(dst);
+    /* (unknown dtypes are refused even for no elements: a caller's bug, whatever the count) */
     if (!kva__dtype_valid(src_dtype) || !kva__dtype_valid(dst_dtype))
         return kva__fail(KVA_ERR_INVALID_ARG, "kva_convert: unknown dtype (%d -> %d)",
                          (int)src_dtype, (int)dst_dtype);
+    if (n == 0) return KVA_OK;
+    KVA_CHECK_NULL(src);
+    KVA_CHECK_NULL(dst);
     /* elements are loaded and stored as float / uint16_t: natural alignment */
     if ((uintptr_t)src % kva_dtype_size(src_dtype) != 0 ||
         (uintptr_t)dst % kva_dtype_size(dst_dtype) != 0)

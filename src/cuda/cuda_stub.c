@@ -5,7 +5,11 @@
 #define NOT_BUILT() kva__fail(KVA_ERR_NOT_BUILT, "%s: kvattn was built without CUDA", __func__)
 
 int kva__cuda_device_count(void) { return 0; }
-kva_status kva__cuda_context_init(kva_context *ctx) { (void)ctx; return NOT_BUILT(); }
+/* (reached from kva_context_create only: the other entry points need a CUDA context) */
+kva_status kva__cuda_context_init(kva_context *ctx) {
+    (void)ctx;
+    return kva__fail(KVA_ERR_NOT_BUILT, "kva_context_create: device KVA_DEVICE_CUDA: kvattn was built without CUDA");
+}
 void kva__cuda_context_destroy(kva_context *ctx) { (void)ctx; }
 kva_status kva__cuda_malloc(kva_context *ctx, size_t bytes, void **ptr) {
     (void)ctx; (void)bytes; (void)ptr; return NOT_BUILT();
