@@ -92,6 +92,8 @@ KVA_TEST(cpu_dispatch_override_selects_or_refuses) {
     CHECK_OK(create_under("generic", got, sizeof got)); /* the portable fallback always runs */
     CHECK_STATUS(create_under("sse9", got, sizeof got), KVA_ERR_UNSUPPORTED);
     CHECK(strstr(kva_last_error(), "sse9") != NULL);
+    /* the message names the public call and the variable */
+    CHECK_MSG(strncmp(kva_last_error(), "kva_context_create: KVA_CPU_ISA=sse9", 36) == 0, "\"%s\"", kva_last_error());
 #if defined(__x86_64__)
     CHECK_STATUS(create_under("neon", got, sizeof got), KVA_ERR_UNSUPPORTED);
 #endif

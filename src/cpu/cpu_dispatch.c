@@ -93,8 +93,8 @@ kva_status kva__cpu_kernels_select(const kva__cpu_kernels **out) {
         for (int i = 0; i < NUM_VARIANTS; ++i) {
             if (strcmp(want, variants[i].k->name) != 0) continue;
             if (!variants[i].runs())
-                return kva__fail(KVA_ERR_UNSUPPORTED, "KVA_CPU_ISA=%s: this CPU cannot run the "
-                                 "%s kernels", want, want);
+                return kva__fail(KVA_ERR_UNSUPPORTED, "kva_context_create: KVA_CPU_ISA=%s: this CPU "
+                                 "cannot run the %s kernels", want, want);
             *out = variants[i].k;
             return KVA_OK;
         }
@@ -103,8 +103,8 @@ kva_status kva__cpu_kernels_select(const kva__cpu_kernels **out) {
             strncat(built, variants[i].k->name, sizeof built - strlen(built) - 1);
             if (i + 1 < NUM_VARIANTS) strncat(built, ", ", sizeof built - strlen(built) - 1);
         }
-        return kva__fail(KVA_ERR_UNSUPPORTED, "KVA_CPU_ISA=%s: no such CPU kernel variant in this "
-                         "build (built: %s; or auto)", want, built);
+        return kva__fail(KVA_ERR_UNSUPPORTED, "kva_context_create: KVA_CPU_ISA=%s: no such CPU kernel "
+                         "variant in this build (built: %s; or auto)", want, built);
     }
     for (int i = 0; i < NUM_VARIANTS; ++i) {
         if (variants[i].runs()) {
