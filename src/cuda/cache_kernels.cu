@@ -32,6 +32,9 @@ __global__ void kva__append_kernel(kva__pool_bytes pool, int64_t total_units,
                                    const int64_t *__restrict__ slots, const unsigned char *ksrc,
                                    const unsigned char *vsrc, int64_t k_st, int64_t k_sh,
                                    int64_t v_st, int64_t v_sh) {
+#if KVA__DECODE_PDL
+    kva__pdl_trigger(); /* (a decode run after it may place its blocks now: they wait for our writes) */
+#endif
     for (int64_t u = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; u < total_units;
          u += (int64_t)gridDim.x * blockDim.x) {
         const int64_t row = u / pool.row_units;

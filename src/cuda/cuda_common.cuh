@@ -56,6 +56,9 @@ typedef struct kva__cuda_private {
     int merge_pdl;                  /* 1: the prefill merge kernel runs code compiled for sm_90+ here (it
                                        holds kva__pdl_wait), so it may be launched as a programmatic
                                        dependent (prefill_launch.cu) */
+    int decode_pdl;                 /* 1: built with KVA__DECODE_PDL and every decode kernel runs
+                                       sm_90+ code here: decode runs launch as programmatic
+                                       dependents of the stream's previous kernel (decode_launch.cu) */
     int smem_optin;                 /* shared memory a block may opt into, bytes */
     int cc_major, cc_minor;         /* compute capability: the architecture variants compile for */
     void **vmods;                   /* kva__vmod_loaded *: every variant module loaded (variant_load.cu) */
@@ -144,6 +147,17 @@ __device__ __forceinline__ void kva__pdl_wait() {
     asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #endif
 }
+
+/* Decode as a programmatic dependent of the kernel before it (an experiment, off by default:
+ * -DKVA__DECODE_PDL=1; bench/NOTES.md, "the decode kernel as a programmatic dependent of the
+ * step's append"). With it the append kernel triggers its dependents at its start, and a decode
+ * run launched after it may place its blocks at once: they read the plan's records and first page
+ * ids -- the plan's upload precedes the append on the stream, so those are complete -- and wait
+ * (kva__pdl_wait) before anything a previous kernel may write: q, the K/V pages, o, the partial
+ * states. Not for variant modules (their caller data may be a previous kernel's output). */
+#ifndef KVA__DECODE_PDL
+#define KVA__DECODE_PDL 0
+#endif
 
 __device__ __forceinline__ uint32_t kva__smem_addr(const void *p) {
     return (uint32_t)__cvta_generic_to_shared(p);

@@ -104,6 +104,27 @@ static int merge_kernels_wait(const kva__cuda_private *priv) {
     return 1;
 }
 
+/* Whether decode runs may launch as programmatic dependents here (KVA__DECODE_PDL): only when
+ * every built-in decode kernel runs sm_90+ code on this device (see merge_kernels_wait). */
+static int decode_kernels_wait(const kva__cuda_private *priv) {
+#if !KVA__DECODE_PDL
+    (void)priv;
+    return 0;
+#else
+    if (priv->cc_major < 9) return 0;
+    for (int i = 0; i < 9; ++i)
+        for (int v = 0; v < 4; ++v) {
+            cudaFuncAttributes fa;
+            if (cudaFuncGetAttributes(&fa, decode_table[i].fn(1 + (v & 1), v >> 1)) != cudaSuccess) {
+                (void)cudaGetLastError();
+                return 0;
+            }
+            if (fa.ptxVersion < 90) return 0;
+        }
+    return 1;
+#endif
+}
+
 static kva_status prepare_kernels(kva__cuda_private *priv) {
     for (int i = 0; i < 9; ++i) {
         const decode_entry *e = &decode_table[i];
@@ -146,6 +167,7 @@ static kva_status prepare_kernels(kva__cuda_private *priv) {
                 }
             }
     priv->merge_pdl = merge_kernels_wait(priv);
+    priv->decode_pdl = decode_kernels_wait(priv);
     return KVA_OK;
 }
 

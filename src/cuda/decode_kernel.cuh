@@ -502,9 +502,18 @@ __global__ void __launch_bounds__(KVA__DECODE_THREADS)
 
     kva__unit cur;
     kva__unit_from_record<TOK>(a, u, rec0, rec1, warp, cur);
+#if KVA__DECODE_PDL
+    /* (launched as a programmatic dependent: plan data so far -- records, page ids --, then the
+     * wait for the kernel before, whose writes q, K / V and o may be; cuda_common.cuh) */
+#pragma unroll
+    for (int t = 0; t < STAGES - 1 + PFQ; ++t) load_pid(cur, t, n_pid[t], n_slot[t], n_ok[t]);
+    kva__pdl_wait();
+    load_q(cur);
+#else
     load_q(cur);
 #pragma unroll
     for (int t = 0; t < STAGES - 1 + PFQ; ++t) load_pid(cur, t, n_pid[t], n_slot[t], n_ok[t]);
+#endif
 #pragma unroll
     for (int t = 0; t < STAGES - 1; ++t) { /* the first unit's prologue */
         if (t < cur.my_n) issue(t, row_offset(n_pid[t], n_slot[t], n_ok[t]), cur.kh);

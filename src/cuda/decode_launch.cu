@@ -119,10 +119,25 @@ extern "C" kva_status kva__cuda_decode_run(kva_context *ctx, const kva_plan *pla
     }
 
     void *args[] = {&a};
+    /* With KVA__DECODE_PDL (cuda_common.cuh) a built-in kernel launches as a programmatic
+     * dependent of the kernel before it, whose writes it waits for in-kernel */
+    const kva__cuda_private *priv = (const kva__cuda_private *)ctx->cuda_private;
+    cudaLaunchAttribute attr = {};
+    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((unsigned)blocks);
+    cfg.blockDim = dim3(KVA__DECODE_THREADS);
+    cfg.dynamicSmemBytes = (size_t)smem;
+    cfg.stream = kva__stream(ctx);
+    cfg.attrs = &attr;
+    cfg.numAttrs = priv && priv->decode_pdl && !params->variant ? 1 : 0;
     for (int pass = gr ? 1 : 0; pass <= (gr ? 2 : 0); ++pass) {
         a.pass = pass; /* copied into the launch: the second launch sees 2 */
-        KVA_CUDA_TRY(cudaLaunchKernel(ch.fn, dim3((unsigned)blocks), dim3(KVA__DECODE_THREADS), args,
-                                      (size_t)smem, kva__stream(ctx)));
+        if (cfg.numAttrs)
+            KVA_CUDA_TRY(cudaLaunchKernelExC(&cfg, ch.fn, args));
+        else
+            KVA_CUDA_TRY(cudaLaunchKernel(ch.fn, cfg.gridDim, cfg.blockDim, args, cfg.dynamicSmemBytes, cfg.stream));
     }
     return KVA_OK;
 }
