@@ -37,6 +37,9 @@
 #   GPU_CHECK_AB_SIDES="a=-DX=0;b=-DX=1"    (instead of one new build: one build of this tree per
 #                                           named flag set, all timed in each round beside the base;
 #                                           each bench call is cut at GPU_CHECK_AB_TIMEOUT s, 240)
+#   GPU_CHECK_AB_CMD="python3 x.py --build {build}"  (instead of bench_torch.py: any command, {build}
+#                                           replaced by each side's build directory; its table
+#                                           lines ("| ...") are printed per round)
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 if [ "${1:-}" = "--ab-prepare" ]; then
@@ -104,6 +107,14 @@ if [ "${GPU_CHECK_AB:-0}" != 0 ]; then
     # shellcheck disable=SC2086
     for r in $(seq 1 "${GPU_CHECK_AB_ROUNDS:-3}"); do
         for side in "${sides[@]}"; do
+            if [ -n "${GPU_CHECK_AB_CMD:-}" ]; then
+                cmd=${GPU_CHECK_AB_CMD//\{build\}/${side_dir[$side]}}
+                timeout "${GPU_CHECK_AB_TIMEOUT:-240}" bash -c "$cmd" >"$OUT/ab-$side-$r.log" 2>&1 ||
+                    { status=1; note "A/B: $side round $r FAILED"; }
+                echo "== $side, round $r"
+                grep -E '^\|' "$OUT/ab-$side-$r.log" | cut -c1-150
+                continue
+            fi
             timeout "${GPU_CHECK_AB_TIMEOUT:-240}" python3 bench/bench_torch.py --build "${side_dir[$side]}" \
                 ${GPU_CHECK_AB_ARGS:---prefill-only --quick --no-extra-rows --seqs 512,2048 --prefill-sets bf16:128,bf16:64} \
                 >"$OUT/ab-$side-$r.log" 2>&1 || { status=1; note "A/B: $side round $r FAILED"; }
