@@ -499,6 +499,17 @@ static int view_get(PyObject *o, view *v, call_state *cs, const char *name) {
     memset(v, 0, sizeof *v);
     int rc = is_torch_tensor(o) ? torch_view(o, v, cs, name) : dlpack_view(o, v, cs, name);
     if (rc < 0) return -1;
+    /* An array without elements has no meaningful strides (numpy exports them as 0): give it
+     * compact row-major ones, so that an empty batch passes the contiguity checks. */
+    int empty = 0;
+    for (int i = 0; i < v->ndim; ++i) empty |= v->shape[i] == 0;
+    if (empty) {
+        int64_t run = 1;
+        for (int i = v->ndim - 1; i >= 0; --i) {
+            v->strides[i] = run;
+            run *= v->shape[i];
+        }
+    }
     if (!cs->have_dev) {
         cs->have_dev = 1;
         cs->dev = v->dev;

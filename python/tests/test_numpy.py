@@ -78,6 +78,30 @@ def test_attention_unplanned_dense(causal):
         kvattn.attention(q, k[:, :, :32], v, planned=False)
 
 
+
+def test_empty_arrays_are_accepted():
+    """Arrays without elements (numpy exports their strides as 0): empty batches, no keys."""
+    z = lambda *s: np.zeros(s, np.float32)
+    q, k = np.ones((3, 4, 64), np.float32), np.ones((5, 2, 64), np.float32)
+    for planned in (True, False):
+        o, lse = kvattn.attention(z(0, 4, 64), k, k, return_lse=True, planned=planned)
+        assert o.shape == (0, 4, 64) and lse.shape == (0, 4)
+        o, lse = kvattn.attention(q, z(0, 2, 64), z(0, 2, 64), return_lse=True, planned=planned)
+        assert np.all(o == 0) and np.all(np.isneginf(lse))
+        assert kvattn.attention(z(0, 3, 4, 64), z(0, 5, 2, 64), z(0, 5, 2, 64), planned=planned).shape == (0, 3, 4, 64)
+    w = kvattn.BatchDecodeWrapper()
+    w.plan([0], [], [], 4, 2, 64, 4)
+    o, lse = w.run(z(0, 4, 64), (z(3, 4, 2, 64), z(3, 4, 2, 64)), return_lse=True)
+    assert o.shape == (0, 4, 64) and lse.shape == (0, 4)
+    p = kvattn.BatchPrefillWrapper()
+    p.plan([0], [0], 4, 2, 64)
+    assert p.run(z(0, 4, 64), z(0, 2, 64), z(0, 2, 64)).shape == (0, 4, 64)
+    vo, lo = kvattn.merge_states(z(0, 3, 64), z(0, 3))
+    assert vo.shape == (0, 64) and lo.shape == (0,)
+    c = kvattn.PagedKVCache(1, 2, 64, page_size=4, num_pages=8)
+    s = c.add_sequence()
+    assert kvattn.attention_with_kv_cache(z(0, 4, 64), z(0, 2, 64), z(0, 2, 64), c, [s], num_new=[0]).shape == (0, 4, 64)
+
 def test_attention_varlen():
     rng = np.random.default_rng(3)
     qlens, klens = [5, 1, 17, 0, 9], [5, 30, 17, 4, 40]
