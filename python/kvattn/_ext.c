@@ -568,7 +568,7 @@ static int check_float(const view *v, const char *name) {
     return 0;
 }
 
-/* A contiguous f32 array of `count` elements (LSE); NULL for None. */
+/* A contiguous f32 array [rows, cols] (LSE); NULL for None. On failure nothing is held. */
 static int f32_out(PyObject *o, view *v, call_state *cs, const char *name, int64_t rows, int64_t cols,
                    float **out) {
     *out = NULL;
@@ -577,6 +577,7 @@ static int f32_out(PyObject *o, view *v, call_state *cs, const char *name, int64
     int ok = v->el == EL_F32 && v->ndim == 2 && v->shape[0] == rows && v->shape[1] == cols &&
              (cols <= 1 || v->strides[1] == 1) && (rows <= 1 || v->strides[0] == cols);
     if (!ok) {
+        view_release(v);
         PyErr_Format(PyExc_ValueError, "%s: expected a contiguous float32 array of shape (%lld, %lld)",
                      name, (long long)rows, (long long)cols);
         return -1;

@@ -194,6 +194,25 @@ def test_errors_carry_status_and_message():
         kvattn.attention([1, 2], [1], [1])
 
 
+
+def test_refused_lse_array_is_released():
+    """An lse array refused for its shape is not kept alive (its DLPack export is released)."""
+    import sys
+    q, k = np.ones((3, 4, 64), np.float32), np.ones((5, 2, 64), np.float32)
+    w = kvattn.BatchDecodeWrapper()
+    w.plan([0, 1, 2, 3], [0, 1, 2], [4, 4, 4], 4, 2, 64, 4)
+    pool = np.zeros((3, 4, 2, 64), np.float32)
+    bad = np.zeros((3, 5), np.float32)  # expected (3, 4) everywhere below
+    calls = [lambda: w.run(q, (pool, pool), out=np.empty_like(q), lse=bad),
+             lambda: kvattn._ext.attention(q, k, k, np.empty_like(q), bad),
+             lambda: kvattn.merge_states(np.ones((3, 4, 64), np.float32), bad)]
+    for call in calls:
+        before = sys.getrefcount(bad)
+        for _ in range(20):
+            with pytest.raises(ValueError, match="lse"):
+                call()
+        assert sys.getrefcount(bad) == before
+
 def test_prefill_wrapper_ragged_and_paged():
     rng = np.random.default_rng(7)
     qlens, klens = [3, 16, 1], [20, 16, 45]
