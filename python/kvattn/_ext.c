@@ -568,9 +568,10 @@ static int check_float(const view *v, const char *name) {
     return 0;
 }
 
-/* A contiguous f32 array [rows, cols] (LSE); NULL for None. On failure nothing is held. */
+/* A contiguous f32 array [rows, cols] (LSE); NULL for None. On failure nothing is held.
+ * `writes`: the call writes it (an output), so a read-only array is refused. */
 static int f32_out(PyObject *o, view *v, call_state *cs, const char *name, int64_t rows, int64_t cols,
-                   float **out) {
+                   int writes, float **out) {
     *out = NULL;
     if (o == Py_None || !o) return 0;
     if (view_get(o, v, cs, name) < 0) return -1;
@@ -580,6 +581,11 @@ static int f32_out(PyObject *o, view *v, call_state *cs, const char *name, int64
         view_release(v);
         PyErr_Format(PyExc_ValueError, "%s: expected a contiguous float32 array of shape (%lld, %lld)",
                      name, (long long)rows, (long long)cols);
+        return -1;
+    }
+    if (writes && v->readonly) {
+        view_release(v);
+        PyErr_Format(PyExc_ValueError, "%s: read-only array", name);
         return -1;
     }
     *out = (float *)v->data;
@@ -1963,7 +1969,7 @@ static int run_qo(WorkspaceObject *w, PyObject *q, PyObject *out, PyObject *lse,
         PyErr_SetString(PyExc_ValueError, "out: read-only array");
         return -1;
     }
-    if (f32_out(lse, &r->l, &r->cs, "lse", w->total_qo, p->num_qo_heads, &r->lse) < 0) return -1;
+    if (f32_out(lse, &r->l, &r->cs, "lse", w->total_qo, p->num_qo_heads, 1, &r->lse) < 0) return -1;
     r->nl = r->lse != NULL;
     if (r->cs.dev != w->slot->type ||
         (r->cs.dev == KVA_DEVICE_CUDA && r->cs.dev_id != w->slot->device_id)) {
@@ -2154,7 +2160,7 @@ static PyObject *ext_merge_states(PyObject *m, PyObject *args, PyObject *kw) {
     }
     int64_t rows = v.shape[0], states = v.shape[1], d = v.shape[2];
     float *lse_in;
-    if (f32_out(l_o, &l, &cs, "lse", rows, states, &lse_in) < 0) goto done;
+    if (f32_out(l_o, &l, &cs, "lse", rows, states, 0, &lse_in) < 0) goto done;
     nl = 1;
     if (view_get(vo_o, &vo, &cs, "v_out") < 0) goto done;
     nvo = 1;
@@ -2163,11 +2169,19 @@ static PyObject *ext_merge_states(PyObject *m, PyObject *args, PyObject *kw) {
         PyErr_SetString(PyExc_ValueError, "v_out: expected a contiguous [rows, head_dim] array of v's dtype");
         goto done;
     }
+    if (vo.readonly) {
+        PyErr_SetString(PyExc_ValueError, "v_out: read-only array");
+        goto done;
+    }
     if (lo_o != Py_None) {
         if (view_get(lo_o, &lo, &cs, "lse_out") < 0) goto done;
         nlo = 1;
         if (lo.el != EL_F32 || lo.ndim != 1 || lo.shape[0] != rows || (rows > 1 && lo.strides[0] != 1)) {
             PyErr_SetString(PyExc_ValueError, "lse_out: expected a contiguous float32 [rows] array");
+            goto done;
+        }
+        if (lo.readonly) {
+            PyErr_SetString(PyExc_ValueError, "lse_out: read-only array");
             goto done;
         }
         lse_out = (float *)lo.data;
@@ -2226,7 +2240,7 @@ static PyObject *ext_attention(PyObject *m, PyObject *args, PyObject *kw) {
         PyErr_SetString(PyExc_ValueError, "out: read-only array");
         goto done;
     }
-    if (f32_out(l_o, &r.l, &r.cs, "lse", lq, hq, &r.lse) < 0) goto done;
+    if (f32_out(l_o, &r.l, &r.cs, "lse", lq, hq, 1, &r.lse) < 0) goto done;
     r.nl = r.lse != NULL;
     if (lq > INT32_MAX || lk > INT32_MAX || hq > INT32_MAX || hk < 1 || hq % hk != 0) {
         PyErr_Format(PyExc_ValueError, "attention: %lld query heads are not a multiple of %lld KV heads "

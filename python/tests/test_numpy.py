@@ -213,6 +213,32 @@ def test_refused_lse_array_is_released():
                 call()
         assert sys.getrefcount(bad) == before
 
+
+def test_read_only_outputs_are_refused():
+    """out=, lse=, merge_states' out= / lse_out= must be writable (numpy exports the flag)."""
+    def ro(a):
+        a.setflags(write=False)
+        return a
+    q, k = np.ones((3, 4, 64), np.float32), np.ones((5, 2, 64), np.float32)
+    w = kvattn.BatchDecodeWrapper()
+    w.plan([0, 1, 2, 3], [0, 1, 2], [4, 4, 4], 4, 2, 64, 4)
+    pool = np.ones((3, 4, 2, 64), np.float32)
+    lse = ro(np.zeros((3, 4), np.float32))
+    with pytest.raises(ValueError, match="lse: read-only"):
+        w.run(q, (pool, pool), out=np.empty_like(q), lse=lse)
+    with pytest.raises(ValueError, match="lse: read-only"):
+        kvattn._ext.attention(q, k, k, np.empty_like(q), lse)
+    with pytest.raises(ValueError, match="out: read-only"):
+        w.run(q, (pool, pool), out=ro(np.zeros_like(q)))
+    v, l = np.ones((3, 2, 64), np.float32), np.zeros((3, 2), np.float32)
+    with pytest.raises(ValueError, match="v_out: read-only"):
+        kvattn.merge_states(v, l, out=ro(np.zeros((3, 64), np.float32)))
+    with pytest.raises(ValueError, match="lse_out: read-only"):
+        kvattn.merge_states(v, l, lse_out=ro(np.zeros(3, np.float32)))
+    assert not lse.any()
+    vo, lo = kvattn.merge_states(v, ro(l.copy()))  # inputs may be read-only
+    np.testing.assert_allclose(vo, 1, rtol=1e-6)
+
 def test_prefill_wrapper_ragged_and_paged():
     rng = np.random.default_rng(7)
     qlens, klens = [3, 16, 1], [20, 16, 45]
