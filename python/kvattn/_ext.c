@@ -689,6 +689,19 @@ static PyObject *list_i32(const int32_t *p, Py_ssize_t n) {
     return l;
 }
 
+/* A Python int that must fit int32 (a sequence id, layer or page): OverflowError otherwise,
+ * rather than a cast that would name another sequence (2**32 + 1 is not sequence 1). */
+static int arg_i32(PyObject *arg, const char *name, int32_t *out) {
+    long long x = PyLong_AsLongLong(arg);
+    if (x == -1 && PyErr_Occurred()) return -1;
+    if (x < INT32_MIN || x > INT32_MAX) {
+        PyErr_Format(PyExc_OverflowError, "%s = %lld does not fit int32", name, x);
+        return -1;
+    }
+    *out = (int32_t)x;
+    return 0;
+}
+
 static int parse_device(PyObject *args_dev_type, int dev_id, kva_device_type *out) {
     (void)dev_id;
     long t = PyLong_AsLong(args_dev_type);
@@ -936,21 +949,21 @@ static PyObject *cache_add(PyObject *o, PyObject *unused) {
 
 static PyObject *cache_free_seq(PyObject *o, PyObject *arg) {
     CacheObject *c = (CacheObject *)o;
-    long id = PyLong_AsLong(arg);
-    if (id == -1 && PyErr_Occurred()) return NULL;
+    int32_t id;
+    if (arg_i32(arg, "seq_id", &id) < 0) return NULL;
     kva_status st;
-    CACHE_CALL(c, st, kva_cache_free_sequence(c->cache, (int32_t)id));
+    CACHE_CALL(c, st, kva_cache_free_sequence(c->cache, id));
     if (st != KVA_OK) return raise_status(st, kva_last_error());
     Py_RETURN_NONE;
 }
 
 static PyObject *cache_fork(PyObject *o, PyObject *arg) {
     CacheObject *c = (CacheObject *)o;
-    long id = PyLong_AsLong(arg);
-    if (id == -1 && PyErr_Occurred()) return NULL;
+    int32_t id;
+    if (arg_i32(arg, "seq_id", &id) < 0) return NULL;
     int32_t child;
     kva_status st;
-    CACHE_CALL(c, st, kva_cache_fork(c->cache, (int32_t)id, &child));
+    CACHE_CALL(c, st, kva_cache_fork(c->cache, id, &child));
     if (st != KVA_OK) return raise_status(st, kva_last_error());
     return PyLong_FromLong(child);
 }
@@ -1029,10 +1042,10 @@ out0:
 
 static PyObject *cache_seq_len(PyObject *o, PyObject *arg) {
     CacheObject *c = (CacheObject *)o;
-    long id = PyLong_AsLong(arg);
-    if (id == -1 && PyErr_Occurred()) return NULL;
+    int32_t id;
+    if (arg_i32(arg, "seq_id", &id) < 0) return NULL;
     int32_t len;
-    kva_status st = kva_cache_seq_len(c->cache, (int32_t)id, &len);
+    kva_status st = kva_cache_seq_len(c->cache, id, &len);
     if (st != KVA_OK) return raise_status(st, kva_last_error());
     return PyLong_FromLong(len);
 }
@@ -1099,20 +1112,20 @@ static PyObject *cache_stats(PyObject *o, PyObject *unused) {
 
 static PyObject *cache_refcount(PyObject *o, PyObject *arg) {
     CacheObject *c = (CacheObject *)o;
-    long p = PyLong_AsLong(arg);
-    if (p == -1 && PyErr_Occurred()) return NULL;
+    int32_t p;
+    if (arg_i32(arg, "page", &p) < 0) return NULL;
     int32_t rc;
-    kva_status st = kva_cache_page_refcount(c->cache, (int32_t)p, &rc);
+    kva_status st = kva_cache_page_refcount(c->cache, p, &rc);
     if (st != KVA_OK) return raise_status(st, kva_last_error());
     return PyLong_FromLong(rc);
 }
 
 static PyObject *cache_layer_pages(PyObject *o, PyObject *arg) {
     CacheObject *c = (CacheObject *)o;
-    long layer = PyLong_AsLong(arg);
-    if (layer == -1 && PyErr_Occurred()) return NULL;
+    int32_t layer;
+    if (arg_i32(arg, "layer", &layer) < 0) return NULL;
     kva_kv_pages pages;
-    kva_status st = kva_cache_layer_pages(c->cache, (int32_t)layer, &pages);
+    kva_status st = kva_cache_layer_pages(c->cache, layer, &pages);
     if (st != KVA_OK) return raise_status(st, kva_last_error());
     KVPagesObject *p = (KVPagesObject *)alloc_instance(KVPagesType);
     if (!p) return NULL;
@@ -1261,10 +1274,10 @@ static PyType_Spec poolview_spec = {"kvattn._ext.PoolView", sizeof(PoolViewObjec
 /* cache.pool_views(layer) -> (k, v) PoolView objects of that layer */
 static PyObject *cache_pool_views(PyObject *o, PyObject *arg) {
     CacheObject *c = (CacheObject *)o;
-    long layer = PyLong_AsLong(arg);
-    if (layer == -1 && PyErr_Occurred()) return NULL;
+    int32_t layer;
+    if (arg_i32(arg, "layer", &layer) < 0) return NULL;
     kva_kv_pages pages;
-    kva_status st = kva_cache_layer_pages(c->cache, (int32_t)layer, &pages);
+    kva_status st = kva_cache_layer_pages(c->cache, layer, &pages);
     if (st != KVA_OK) return raise_status(st, kva_last_error());
     int hnd = c->cfg.layout == KVA_LAYOUT_HND;
     PyObject *out[2];
@@ -2374,8 +2387,8 @@ static PyObject *ext_cuda_available(PyObject *m, PyObject *unused) {
 
 static PyObject *ext_set_num_threads(PyObject *m, PyObject *arg) {
     (void)m;
-    long n = PyLong_AsLong(arg);
-    if (n == -1 && PyErr_Occurred()) return NULL;
+    int32_t n;
+    if (arg_i32(arg, "threads", &n) < 0) return NULL;
     if (n < 0) {
         PyErr_SetString(PyExc_ValueError, "threads must be >= 0 (0: all cores)");
         return NULL;

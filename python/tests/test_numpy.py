@@ -322,6 +322,21 @@ def test_paged_kv_cache_lifecycle():
     assert "PagedKVCache(cpu" in repr(c)
 
 
+
+def test_cache_ids_beyond_int32_are_refused():
+    """2**32 + id must not wrap around to id (freeing, forking or reading another sequence)."""
+    c = kvattn.PagedKVCache(num_layers=1, num_kv_heads=1, head_dim=64, page_size=4, num_pages=4)
+    a = c.add_sequence()
+    c.reserve([a], [5])
+    for call in (c.free, c.fork, c.seq_len, c.page_refcount, c.pool):
+        with pytest.raises(OverflowError, match="int32"):
+            call(2**32 + a)
+    with pytest.raises(OverflowError, match="int32"):
+        c._c.layer_pages(2**32)
+    with pytest.raises(OverflowError, match="int32"):
+        kvattn.set_num_threads(2**32 + 1)
+    assert c.seq_len(a) == 5 and c.stats()["num_sequences"] == 1
+
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
 def test_attention_with_kv_cache_prefill_then_decode(layout):
     """Chunked prefill then 20 decode steps over two layers == full causal attention."""
