@@ -2313,7 +2313,14 @@ static PyObject *ext_block_table_to_csr(PyObject *m, PyObject *args) {
         for (int64_t i = 0; i < batch; ++i)
             for (int64_t j = 0; j < width; ++j) {
                 int64_t off = i * v.strides[0] + j * v.strides[1];
-                bt[i * width + j] = v.el == EL_I32 ? ((int32_t *)v.data)[off] : (int32_t)((int64_t *)v.data)[off];
+                int64_t x = v.el == EL_I32 ? ((int32_t *)v.data)[off] : ((int64_t *)v.data)[off];
+                if (x < INT32_MIN || x > INT32_MAX) {
+                    view_release(&v);
+                    PyErr_Format(PyExc_OverflowError, "block_table[%lld][%lld] = %lld does not fit int32",
+                                 (long long)i, (long long)j, (long long)x);
+                    goto done;
+                }
+                bt[i * width + j] = (int32_t)x;
             }
         view_release(&v);
     } else {
@@ -2334,7 +2341,10 @@ static PyObject *ext_block_table_to_csr(PyObject *m, PyObject *args) {
             }
             if (n > width) width = n;
         }
-        bt = calloc((size_t)(batch * width + 1), sizeof(int32_t));
+        /* short rows are padded with -1, which the library refuses where a block is needed
+         * (padding with 0 would name page 0) */
+        bt = malloc(sizeof(int32_t) * (size_t)(batch * width + 1));
+        for (int64_t i = 0; bt && i < batch * width; ++i) bt[i] = -1;
         for (int32_t i = 0; bt && i < batch; ++i) {
             PyObject *r = PySequence_GetItem(rows, i);
             i32arr row;

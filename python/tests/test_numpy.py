@@ -288,6 +288,13 @@ def test_block_table_to_csr():
     with pytest.raises(kvattn.KvattnError) as e:
         kvattn.block_table_to_csr([[4]], [17], 16)
     assert e.value.status_name == "KVA_ERR_OUT_OF_RANGE"
+    # a ragged list: a row shorter than its context needs is refused, not padded with page 0
+    assert kvattn.block_table_to_csr([[7], [2, 3]], [16, 17], 16) == ([0, 1, 3], [7, 2, 3], [16, 1])
+    with pytest.raises(kvattn.KvattnError) as e:
+        kvattn.block_table_to_csr([[7], [2, 3]], [17, 17], 16)
+    assert e.value.status_name == "KVA_ERR_OUT_OF_RANGE"
+    with pytest.raises(OverflowError, match="int32"):  # not truncated to page 1
+        kvattn.block_table_to_csr(np.array([[2**32 + 1, 2]], dtype=np.int64), [17], 16)
 
 
 def test_paged_kv_cache_lifecycle():
