@@ -110,7 +110,7 @@ def attention(q, k, v, causal=False, sm_scale=None, window_left=-1, soft_cap=0.0
     if len(qs) != 4:
         raise ValueError("q: expected [Lq, Hq, D] or [B, Lq, Hq, D], got %s" % (qs,))
     B, Lq, Hq, D = qs
-    ks = _dims(k, "k", 4)
+    ks = _batch_dims(q, k, v)
     Lk = ks[1]
     cu_q = [i * Lq for i in range(B + 1)]
     cu_k = [i * Lk for i in range(B + 1)]
@@ -125,6 +125,17 @@ def attention(q, k, v, causal=False, sm_scale=None, window_left=-1, soft_cap=0.0
     return res.reshape(B, Lq, Hq, D)
 
 
+def _batch_dims(q, k, v):
+    """k's shape [B, Lk, Hk, D] after checking that v has the same and B is q's: a v in another
+    layout (say [B, Hk, Lk, D]) would otherwise be read through a reshape as if it were k's."""
+    B = _shape(q, "q")[0]
+    ks, vs = _dims(k, "k", 4), _dims(v, "v", 4)
+    if ks[0] != B or vs != ks:
+        raise ValueError("k, v: expected equal shapes [B, Lk, Hk, D] with q's B = %d, got k %s and v %s"
+                         % (B, ks, vs))
+    return ks
+
+
 def _attention_dense(q, k, v, causal, sm_scale, window_left, soft_cap, return_lse, out, stream, variant=None,
                      variant_data=None):
     """attention(planned=False): kva_attention per sequence (3-D q, or each b of a 4-D batch)."""
@@ -132,8 +143,11 @@ def _attention_dense(q, k, v, causal, sm_scale, window_left, soft_cap, return_ls
     if len(qs) not in (3, 4):
         raise ValueError("q: expected [Lq, Hq, D] or [B, Lq, Hq, D], got %s" % (qs,))
     variant, variant_data = _variant_args(variant, variant_data, where(q), qs[-2])
-    _dims(k, "k", len(qs))
-    _dims(v, "v", len(qs))
+    if len(qs) == 4:
+        _batch_dims(q, k, v)
+    else:
+        _dims(k, "k", 3)
+        _dims(v, "v", 3)
     fin = fin_l = _same
     if out is None:
         out, fin = empty_like(q, qs)

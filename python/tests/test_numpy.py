@@ -49,6 +49,19 @@ def test_attention_batched_4d_and_strided_input():
     np.testing.assert_allclose(o, ro, atol=2e-4, rtol=2e-4)
 
 
+
+@pytest.mark.parametrize("planned", [True, False])
+def test_attention_4d_k_v_shapes_must_match(planned):
+    """A 4-D v in another layout ([B, Hk, Lk, D], as SDPA takes) or another batch is refused,
+    not reshaped into k's [B * Lk, Hk, D]."""
+    rng = np.random.default_rng(15)
+    q, k, v = rnd(rng, (2, 10, 8, 64)), rnd(rng, (2, 20, 2, 64)), rnd(rng, (2, 20, 2, 64))
+    for kk, vv in [(k, np.ascontiguousarray(v.transpose(0, 2, 1, 3))), (k, v.reshape(4, 10, 2, 64)),
+                   (k.reshape(1, 40, 2, 64), v.reshape(1, 40, 2, 64)),
+                   (np.concatenate([k, k]), np.concatenate([v, v]))]:
+        with pytest.raises(ValueError, match="k, v: expected equal shapes"):
+            kvattn.attention(q, kk, vv, planned=planned)
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_attention_unplanned_dense(causal):
     """planned=False: kva_attention (no plan, no workspace), 3-D, 4-D, LSE, variants, out=."""
