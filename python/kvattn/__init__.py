@@ -114,15 +114,26 @@ def attention(q, k, v, causal=False, sm_scale=None, window_left=-1, soft_cap=0.0
     Lk = ks[1]
     cu_q = [i * Lq for i in range(B + 1)]
     cu_k = [i * Lk for i in range(B + 1)]
+    o3 = None
+    if out is not None:
+        if _shape(out, "out") != qs:
+            raise ValueError("out: expected q's shape %s, got %s" % (qs, _shape(out, "out")))
+        if dtype_name(out) != dtype_name(q):
+            raise TypeError("out: dtype %s, expected q's %s" % (dtype_name(out), dtype_name(q)))
+        st = _ext.array_info(out)[4]
+        if B <= 1 or Lq <= 1 or st[0] == Lq * st[1]:  # B and Lq merge: the reshape is a view of out
+            o3 = out.reshape(B * Lq, Hq, D)
     res = attention_varlen(q.reshape(B * Lq, Hq, D), k.reshape(B * Lk, ks[2], ks[3]),
                            v.reshape(B * Lk, ks[2], ks[3]), cu_q, cu_k, causal=causal,
                            sm_scale=sm_scale, window_left=window_left, soft_cap=soft_cap,
-                           return_lse=return_lse, out=None if out is None else out.reshape(B * Lq, Hq, D),
-                           stream=stream, variant=variant, variant_data=variant_data)
-    if return_lse:
-        o, lse = res
-        return o.reshape(B, Lq, Hq, D), lse.reshape(B, Lq, Hq)
-    return res.reshape(B, Lq, Hq, D)
+                           return_lse=return_lse, out=o3, stream=stream, variant=variant,
+                           variant_data=variant_data)
+    o, lse = res if return_lse else (res, None)
+    if out is None:
+        out = o.reshape(B, Lq, Hq, D)
+    elif o3 is None:  # an out= whose B and Lq do not merge: computed aside, copied in
+        out[...] = o.reshape(B, Lq, Hq, D)
+    return (out, lse.reshape(B, Lq, Hq)) if return_lse else out
 
 
 def _batch_dims(q, k, v):

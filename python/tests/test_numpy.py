@@ -62,6 +62,23 @@ def test_attention_4d_k_v_shapes_must_match(planned):
         with pytest.raises(ValueError, match="k, v: expected equal shapes"):
             kvattn.attention(q, kk, vv, planned=planned)
 
+
+@pytest.mark.parametrize("planned", [True, False])
+def test_attention_4d_out_is_written(planned):
+    """out= of a 4-D call receives the result (and is returned) also when its B and Lq
+    dimensions cannot be merged into one token dimension without a copy."""
+    rng = np.random.default_rng(16)
+    q, k, v = rnd(rng, (2, 10, 8, 64)), rnd(rng, (2, 20, 2, 64)), rnd(rng, (2, 20, 2, 64))
+    ref = np.stack([attention_ref(q[b], k[b], v[b], causal=True)[0] for b in range(2)])
+    for out in [np.zeros_like(q), np.zeros((10, 2, 8, 64), np.float32).transpose(1, 0, 2, 3)]:
+        r, lse = kvattn.attention(q, k, v, causal=True, out=out, return_lse=True, planned=planned)
+        assert r is out and lse.shape == (2, 10, 8)
+        np.testing.assert_allclose(out, ref, atol=2e-4, rtol=2e-4)
+    with pytest.raises((ValueError, TypeError), match="out"):
+        kvattn.attention(q, k, v, out=np.zeros((10, 2, 8, 64), np.float32), planned=planned)
+    with pytest.raises(TypeError, match="out"):
+        kvattn.attention(q, k, v, out=np.zeros_like(q, dtype=np.float16), planned=planned)
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_attention_unplanned_dense(causal):
     """planned=False: kva_attention (no plan, no workspace), 3-D, 4-D, LSE, variants, out=."""
