@@ -621,6 +621,23 @@ class PagedKVCache:
             self.device, self.dtype, self.num_layers, s["used_pages"], s["num_pages"], s["num_sequences"])
 
 
+def _check_cache_step(q, k_new, v_new, cache, layer, T):
+    """The shape, dtype and layer mistakes of attention_with_kv_cache, raised before it reserves."""
+    Hk, D = cache.num_kv_heads, cache.head_dim
+    Tq, Hq, Dq = _dims(q, "q", 3)
+    if Tq != T or Dq != D or Hq < 1 or Hq % Hk:
+        raise ValueError("q: expected [%d, Hq, %d] (sum(num_new) tokens, Hq a multiple of the cache's %d "
+                         "KV heads), got %s" % (T, D, Hk, (Tq, Hq, Dq)))
+    for name, x in (("k_new", k_new), ("v_new", v_new)):
+        if _dims(x, name, 3) != (T, Hk, D):
+            raise ValueError("%s: expected shape %s, got %s" % (name, (T, Hk, D), tuple(x.shape)))
+    for name, x in (("q", q), ("k_new", k_new), ("v_new", v_new)):
+        if dtype_name(x) != cache.dtype:
+            raise TypeError("%s: dtype %s, the cache holds %s" % (name, dtype_name(x), cache.dtype))
+    if not 0 <= int(layer) < cache.num_layers:
+        raise ValueError("layer %d outside 0..%d" % (int(layer), cache.num_layers - 1))
+
+
 def attention_with_kv_cache(q, k_new, v_new, cache, seq_ids, layer=0, num_new=None, reserve=None,
                             causal=True, sm_scale=None, window_left=-1, soft_cap=0.0, return_lse=False,
                             variant=None, variant_data=None):
@@ -636,12 +653,17 @@ def attention_with_kv_cache(q, k_new, v_new, cache, seq_ids, layer=0, num_new=No
     this call (positions are those of each sequence: 0 .. seq_len-1), as in attention().
     """
     shape4 = None
-    if len(q.shape) == 4:
-        B, n, Hq, D = q.shape
+    Hk, D = cache.num_kv_heads, cache.head_dim
+    if len(_shape(q, "q")) == 4:
+        B, n, Hq, _ = q.shape
         shape4 = tuple(q.shape)
-        q = q.reshape(B * n, Hq, D)
-        k_new = k_new.reshape(B * n, k_new.shape[2], k_new.shape[3])
-        v_new = v_new.reshape(B * n, v_new.shape[2], v_new.shape[3])
+        for name, x in (("k_new", k_new), ("v_new", v_new)):
+            if _dims(x, name, 4) != (B, n, Hk, D):  # not reshaped from another layout
+                raise ValueError("%s: expected shape %s (q's B and n, the cache's Hk and D), got %s"
+                                 % (name, (B, n, Hk, D), tuple(x.shape)))
+        q = q.reshape(B * n, Hq, q.shape[3])
+        k_new = k_new.reshape(B * n, Hk, D)
+        v_new = v_new.reshape(B * n, Hk, D)
         if num_new is None:
             num_new = [n] * B
     seq_ids = [int(s) for s in seq_ids]
@@ -649,7 +671,10 @@ def attention_with_kv_cache(q, k_new, v_new, cache, seq_ids, layer=0, num_new=No
         num_new = [1] * len(seq_ids)
     num_new = [int(x) for x in num_new]
     Hq = q.shape[1]
-    _variant_args(variant, variant_data, parse_device(cache.device), Hq)  # checked before anything changes
+    # checked before anything changes: the reserve below cannot be undone, so a call that fails
+    # after it would leave the sequences longer by slots that hold no K/V
+    _variant_args(variant, variant_data, parse_device(cache.device), Hq)
+    _check_cache_step(q, k_new, v_new, cache, layer, sum(num_new))
     if reserve is None:
         reserve = layer == 0
     if reserve:

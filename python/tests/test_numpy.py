@@ -412,6 +412,29 @@ def test_attention_with_kv_cache_prefill_then_decode(layout):
     assert [c.seq_len(s) for s in seqs] == total
 
 
+
+def test_attention_with_kv_cache_mistakes_change_nothing():
+    """Shape, dtype and layer mistakes are refused before the step reserves its slots: a failed
+    call leaves no K/V-less slots behind that later steps would attend to."""
+    rng = np.random.default_rng(17)
+    c = kvattn.PagedKVCache(2, 2, 64, page_size=4, num_pages=16, max_sequences=4)
+    a = c.add_sequence()
+    K, V, Q = rnd(rng, (6, 2, 64)), rnd(rng, (6, 2, 64)), rnd(rng, (6, 4, 64))
+    kvattn.attention_with_kv_cache(Q[:5], K[:5], V[:5], c, [a], num_new=[5])
+    before = c.stats()
+    q, k, v = Q[5:], K[5:], V[5:]
+    bad = [dict(k_new=rnd(rng, (1, 3, 64))), dict(v_new=v.astype(np.float16)), dict(q=rnd(rng, (1, 4, 32))),
+           dict(q=rnd(rng, (1, 3, 64))), dict(q=rnd(rng, (2, 4, 64))), dict(layer=2, reserve=True),
+           dict(q=q[None], k_new=np.ascontiguousarray(k[None].transpose(0, 2, 1, 3)), v_new=v[None])]
+    for kw in bad:
+        args = dict(q=q, k_new=k, v_new=v, layer=0)
+        args.update(kw)
+        with pytest.raises((ValueError, TypeError)):
+            kvattn.attention_with_kv_cache(cache=c, seq_ids=[a], **args)
+        assert c.stats() == before and c.seq_len(a) == 5, kw
+    o = kvattn.attention_with_kv_cache(q, k, v, c, [a])
+    np.testing.assert_allclose(o, attention_ref(q, K, V)[0], atol=2e-4, rtol=2e-4)
+
 def test_cache_4d_form_and_f16():
     rng = np.random.default_rng(10)
     c = kvattn.PagedKVCache(1, 2, 64, page_size=8, num_pages=16, dtype="float16")
