@@ -258,7 +258,9 @@ class _Planned:
                     new[key] = max(new[key], 2 * lim[key])
                 else:
                     new[key] = lim[key]
-        self._ws = None
+        # the old workspace is freed before the new one is allocated; if that fails, the wrapper is
+        # left unplanned (not with limits that no workspace backs)
+        self._ws = self._lim = self._shape = None
         self._ws = _ext.Workspace(self._dev[0], self._dev[1], self._kind, max(new["max_batch"], 1),
                                   new["max_total_pages"], new["max_total_kv"], new["max_total_qo"],
                                   new["num_qo_heads"], new["num_kv_heads"], new["head_dim"], new["page_size"])
@@ -362,10 +364,13 @@ class BatchDecodeWrapper(_Planned):
         (fastest: the pool is read once). out/lse: preallocated outputs (CUDA graphs).
         variant_data: caller data of the plan's variant for this run only (e.g. per layer)."""
         if out is not None and not return_lse:  # the fast path: nothing to allocate
+            ws = self._ws
+            if ws is None:
+                raise RuntimeError("run() before a successful plan()")
             if variant_data is None:
-                self._ws.decode_run(q, paged_kv, out, lse, stream)
+                ws.decode_run(q, paged_kv, out, lse, stream)
             else:
-                self._ws.decode_run(q, paged_kv, out, lse, stream, variant_data)
+                ws.decode_run(q, paged_kv, out, lse, stream, variant_data)
             return out if lse is None else (out, lse)
         if self._shape is None:
             raise RuntimeError("run() before a successful plan()")

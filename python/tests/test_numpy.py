@@ -206,6 +206,26 @@ def test_decode_wrapper_limits_and_growth():
     assert grow.plan_info["planned"] == 1 and grow.plan_info["max_batch"] >= 40
 
 
+
+def test_wrapper_usable_after_a_failed_plan():
+    """A plan whose workspace cannot be made (head_dim 200 on the CPU) leaves the wrapper
+    unplanned, not holding limits without a workspace; run(out=) before a plan says so."""
+    rng = np.random.default_rng(18)
+    kp, vp, indptr, indices, last, ks, vs = paged_pool(rng, [5, 9], 4, 2, 64)
+    q = rnd(rng, (2, 4, 64))
+    w = kvattn.BatchDecodeWrapper()
+    with pytest.raises(RuntimeError, match="before a successful plan"):
+        w.run(q, (kp, vp), out=np.empty_like(q))
+    w.plan(indptr, indices, last, 4, 2, 64, 4)
+    with pytest.raises(kvattn.KvattnError):
+        w.plan(indptr, indices, last, 4, 2, 200, 4)
+    for call in (lambda: w.run(q, (kp, vp)), lambda: w.run(q, (kp, vp), out=np.empty_like(q))):
+        with pytest.raises(RuntimeError, match="before a successful plan"):
+            call()
+    w.plan(indptr, indices, last, 4, 2, 64, 4)
+    o = w.run(q, (kp, vp))
+    np.testing.assert_allclose(o[1:], attention_ref(q[1:], ks[1], vs[1])[0], atol=2e-4, rtol=2e-4)
+
 def test_errors_carry_status_and_message():
     w = kvattn.BatchDecodeWrapper()
     with pytest.raises(kvattn.KvattnError) as e:
