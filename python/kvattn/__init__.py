@@ -60,6 +60,14 @@ def device_info(device="cpu"):
     return _ext.device_info(*parse_device(device))
 
 
+def _layout(kv_layout):
+    """'NHD' | 'HND' (either case); anything else is a mistake, not NHD."""
+    s = str(kv_layout).upper()
+    if s not in ("NHD", "HND"):
+        raise ValueError("kv_layout must be 'NHD' or 'HND', got %r" % (kv_layout,))
+    return s
+
+
 def _scale(sm_scale):
     return 0.0 if sm_scale is None else float(sm_scale)
 
@@ -310,7 +318,7 @@ class BatchDecodeWrapper(_Planned):
         if max_batch is not None or max_total_pages is not None:
             limits = {"max_batch": max_batch, "max_total_pages": max_total_pages}  # None: first plan's
         super().__init__(device, limits, use_cuda_graph)
-        self._layout = kv_layout
+        self._layout = _layout(kv_layout)
 
     def plan(self, indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size,
              num_pages=None, sm_scale=None, window_left=-1, logits_soft_cap=0.0, kv_layout=None,
@@ -326,6 +334,9 @@ class BatchDecodeWrapper(_Planned):
         variant_data: its caller data (a CUDA array or an int device address; None: the Variant's
         own). The wrapper keeps both alive until the next plan(); run(variant_data=) replaces the
         data for one run (decode's query of request b sits at position kv_len(b) - 1)."""
+        if algorithm not in ("partial_rowmax", "global_rowmax"):
+            raise ValueError("algorithm must be 'partial_rowmax' or 'global_rowmax', got %r" % (algorithm,))
+        hnd = _layout(kv_layout or self._layout) == "HND"
         variant, variant_data = _variant_args(variant, variant_data, self._dev, num_qo_heads)
         indptr, indices, last_page_len = host_ints(indptr), host_ints(indices), host_ints(last_page_len)
         batch = len(indptr) - 1
@@ -335,8 +346,7 @@ class BatchDecodeWrapper(_Planned):
         self._need({"max_batch": batch, "max_total_pages": total, "max_total_kv": 0, "max_total_qo": 0,
                     "num_qo_heads": num_qo_heads, "num_kv_heads": num_kv_heads, "head_dim": head_dim,
                     "page_size": page_size})
-        layout = kv_layout or self._layout
-        self._hnd = layout.upper() == "HND"
+        self._hnd = hnd
         self._ws.plan_decode(indptr, indices, last_page_len, int(num_pages), num_qo_heads, num_kv_heads,
                              head_dim, page_size, sm_scale=_scale(sm_scale), window_left=int(window_left),
                              soft_cap=float(logits_soft_cap), hnd=self._hnd, no_split=bool(no_split),
@@ -408,7 +418,7 @@ class BatchPrefillWrapper(_Planned):
             limits = {"max_batch": max_batch, "max_total_qo": max_total_qo, "max_total_kv": max_total_kv,
                       "max_total_pages": max_total_pages}  # None: sized by the first plan
         super().__init__(device, limits, use_cuda_graph)
-        self._layout = kv_layout
+        self._layout = _layout(kv_layout)
 
     def plan(self, qo_indptr, kv_indptr, num_qo_heads, num_kv_heads, head_dim, page_size=0,
              paged_kv_indptr=None, paged_kv_indices=None, paged_kv_last_page_len=None, num_pages=None,
@@ -422,6 +432,7 @@ class BatchPrefillWrapper(_Planned):
         causal=False without a window_left also tells the planner that every query sees all of
         its request's keys (KVA_PLAN_FULL_ATTENTION): on a Hopper GPU it may then cut the longest
         work item so that the launch's last wave ends evenly."""
+        hnd = _layout(kv_layout or self._layout) == "HND"
         variant, variant_data = _variant_args(variant, variant_data, self._dev, num_qo_heads)
         qo = host_ints(qo_indptr)
         batch = len(qo) - 1
@@ -442,7 +453,7 @@ class BatchPrefillWrapper(_Planned):
             num_pages = 1
             want.update(max_total_pages=0, max_total_kv=last_int(kv), page_size=0)
         self._need(want)
-        self._hnd = (kv_layout or self._layout).upper() == "HND"
+        self._hnd = hnd
         self._ws.plan_prefill(qo, kv, a, b, c, int(num_pages), num_qo_heads, num_kv_heads, head_dim,
                               page_size if paged else 0, causal=bool(causal), sm_scale=_scale(sm_scale),
                               window_left=int(window_left), soft_cap=float(logits_soft_cap), hnd=self._hnd,

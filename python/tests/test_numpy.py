@@ -226,6 +226,23 @@ def test_wrapper_usable_after_a_failed_plan():
     o = w.run(q, (kp, vp))
     np.testing.assert_allclose(o[1:], attention_ref(q[1:], ks[1], vs[1])[0], atol=2e-4, rtol=2e-4)
 
+
+def test_wrapper_layout_and_algorithm_typos_are_refused():
+    """A misspelt kv_layout or algorithm raises instead of meaning NHD / partial_rowmax."""
+    with pytest.raises(ValueError, match="kv_layout"):
+        kvattn.BatchDecodeWrapper("cpu", kv_layout="HDN")
+    with pytest.raises(ValueError, match="kv_layout"):
+        kvattn.BatchPrefillWrapper("cpu", kv_layout="bogus")
+    w = kvattn.BatchDecodeWrapper("cpu", kv_layout="hnd")
+    with pytest.raises(ValueError, match="kv_layout"):
+        w.plan([0, 1], [0], [1], 4, 2, 64, 4, kv_layout="NDH")
+    with pytest.raises(ValueError, match="algorithm"):
+        w.plan([0, 1], [0], [1], 4, 2, 64, 4, algorithm="global-rowmax")
+    p = kvattn.BatchPrefillWrapper("cpu")
+    with pytest.raises(ValueError, match="kv_layout"):
+        p.plan([0, 1], None, 4, 2, 64, page_size=4, paged_kv_indptr=[0, 1], paged_kv_indices=[0],
+               paged_kv_last_page_len=[1], kv_layout="HDN")
+
 def test_errors_carry_status_and_message():
     w = kvattn.BatchDecodeWrapper()
     with pytest.raises(kvattn.KvattnError) as e:
