@@ -69,7 +69,15 @@ def _layout(kv_layout):
 
 
 def _scale(sm_scale):
-    return 0.0 if sm_scale is None else float(sm_scale)
+    """The library's sm_scale: 0 for None (1/sqrt(D)). The library also reads any value <= 0 as
+    1/sqrt(D), so an explicit one must be positive, or a 0 or negative scale would silently be
+    replaced by the default."""
+    if sm_scale is None:
+        return 0.0
+    s = float(sm_scale)
+    if not 0.0 < s < float("inf"):
+        raise ValueError("sm_scale must be positive and finite (None: 1/sqrt(head_dim)), got %r" % (sm_scale,))
+    return s
 
 
 def _shape(x, name):
@@ -97,8 +105,8 @@ def attention(q, k, v, causal=False, sm_scale=None, window_left=-1, soft_cap=0.0
     q: [Lq, Hq, D] or [B, Lq, Hq, D];  k, v: [Lk, Hk, D] or [B, Lk, Hk, D]  (flash-attn layout).
     Returns out shaped like q (and lse float32 [..., Lq, Hq] when return_lse).
     causal: bottom-right aligned (query i sits at position Lk - Lq + i). sm_scale None means
-    1/sqrt(D); soft_cap > 0 applies soft_cap * tanh(s / soft_cap) to the scores; window_left >= 0
-    keeps only keys with position >= query position - window_left.
+    1/sqrt(D) (a given one must be > 0); soft_cap > 0 applies soft_cap * tanh(s / soft_cap) to
+    the scores; window_left >= 0 keeps only keys with position >= query position - window_left.
     planned: True (default) plans the call as a prefill batch (keys split across work items when
     that fills the GPU better; a temporary workspace, see attention_varlen). False calls the C
     library's kva_attention once per sequence: no plan, no workspace, no split of the keys (the
@@ -691,6 +699,9 @@ def attention_with_kv_cache(q, k_new, v_new, cache, seq_ids, layer=0, num_new=No
     # after it would leave the sequences longer by slots that hold no K/V
     _variant_args(variant, variant_data, parse_device(cache.device), Hq)
     _check_cache_step(q, k_new, v_new, cache, layer, sum(num_new))
+    _scale(sm_scale)
+    if float(soft_cap) != float(soft_cap):
+        raise ValueError("soft_cap is NaN")
     if reserve is None:
         reserve = layer == 0
     if reserve:

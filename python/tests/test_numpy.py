@@ -33,6 +33,29 @@ def test_attention_variants():
         np.testing.assert_allclose(o, ro, atol=2e-4, rtol=2e-4, err_msg=str(kw))
 
 
+
+def test_sm_scale_must_be_positive():
+    """The library reads sm_scale <= 0 as 1/sqrt(D); an explicit 0 or negative scale is refused
+    rather than silently replaced by the default (and a cache step fails before it reserves)."""
+    rng = np.random.default_rng(19)
+    q, k = rnd(rng, (3, 4, 64)), rnd(rng, (5, 2, 64))
+    w = kvattn.BatchDecodeWrapper()
+    c = kvattn.PagedKVCache(1, 2, 64, page_size=4, num_pages=8)
+    s = c.add_sequence()
+    for bad in (0.0, -0.125, float("nan"), float("inf")):
+        for planned in (True, False):
+            with pytest.raises(ValueError, match="sm_scale"):
+                kvattn.attention(q, k, k, sm_scale=bad, planned=planned)
+        with pytest.raises(ValueError, match="sm_scale"):
+            w.plan([0, 1], [0], [1], 4, 2, 64, 4, sm_scale=bad)
+        with pytest.raises(ValueError, match="sm_scale"):
+            kvattn.attention_with_kv_cache(q, k[:3], k[:3], c, [s], num_new=[3], sm_scale=bad)
+    with pytest.raises(ValueError, match="soft_cap"):
+        kvattn.attention_with_kv_cache(q, k[:3], k[:3], c, [s], num_new=[3], soft_cap=float("nan"))
+    assert c.seq_len(s) == 0
+    o = kvattn.attention(q, k, k, sm_scale=0.3)
+    np.testing.assert_allclose(o, attention_ref(q, k, k, sm_scale=0.3)[0], atol=2e-4, rtol=2e-4)
+
 def test_attention_batched_4d_and_strided_input():
     rng = np.random.default_rng(2)
     q, k, v = rnd(rng, (3, 9, 8, 64)), rnd(rng, (3, 20, 4, 64)), rnd(rng, (3, 20, 4, 64))
