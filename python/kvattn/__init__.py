@@ -627,9 +627,12 @@ class PagedKVCache:
 
     def layer(self, layer):
         """The page pool of one layer as a KVPages object for the wrappers' run()."""
+        layer = int(layer)
+        if not 0 <= layer < len(self._layers):  # no Python negative indexing: the library refuses it
+            return self._c.layer_pages(layer)
         p = self._layers[layer]
         if p is None:
-            p = self._layers[layer] = self._c.layer_pages(int(layer))
+            p = self._layers[layer] = self._c.layer_pages(layer)
         return p
 
     def pool(self, layer):

@@ -429,10 +429,24 @@ def test_cache_ids_beyond_int32_are_refused():
         with pytest.raises(OverflowError, match="int32"):
             call(2**32 + a)
     with pytest.raises(OverflowError, match="int32"):
-        c._c.layer_pages(2**32)
+        c.layer(2**32)
     with pytest.raises(OverflowError, match="int32"):
         kvattn.set_num_threads(2**32 + 1)
     assert c.seq_len(a) == 5 and c.stats()["num_sequences"] == 1
+
+
+def test_cache_layer_out_of_range():
+    """cache.layer(l) refuses l outside 0..num_layers-1 the same way whatever was asked before
+    (-1 is not the last layer, as a Python list index would make it once that was cached)."""
+    c = kvattn.PagedKVCache(num_layers=2, num_kv_heads=1, head_dim=64, page_size=4, num_pages=4)
+    for l in (-1, 2):
+        with pytest.raises(kvattn.KvattnError) as e:
+            c.layer(l)
+        assert e.value.status_name == "KVA_ERR_OUT_OF_RANGE"
+    assert c.layer(1) is c.layer(1)
+    for l in (-1, -2, 2):
+        with pytest.raises(kvattn.KvattnError):
+            c.layer(l)
 
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
 def test_attention_with_kv_cache_prefill_then_decode(layout):
