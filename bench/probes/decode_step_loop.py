@@ -2,7 +2,9 @@
 show: per layer, the step's K/V appended to the paged cache (kva_cache_append) and then the
 decode run, LAYERS layers back to back on one stream, the whole layer loop of each step timed
 (after the step's plan, which is host work and one upload). Per-layer medians of (append +
-decode) and of decode alone (the same loop without the appends).
+decode) -- each append with its pageable copy of the slot list, as a server's -- and of decode
+alone (the same loop without the appends; in a KVA__DECODE_PDL build those decodes are
+dependents of each other as well).
 
 Made for the KVA__DECODE_PDL experiment (src/cuda/cuda_common.cuh; bench/NOTES.md, "the decode
 kernel as a programmatic dependent of the step's append"): in such a build the decode launch
@@ -45,7 +47,7 @@ class Timer:
     def start(self):
         if self.cuda:
             self.torch.cuda.synchronize()
-            self.torch.cuda._sleep(2_000_000)
+            self.torch.cuda._sleep(10_000_000)  # ~5 ms: the host queues the whole loop first
             self.e0 = self.torch.cuda.Event(enable_timing=True)
             self.e1 = self.torch.cuda.Event(enable_timing=True)
             self.e0.record()

@@ -151,10 +151,12 @@ __device__ __forceinline__ void kva__pdl_wait() {
 /* Decode as a programmatic dependent of the kernel before it (an experiment, off by default:
  * -DKVA__DECODE_PDL=1; bench/NOTES.md, "the decode kernel as a programmatic dependent of the
  * step's append"). With it the append kernel triggers its dependents at its start, and a decode
- * run launched after it may place its blocks at once: they read the plan's records and first page
- * ids -- the plan's upload precedes the append on the stream, so those are complete -- and wait
+ * run launched after it may place its blocks at once: they read the plan's records, work count
+ * and first page ids -- the plan's device part is written only by plan uploads, copies on the
+ * stream, never by a kernel, and a copy before a launch is waited for in full -- and wait
  * (kva__pdl_wait) before anything a previous kernel may write: q, the K/V pages, o, the partial
- * states. Not for variant modules (their caller data may be a previous kernel's output). */
+ * states (blocks without work wait too before they end). Not for variant modules (their caller
+ * data may be a previous kernel's output). */
 #ifndef KVA__DECODE_PDL
 #define KVA__DECODE_PDL 0
 #endif

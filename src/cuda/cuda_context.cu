@@ -111,7 +111,9 @@ static int decode_kernels_wait(const kva__cuda_private *priv) {
     (void)priv;
     return 0;
 #else
-    if (priv->cc_major < 9) return 0;
+    /* (the kernels must have been compiled with the wait as well: a flag that reached this file
+     * but not theirs would launch kernels without it as dependents) */
+    if (priv->cc_major < 9 || !kva__decode_bf16_pdl() || !kva__decode_f16_pdl() || !kva__decode_f32_pdl()) return 0;
     for (int i = 0; i < 9; ++i)
         for (int v = 0; v < 4; ++v) {
             cudaFuncAttributes fa;

@@ -432,7 +432,12 @@ __global__ void __launch_bounds__(KVA__DECODE_THREADS)
     if (u + (int)gridDim.x < a.max_units) kva__load_record(a, u + (int)gridDim.x, rn0, rn1);
     const int num_work = a.num_work >= 0 ? a.num_work : __ldg(&a.hdr->num_work);
     const int num_units = num_work * a.units_per_work;
-    if (u >= num_units) return;
+    if (u >= num_units) {
+#if KVA__DECODE_PDL
+        kva__pdl_wait(); /* (a grid that ended before its primary would let the stream run ahead of it) */
+#endif
+        return;
+    }
 
     const int Hq = a.num_qo_heads, dh = a.head_dim;
     const int cpr_real = dh / EPC;         /* chunks of a row inside the real head dim */

@@ -72,6 +72,10 @@ int kva__decode_f16_d256_smem(int nt);
 int kva__decode_f32_d64_smem(int nt);
 int kva__decode_f32_d128_smem(int nt);
 int kva__decode_f32_d256_smem(int nt);
+/* KVA__DECODE_PDL as each decode file was compiled (1: its kernels hold kva__pdl_wait). */
+int kva__decode_bf16_pdl(void);
+int kva__decode_f16_pdl(void);
+int kva__decode_f32_pdl(void);
 
 /* What the kernel chooser decided for one (dtype, head dim, GQA group, algorithm). */
 typedef struct kva__decode_choice {
