@@ -316,6 +316,8 @@ class BatchDecodeWrapper(_Planned):
     need. use_cuda_graph=True (needs the limits) pads the launch so that a run captured in a CUDA
     graph replays correctly after any later plan() within the limits: plan outside the graph,
     run inside. The page table is host memory (lists or CPU arrays; device tensors are copied).
+    Not thread-safe: plan() and run() of one wrapper from one thread at a time (a plan() while
+    another thread's run() is under way would change the workspace under it).
     """
 
     _kind = _ext.WS_DECODE
@@ -413,8 +415,8 @@ class BatchPrefillWrapper(_Planned):
                paged_kv_last_page_len=..., causal=True)                     # paged K/V
         o = w.run(q, kv_pages)
 
-    Limits and use_cuda_graph as in BatchDecodeWrapper (max_batch, max_total_qo, max_total_kv,
-    max_total_pages).
+    Limits, use_cuda_graph and threads as in BatchDecodeWrapper (max_batch, max_total_qo,
+    max_total_kv, max_total_pages).
     """
 
     _kind = _ext.WS_PREFILL
