@@ -29,6 +29,16 @@ static void sr_make(sr_case *c, float a, const float *b, kva_rng *rng) {
     kva_fill_random(rng, c->v, KVA_F32, SR_KEYS * SR_D, -1, 1);
 }
 
+/* A new case of query a against keys drawn uniformly from [-spread, spread) (rng seeded). */
+static sr_case *sr_random(kva_rng *rng, float a, float spread) {
+    kva_rng_seed(rng, kva_test_seed());
+    sr_case *c = kva_test_alloc(sizeof *c);
+    float b[SR_KEYS];
+    for (int j = 0; j < SR_KEYS; ++j) b[j] = kva_rng_uniform(rng, -spread, spread);
+    sr_make(c, a, b, rng);
+    return c;
+}
+
 static void sr_reference(const sr_case *c, const kva_attn_params *p, double *o, double *lse) {
     double q[SR_D], k[SR_KEYS * SR_D], v[SR_KEYS * SR_D];
     for (int i = 0; i < SR_D; ++i) q[i] = c->q[i];
@@ -117,11 +127,7 @@ KVA_TEST(score_range_infinite_soft_cap_means_none) {
     kva_context *ctx = NULL;
     REQUIRE_OK(kva_context_create(KVA_DEVICE_CPU, 0, &ctx));
     kva_rng rng;
-    kva_rng_seed(&rng, kva_test_seed());
-    sr_case *c = kva_test_alloc(sizeof *c);
-    float b[SR_KEYS];
-    for (int j = 0; j < SR_KEYS; ++j) b[j] = kva_rng_uniform(&rng, -2, 2);
-    sr_make(c, 1.5f, b, &rng);
+    sr_case *c = sr_random(&rng, 1.5f, 2.0f);
     kva_attn_params p = kva_attn_params_default(1, 1, SR_D);
     p.logits_soft_cap = INFINITY;
     /* the reference itself: a cap of +inf equals no cap */
@@ -219,11 +225,7 @@ KVA_TEST_CPU_VARIANTS(score_range_score_mod_inf_or_nan_gives_nan) {
     kva_context *ctx = NULL;
     REQUIRE_OK(kva_context_create(KVA_DEVICE_CPU, 0, &ctx));
     kva_rng rng;
-    kva_rng_seed(&rng, kva_test_seed());
-    sr_case *c = kva_test_alloc(sizeof *c);
-    float b[SR_KEYS];
-    for (int j = 0; j < SR_KEYS; ++j) b[j] = kva_rng_uniform(&rng, -1, 1);
-    sr_make(c, 1.0f, b, &rng);
+    sr_case *c = sr_random(&rng, 1.0f, 1.0f);
     kva_attn_params p = kva_attn_params_default(1, 1, SR_D);
     const kva_score_mod_fn mods[2] = {plus_inf_at_key_7, nan_at_key_7};
     for (int m = 0; m < 2; ++m) {

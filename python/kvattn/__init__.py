@@ -60,11 +60,11 @@ def device_info(device="cpu"):
     return _ext.device_info(*parse_device(device))
 
 
-def _layout(kv_layout):
+def _layout(kv_layout, name="kv_layout"):
     """'NHD' | 'HND' (either case); anything else is a mistake, not NHD."""
     s = str(kv_layout).upper()
     if s not in ("NHD", "HND"):
-        raise ValueError("kv_layout must be 'NHD' or 'HND', got %r" % (kv_layout,))
+        raise ValueError("%s must be 'NHD' or 'HND', got %r" % (name, kv_layout))
     return s
 
 
@@ -560,9 +560,7 @@ class PagedKVCache:
                  device="cpu", layout="NHD", max_sequences=256, max_append_tokens=8192):
         dev = parse_device(device)
         self.dtype = dtype_name(dtype)
-        self.layout = layout.upper()
-        if self.layout not in ("NHD", "HND"):
-            raise ValueError("layout must be 'NHD' or 'HND'")
+        self.layout = _layout(layout, "layout")
         self._cfg = dict(num_layers=num_layers, num_kv_heads=num_kv_heads, head_dim=head_dim,
                          page_size=page_size, num_pages=num_pages, max_sequences=max_sequences,
                          max_append_tokens=max_append_tokens)
