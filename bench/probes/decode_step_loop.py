@@ -3,18 +3,18 @@ show: per layer, the step's K/V appended to the paged cache (kva_cache_append) a
 decode run, LAYERS layers back to back on one stream, the whole layer loop of each step timed
 (after the step's plan, which is host work and one upload). Per-layer medians of (append +
 decode) -- each append with its pageable copy of the slot list, as a server's -- and of decode
-alone (the same loop without the appends; in a KVA__DECODE_PDL build those decodes are
-dependents of each other as well).
+alone (the same loop without the appends; in a KVA__DECODE_PDL build, the default since
+2026-11-29, those decodes are dependents of each other as well).
 
-Made for the KVA__DECODE_PDL experiment (src/cuda/cuda_common.cuh; bench/NOTES.md, "the decode
-kernel as a programmatic dependent of the step's append"): in such a build the decode launch
+Made for the KVA__DECODE_PDL experiment, kept (src/cuda/cuda_common.cuh; bench/NOTES.md, "the
+decode kernel as a programmatic dependent of the step's append"): in such a build the decode launch
 overlaps the append before it, which a call bracketed by events (bench_torch.py) never sees.
 Compare two builds in one device call, alternating, e.g.
 
-    for b in build-gpu-ab-base build-gpu-ab-pdl build-gpu-ab-base build-gpu-ab-pdl; do
+    for b in build-gpu-ab-base build-gpu-ab-off build-gpu-ab-base build-gpu-ab-off; do
         python3 bench/probes/decode_step_loop.py --build $b; done
 
-(scripts/gpu-check.sh's A/B mode builds such sides: GPU_CHECK_AB_SIDES="pdl=-DKVA__DECODE_PDL=1").
+(scripts/gpu-check.sh's A/B mode builds such sides: GPU_CHECK_AB_SIDES="off=-DKVA__DECODE_PDL=0").
 --device cpu runs the same loop on the CPU with numpy (a smoke test of the loop itself; CPU
 timings say nothing about the experiment).
 """
