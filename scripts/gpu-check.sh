@@ -20,7 +20,7 @@
 # the ones to run, each under GPU_CHECK_VARIANT_TIMEOUT seconds), GPU_CHECK_SANITIZE=0 skips step 3,
 # GPU_CHECK_PYTHON=0 skips step 4, GPU_CHECK_BENCH=0 skips step 5, GPU_CHECK_BENCH_ARGS passes
 # options to bench_torch.py (e.g. "--quick --shapes 1x8192,64x4096", "--prefill-only",
-# "--decode-only"), GPU_CHECK_TESTS selects tests (default "cuda", which includes cuda_prefill*),
+# "--decode-only"), GPU_CHECK_TESTS selects tests (default "cuda", which includes cuda_prefill*; 0 skips them),
 # GPU_CHECK_TRACE=1 adds the Hopper prefill kernel's per-item phase trace (bench/hopper_trace, its
 # own build; GPU_CHECK_TRACE_DIMS head dims, default "64 128 256").
 #
@@ -40,6 +40,17 @@
 #   GPU_CHECK_AB_CMD="python3 x.py --build {build}"  (instead of bench_torch.py: any command, {build}
 #                                           replaced by each side's build directory; its table
 #                                           lines ("| ...") are printed per round)
+#
+# Logs: with GPU_CHECK_PACK=1 (the default) every log is written to a scratch folder and packed into
+# $OUT/logs.tgz after each step, beside $OUT/summary.txt (the summary so far) and $OUT/device.txt: a
+# device call returns at most 8 files from $OUT, and a call cut by its time limit still returns
+# what the finished steps wrote. GPU_CHECK_PACK=0 writes the logs to $OUT as files.
+# Time (H200, 2026-11-28, warm build): tests 93 s, wgmma / mma.sync sweeps 63 / 53 s, memcheck
+# 154 s, racecheck 48 + 19 s, e2e 31 s, python ~80 s, variants ~400 s (prefill sweeps 124 + 94 s),
+# bench ~200 s, a cold build ~45 s: the whole script is more than one 600 s device call. Split it,
+# e.g. GPU_CHECK_VARIANTS=0 GPU_CHECK_BENCH=0 in one call and GPU_CHECK_TESTS=0 GPU_CHECK_SANITIZE=0
+# GPU_CHECK_E2E=0 GPU_CHECK_PYTHON=0 (variants and bench) in the next; GPU_CHECK_TESTS=0 skips the
+# main test run, the path sweeps and the variants example.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 if [ "${1:-}" = "--ab-prepare" ]; then
@@ -64,7 +75,18 @@ TESTS=${GPU_CHECK_TESTS:-cuda}
 mkdir -p "$OUT"
 status=0
 summary=()
-note() { summary+=("$1"); echo "== $1"; }
+FINAL_OUT=$OUT
+if [ "${GPU_CHECK_PACK:-1}" != 0 ]; then
+    OUT=$(mktemp -d) # (the logs; packed into $FINAL_OUT/logs.tgz after each step)
+fi
+pack() {
+    printf '%s\n' "${summary[@]}" >"$FINAL_OUT/summary.txt"
+    [ "$OUT" = "$FINAL_OUT" ] && return 0
+    cp "$OUT/device.txt" "$FINAL_OUT/" 2>/dev/null
+    tar -czf "$FINAL_OUT/logs.tgz.part" -C "$OUT" . && mv "$FINAL_OUT/logs.tgz.part" "$FINAL_OUT/logs.tgz"
+}
+note() { summary+=("$1"); echo "== $1"; pack; }
+trap pack EXIT
 
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv,noheader \
     | tee "$OUT/device.txt"
@@ -75,14 +97,22 @@ t0=$(date +%s)
 
 if [ "${GPU_CHECK_AB:-0}" != 0 ]; then
     [ -d gpu-ab-base ] || { echo "GPU_CHECK_AB: no gpu-ab-base/ (scripts/gpu-check.sh --ab-prepare REV)" >&2; exit 2; }
-    base_src=$(mktemp -d)
+    # (at a fixed path, so that a build directory left by an earlier call on a warm machine
+    # belongs to the same source tree; './build*' is not copied into it)
+    base_src=$PWD/build-ab-src
+    rm -rf "$base_src" && mkdir -p "$base_src" || exit 1
     tar --exclude=./gpu-ab-base --exclude='./build*' -cf - . | tar -x -C "$base_src" && cp -r gpu-ab-base/. "$base_src/"
     if [ -f gpu-ab-base/.added ]; then
         while IFS= read -r f; do rm -f "$base_src/$f"; done <gpu-ab-base/.added
     fi
-    ab_build() { # src build [cuda flags]
+    ab_configure() { # src build [cuda flags]
         cmake -S "$1" -B "$2" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DKVA_CUDA=ON -DKVA_CUDA_ARCHS=90a \
-            -DPython_EXECUTABLE="$(command -v python3)" ${3:+"-DCMAKE_CUDA_FLAGS=$3"} >"$OUT/ab-build-$(basename "$2").log" 2>&1 &&
+            -DPython_EXECUTABLE="$(command -v python3)" ${3:+"-DCMAKE_CUDA_FLAGS=$3"} >>"$OUT/ab-build-$(basename "$2").log" 2>&1
+    }
+    ab_build() { # src build [cuda flags]: a build directory that does not configure (another
+        # source tree's, left on a warm machine) is wiped and configured afresh, never reused
+        : >"$OUT/ab-build-$(basename "$2").log"
+        { ab_configure "$@" || { rm -rf "$2" && ab_configure "$@"; }; } &&
             cmake --build "$2" -j "$(nproc)" >>"$OUT/ab-build-$(basename "$2").log" 2>&1
     }
     # sides: name -> build dir and CUDA flags (the base first, then this tree once per flag set)
@@ -164,7 +194,9 @@ run_tests() { # name, log, command...
 # not the machine's whole allowance.
 TLIM=${GPU_CHECK_TEST_TIMEOUT:-900}
 # KVA_PREFILL_TMA_STRICT=1: the Hopper prefill path may not fall back to the wgmma kernel.
-run_tests "tests" tests.log env KVA_PREFILL_TMA_STRICT=1 timeout "$TLIM" "./$BUILD/kvattn_tests" $TESTS -cuda_variant
+if [ "$TESTS" != 0 ]; then
+    run_tests "tests" tests.log env KVA_PREFILL_TMA_STRICT=1 timeout "$TLIM" "./$BUILD/kvattn_tests" $TESTS -cuda_variant
+fi
 # Variants (NVRTC at run time; the prefill sweeps drive the float64 reference through a C
 # callback and take minutes), under their own limit.
 # One command per test, each under its own limit (GPU_CHECK_VARIANT_TIMEOUT seconds, default 300):
@@ -183,15 +215,17 @@ if [ "$VARIANT_TESTS" != 0 ]; then
     done
     grep -E "^    (decode|prefill|first use)" "$OUT/tests-variants.log" || true
 fi
-# The prefill sweep again on the wgmma kernel (the Hopper fallback) and on the mma.sync kernels.
-run_tests "tests (prefill, wgmma path)" tests-wgmma.log env KVA_PREFILL_PATH=wgmma timeout "$TLIM" \
-    "./$BUILD/kvattn_tests" cuda_prefill cuda_score_range
-run_tests "tests (prefill, mma.sync path)" tests-mma.log env KVA_PREFILL_PATH=mma timeout "$TLIM" \
-    "./$BUILD/kvattn_tests" cuda_prefill cuda_score_range
+if [ "$TESTS" != 0 ]; then
+    # The prefill sweep again on the wgmma kernel (the Hopper fallback) and on the mma.sync kernels.
+    run_tests "tests (prefill, wgmma path)" tests-wgmma.log env KVA_PREFILL_PATH=wgmma timeout "$TLIM" \
+        "./$BUILD/kvattn_tests" cuda_prefill cuda_score_range
+    run_tests "tests (prefill, mma.sync path)" tests-mma.log env KVA_PREFILL_PATH=mma timeout "$TLIM" \
+        "./$BUILD/kvattn_tests" cuda_prefill cuda_score_range
 
-# The variants example (NVRTC at run time: compile, then the GPU against the CPU callback).
-run_tests "variants example" variants.log timeout "$TLIM" "./$BUILD/variants"
-grep -E "max \|gpu|broken" "$OUT/variants.log" || true
+    # The variants example (NVRTC at run time: compile, then the GPU against the CPU callback).
+    run_tests "variants example" variants.log timeout "$TLIM" "./$BUILD/variants"
+    grep -E "max \|gpu|broken" "$OUT/variants.log" || true
+fi
 
 if [ "${GPU_CHECK_SANITIZE:-1}" != 0 ]; then
     run_tests "memcheck" memcheck.log env KVA_TEST_QUICK=1 KVA_PREFILL_TMA_STRICT=1 timeout "$TLIM" compute-sanitizer --tool memcheck \
