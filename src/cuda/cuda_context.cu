@@ -16,6 +16,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* L2 / this = a causal plan's reorder budget (prefill_policy; -DKVA__ORDER_L2_DIVISOR=2 for an A/B) */
+#ifndef KVA__ORDER_L2_DIVISOR
+#define KVA__ORDER_L2_DIVISOR 4
+#endif
+
 /* Every decode kernel with its shared memory, for attribute setting, occupancy and dispatch. */
 typedef struct {
     kva_dtype dtype;
@@ -386,9 +391,12 @@ static kva_status prefill_policy(const kva_context *ctx, const kva_plan_limits *
     const int per_sm = priv && priv->prefill_blocks_per_sm[dim_idx] > 0 ? priv->prefill_blocks_per_sm[dim_idx] : 1;
     policy->max_blocks = (int64_t)(ctx->num_sms > 0 ? ctx->num_sms : 1) * per_sm;
     policy->min_chunk = 256;
-    /* a causal plan's last waves may be reordered while their K/V fits half of L2 (the rest is
-     * the other heads' and the outputs' traffic) */
-    policy->order_cache_bytes = (int64_t)(ctx->l2_bytes / 2);
+    /* a causal plan's last waves may be reordered while their K/V (one KV head's) fits a quarter
+     * of L2: the blocks straddle two heads at a time, and the rest is the outputs' traffic. The
+     * H200's paired rounds gained 1-9% at <= 8 MB of it (d64-d128); the d256 rows (16 MB) read
+     * 3-12% below their earlier tables in the one run with half of L2 and are kept out until
+     * paired rounds decide (bench/NOTES.md, "Causal plans: the last wave by order"). */
+    policy->order_cache_bytes = (int64_t)(ctx->l2_bytes / KVA__ORDER_L2_DIVISOR);
     policy->qo_tile = kva__prefill_tile_tokens_for(large.rows, group);
     const int32_t small_tile = kva__prefill_tile_tokens_for(small.rows, group);
     policy->qo_tile_min = small_tile >= 1 && small_tile < policy->qo_tile ? small_tile : 0;
