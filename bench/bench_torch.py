@@ -432,6 +432,24 @@ def run_decode_models(args, info, ceiling):
         ours.free()
         del ours
         torch.cuda.empty_cache()
+        if args.variants:
+            # the same batch at other splits: whether the plan's chunk is the best one the kernel
+            # can run (issue 8's (b) reads 79% with the plan's 2048-key chunks)
+            row["variants"] = {}
+            for label, no_split, fixed in [("nosplit", True, 0), ("c512", False, 512), ("c1024", False, 1024),
+                                           ("c2048", False, 2048), ("c4096", False, 4096), ("c8192", False, 8192)]:
+                try:
+                    v = kb.PagedDecode(0, 0, nsets, hq=hq, hk=hk, d=d, page=PS, lens=lens, no_split=no_split,
+                                       fixed_chunk=fixed)
+                except RuntimeError:  # kvattn.KvattnError: a split the plan refuses
+                    continue
+                vus = time_calls(v.run, nsets, iters) * 1e3
+                row["variants"][label] = (v.plan_info["num_work"], vus, kv_bytes / (vus * 1e-6) / 1e9 / ceiling)
+                v.free()
+                del v
+                torch.cuda.empty_cache()
+            print("    %s at other splits (work items, us, fraction of the ceiling):" % name,
+                  {k: (w, round(t, 1), round(f, 3)) for k, (w, t, f) in row["variants"].items()}, flush=True)
         # PyTorch (a): the batch padded to its longest request (no mask: the pad keys are
         # computed, which only flatters torch's time), one set (it is far beyond L2)
         pad_bytes = B * max(lens) * hk * d * 2 * 2
@@ -1243,7 +1261,8 @@ def main():
     which.add_argument("--prefill-only", action="store_true", help="only the prefill table")
     ap.add_argument("--shapes", default=None, help="decode shapes, e.g. 1x8192,64x4096")
     ap.add_argument("--variants", action="store_true",
-                    help="decode: also time other split choices, and HND pages (main and model tables)")
+                    help="decode: also time other split choices (main table and ragged batches), and HND "
+                         "pages (main and model tables)")
     ap.add_argument("--no-models", action="store_true",
                     help="decode: skip the model-shape and ragged-batch tables")
     ap.add_argument("--models", default=None,
