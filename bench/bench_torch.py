@@ -441,15 +441,16 @@ def run_decode_models(args, info, ceiling):
                 try:
                     v = kb.PagedDecode(0, 0, nsets, hq=hq, hk=hk, d=d, page=PS, lens=lens, no_split=no_split,
                                        fixed_chunk=fixed)
-                except RuntimeError:  # kvattn.KvattnError: a split the plan refuses
+                except kvattn.KvattnError:  # a split the plan refuses
                     continue
                 vus = time_calls(v.run, nsets, iters) * 1e3
-                row["variants"][label] = (v.plan_info["num_work"], vus, kv_bytes / (vus * 1e-6) / 1e9 / ceiling)
+                row["variants"][label] = (v.plan_info["kv_chunk_size"], v.plan_info["num_work"], vus,
+                                          kv_bytes / (vus * 1e-6) / 1e9 / ceiling)
                 v.free()
                 del v
                 torch.cuda.empty_cache()
-            print("    %s at other splits (work items, us, fraction of the ceiling):" % name,
-                  {k: (w, round(t, 1), round(f, 3)) for k, (w, t, f) in row["variants"].items()}, flush=True)
+            print("    %s at other splits (chunk, work items, us, fraction of the ceiling):" % name,
+                  {k: (c, w, round(t, 1), round(f, 3)) for k, (c, w, t, f) in row["variants"].items()}, flush=True)
         # PyTorch (a): the batch padded to its longest request (no mask: the pad keys are
         # computed, which only flatters torch's time), one set (it is far beyond L2)
         pad_bytes = B * max(lens) * hk * d * 2 * 2

@@ -11,10 +11,10 @@
 #      decode run from Python (python -m kvattn.bench --device cuda),
 #   5. the benchmark (bench/bench_torch.py: decode table -- read ceiling, ours vs PyTorch SDPA,
 #      graph replays -- and prefill table -- bf16 GEMM ceiling, ours ragged / paged / dense vs
-#      SDPA flash and cuDNN; both tables printed at the end, numbers in bench.json; the board's
+#      SDPA flash and cuDNN; both tables printed at the end, numbers in bench.json (in logs.tgz); the board's
 #      power, SM clock and throttle reasons sampled meanwhile into bench-power.csv),
 #   6. a summary, printed last.
-# Full logs go to $OUT (default ./gpu-check-out). Knobs: GPU_CHECK_SOAK=S adds a soak of S seconds
+# Logs go to $OUT (default ./gpu-check-out; packed, see "Logs" below). Knobs: GPU_CHECK_SOAK=S adds a soak of S seconds
 # (kvattn run --duration, prefix sharing on; host and device memory must stay flat),
 # GPU_CHECK_E2E=0 skips the kvattn check/run steps, GPU_CHECK_VARIANTS=0 the cuda_variant tests (or names
 # the ones to run, each under GPU_CHECK_VARIANT_TIMEOUT seconds), GPU_CHECK_SANITIZE=0 skips step 3,
@@ -47,10 +47,12 @@
 # what the finished steps wrote. GPU_CHECK_PACK=0 writes the logs to $OUT as files.
 # Time (H200, 2026-11-28, warm build): tests 93 s, wgmma / mma.sync sweeps 63 / 53 s, memcheck
 # 154 s, racecheck 48 + 19 s, e2e 31 s, python ~80 s, variants ~400 s (prefill sweeps 124 + 94 s),
-# bench ~200 s, a cold build ~45 s: the whole script is more than one 600 s device call. Split it,
-# e.g. GPU_CHECK_VARIANTS=0 GPU_CHECK_BENCH=0 in one call and GPU_CHECK_TESTS=0 GPU_CHECK_SANITIZE=0
-# GPU_CHECK_E2E=0 GPU_CHECK_PYTHON=0 (variants and bench) in the next; GPU_CHECK_TESTS=0 skips the
-# main test run, the path sweeps and the variants example.
+# bench ~200 s (+ the wgmma / mma.sync tables unless GPU_CHECK_BENCH_MMA=0), a cold build ~45 s:
+# the whole script is three 600 s device calls. GPU_CHECK_TESTS=0 skips the main test run, the
+# path sweeps and the variants example, so e.g.
+#   1. GPU_CHECK_VARIANTS=0 GPU_CHECK_E2E=0 GPU_CHECK_PYTHON=0 GPU_CHECK_BENCH=0   (~480 s cold)
+#   2. GPU_CHECK_TESTS=0 GPU_CHECK_SANITIZE=0 GPU_CHECK_PYTHON=0 GPU_CHECK_BENCH=0 (variants, e2e)
+#   3. GPU_CHECK_TESTS=0 GPU_CHECK_SANITIZE=0 GPU_CHECK_VARIANTS=0 GPU_CHECK_E2E=0 (python, bench)
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 if [ "${1:-}" = "--ab-prepare" ]; then
@@ -83,7 +85,9 @@ pack() {
     printf '%s\n' "${summary[@]}" >"$FINAL_OUT/summary.txt"
     [ "$OUT" = "$FINAL_OUT" ] && return 0
     cp "$OUT/device.txt" "$FINAL_OUT/" 2>/dev/null
-    tar -czf "$FINAL_OUT/logs.tgz.part" -C "$OUT" . && mv "$FINAL_OUT/logs.tgz.part" "$FINAL_OUT/logs.tgz"
+    # (exit status 1: a file changed while it was read, e.g. a sampler still writing)
+    tar -czf "$FINAL_OUT/logs.tgz.part" -C "$OUT" .
+    [ $? -le 1 ] && mv "$FINAL_OUT/logs.tgz.part" "$FINAL_OUT/logs.tgz"
 }
 note() { summary+=("$1"); echo "== $1"; pack; }
 trap pack EXIT
@@ -97,10 +101,11 @@ t0=$(date +%s)
 
 if [ "${GPU_CHECK_AB:-0}" != 0 ]; then
     [ -d gpu-ab-base ] || { echo "GPU_CHECK_AB: no gpu-ab-base/ (scripts/gpu-check.sh --ab-prepare REV)" >&2; exit 2; }
-    # (at a fixed path, so that a build directory left by an earlier call on a warm machine
-    # belongs to the same source tree; './build*' is not copied into it)
+    # (a fixed path inside './build*', which is not copied into it; its build directory is wiped
+    # every time: the copies keep their files' times, so on a warm machine an object built from
+    # another base revision could look newer than its source and be linked unseen)
     base_src=$PWD/build-ab-src
-    rm -rf "$base_src" && mkdir -p "$base_src" || exit 1
+    rm -rf "$base_src" "$BUILD-ab-base" && mkdir -p "$base_src" || exit 1
     tar --exclude=./gpu-ab-base --exclude='./build*' -cf - . | tar -x -C "$base_src" && cp -r gpu-ab-base/. "$base_src/"
     if [ -f gpu-ab-base/.added ]; then
         while IFS= read -r f; do rm -f "$base_src/$f"; done <gpu-ab-base/.added
@@ -109,8 +114,8 @@ if [ "${GPU_CHECK_AB:-0}" != 0 ]; then
         cmake -S "$1" -B "$2" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DKVA_CUDA=ON -DKVA_CUDA_ARCHS=90a \
             -DPython_EXECUTABLE="$(command -v python3)" ${3:+"-DCMAKE_CUDA_FLAGS=$3"} >>"$OUT/ab-build-$(basename "$2").log" 2>&1
     }
-    ab_build() { # src build [cuda flags]: a build directory that does not configure (another
-        # source tree's, left on a warm machine) is wiped and configured afresh, never reused
+    ab_build() { # src build [cuda flags]: a side's build directory that does not configure
+        # (another source tree's, left on a warm machine) is wiped and configured afresh
         : >"$OUT/ab-build-$(basename "$2").log"
         { ab_configure "$@" || { rm -rf "$2" && ab_configure "$@"; }; } &&
             cmake --build "$2" -j "$(nproc)" >>"$OUT/ab-build-$(basename "$2").log" 2>&1
@@ -143,6 +148,7 @@ if [ "${GPU_CHECK_AB:-0}" != 0 ]; then
                     { status=1; note "A/B: $side round $r FAILED"; }
                 echo "== $side, round $r"
                 grep -E '^\|' "$OUT/ab-$side-$r.log" | cut -c1-150
+                pack
                 continue
             fi
             timeout "${GPU_CHECK_AB_TIMEOUT:-240}" python3 bench/bench_torch.py --build "${side_dir[$side]}" \
@@ -150,6 +156,7 @@ if [ "${GPU_CHECK_AB:-0}" != 0 ]; then
                 >"$OUT/ab-$side-$r.log" 2>&1 || { status=1; note "A/B: $side round $r FAILED"; }
             echo "== $side, round $r"
             grep -E '^\| (bf16|f16) \||^\| [A-Za-z0-9].*us \|' "$OUT/ab-$side-$r.log" | cut -c1-150
+            pack
         done
     done
     printf '%s\n' "${summary[@]}"
@@ -247,7 +254,7 @@ fi
 # End to end through the command: one shape against the float64 reference, then a short
 # serving simulation (continuous batching, preemption, sampled verification) on the GPU.
 if [ "${GPU_CHECK_E2E:-1}" != 0 ]; then
-    run_tests "kvattn check" check.log "./$BUILD/kvattn" check --device cuda
+    run_tests "kvattn check" kvattn-check.log "./$BUILD/kvattn" check --device cuda
     run_tests "kvattn run" run.log "./$BUILD/kvattn" run --device cuda --requests 48 --pages 600
     tail -25 "$OUT/run.log"
     # Prefix sharing (forks, copy-on-write, refcounts) under preemption, verified on the GPU.
@@ -292,13 +299,14 @@ if [ "${GPU_CHECK_BENCH:-1}" != 0 ]; then
     # shellcheck disable=SC2086
     if PYTHONUNBUFFERED=1 python3 bench/bench_torch.py --build "$BUILD" --json "$OUT/bench.json" \
             ${GPU_CHECK_BENCH_ARGS:-} >"$OUT/bench.log" 2>&1; then
+        kill "$smi_pid" 2>/dev/null
         note "bench: ok ($(( $(date +%s) - t )) s) $(grep -E '^prefill rows:' "$OUT/bench.log" | tail -1)"
     else
         status=1
+        kill "$smi_pid" 2>/dev/null
         tail -20 "$OUT/bench.log"
         note "bench: FAILED (see bench.log) $(grep -E '^prefill rows:' "$OUT/bench.log" | tail -1)"
     fi
-    kill "$smi_pid" 2>/dev/null
     # samples under load (SM clock above 1000 MHz): power and clock ranges, how many had the
     # software power cap (reason bit 0x4) active
     awk -F', ' '$2 + 0 > 1000 { n++; c = $2 + 0; w = $3 + 0;
@@ -318,6 +326,7 @@ if [ "${GPU_CHECK_BENCH:-1}" != 0 ]; then
             --prefill-sets bf16:128 --no-extra-rows --json "$OUT/bench-mma.json" >"$OUT/bench-mma.log" 2>&1 ||
             note "bench (mma.sync path): FAILED"
         sed -n '/^## kvattn/,$p' "$OUT/bench-mma.log" | grep -E "^\| bf16 \| 128" | sed 's/^/mma.sync: /'
+        pack
     fi
 fi
 

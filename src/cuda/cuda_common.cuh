@@ -150,7 +150,7 @@ __device__ __forceinline__ void kva__pdl_wait() {
 
 /* Decode as a programmatic dependent of the kernel before it (on by default since 2026-11-29;
  * -DKVA__DECODE_PDL=0 builds the old order; bench/NOTES.md, "the decode kernel as a programmatic
- * dependent of the step's append": -2.2 us per layer of append + decode at 1 x 8192 on an H200).
+ * dependent of the step's append": -2.1 us per layer of append + decode at 1 x 8192 on an H200).
  * The append kernel triggers its dependents at its start, and a decode run launched after it may
  * place its blocks at once: they read the plan's records, work count and first page ids -- the
  * plan's device part is written only by plan uploads, copies on the stream, never by a kernel, and

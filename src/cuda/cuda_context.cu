@@ -20,6 +20,9 @@
 #ifndef KVA__ORDER_L2_DIVISOR
 #define KVA__ORDER_L2_DIVISOR 4
 #endif
+#if KVA__ORDER_L2_DIVISOR < 1
+#error "KVA__ORDER_L2_DIVISOR must be at least 1"
+#endif
 
 /* Every decode kernel with its shared memory, for attribute setting, occupancy and dispatch. */
 typedef struct {
@@ -393,9 +396,10 @@ static kva_status prefill_policy(const kva_context *ctx, const kva_plan_limits *
     policy->min_chunk = 256;
     /* a causal plan's last waves may be reordered while their K/V (one KV head's) fits a quarter
      * of L2: the blocks straddle two heads at a time, and the rest is the outputs' traffic. The
-     * H200's paired rounds gained 1-9% at <= 8 MB of it (d64-d128); the d256 rows (16 MB) read
-     * 3-12% below their earlier tables in the one run with half of L2 and are kept out until
-     * paired rounds decide (bench/NOTES.md, "Causal plans: the last wave by order"). */
+     * H200's paired rounds gained 1-9% at <= 8 MB of it (d64-d128); d256 (16.8 MB, over the
+     * H200's 15 MiB quarter) was not in them, and its 2 x 8192 causal row read below every
+     * earlier table in the one run with half of L2: kept out until paired rounds decide
+     * (bench/NOTES.md, "Causal plans: the last wave by order"). */
     policy->order_cache_bytes = (int64_t)(ctx->l2_bytes / KVA__ORDER_L2_DIVISOR);
     policy->qo_tile = kva__prefill_tile_tokens_for(large.rows, group);
     const int32_t small_tile = kva__prefill_tile_tokens_for(small.rows, group);
