@@ -81,7 +81,8 @@ static inline void kva_ex_t5_buckets(int32_t *bucket_of) {
         return cap * kva_tanhf(score / cap);                                                    \
     }
 #define KVA_EX_DEFINE_SOFTCAP(NAME, CONST) KVA_EX_SOFTCAP_BODY(NAME, CONST)
-#define KVA_EX_SOURCE_SOFTCAP KVA_EX_STR(KVA_EX_SOFTCAP_BODY(softcap, const))
+/* (a tanh per score: heavy enough that the Hopper prefill's ping-pong turns pay; kvattn.h) */
+#define KVA_EX_SOURCE_SOFTCAP "#define KVA_VARIANT_PINGPONG 1\n" KVA_EX_STR(KVA_EX_SOFTCAP_BODY(softcap, const))
 
 /* ---- ALiBi --------------------------------------------------------------------------------------
  * Built in (kva_variant_create_alibi, src/cuda/variant_alibi.cuh: caller data f32

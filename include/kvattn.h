@@ -283,7 +283,12 @@ typedef float (*kva_score_mod_fn)(float score, int32_t q_pos, int32_t kv_pos, in
  * instruction). It must be a pure function of its arguments and the data behind `user` (kernels
  * may call it more than once for one score, in any order, from any thread) and may not write
  * memory, synchronise or #include headers. Helper functions, constants and __device__ arrays may
- * sit beside it; names starting with kva_ / KVA_ are the library's.
+ * sit beside it; names starting with kva_ / KVA_ are the library's, except one switch the source
+ * may define: `#define KVA_VARIANT_PINGPONG 1` lets the Hopper prefill kernel's two consumer
+ * warpgroups take turns (head_dim <= 128), as the built-in path does -- worth it for a modifier
+ * with heavy work per score (a tanh: the soft cap as a modifier ran 1.3 points closer to the
+ * built-in cap with it on an H200), a loss for a light one (a few FLOPs: 3 points slower), which
+ * is why it is off by default. Results are the same either way.
  * Supported paths: the kernels a variant was compiled for (kva_variant_options): CUDA decode
  * (both algorithms), ragged and paged prefill (mma.sync; on Hopper the warp-specialised TMA
  * kernel and the wgmma one; f32 on CUDA cores) and kva_attention: the kernel the built-in path

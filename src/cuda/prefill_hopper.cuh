@@ -84,6 +84,15 @@
 #else
 #define KVA__HP_ALIBI false
 #endif
+/* A variant's source may ask for the consumers' ping-pong turns by defining KVA_VARIANT_PINGPONG
+ * (kvattn.h, kva_variant): a modifier with heavy work per score (a tanh) gains from them -- the
+ * soft cap as a snippet +4.5% -> +3.2% over the built-in cap (H200, 2026-11-25) -- a light one
+ * loses (identity +9% -> +12%), so a generic modifier runs without them unless it asks. */
+#ifdef KVA_VARIANT_PINGPONG
+#define KVA__VARIANT_PINGPONG true
+#else
+#define KVA__VARIANT_PINGPONG false
+#endif
 /* (-DKVA__HP_ALIBI_TENSOR=0: every row's bias by an FFMA per score, no extra k-step) */
 #ifndef KVA__HP_ALIBI_TENSOR
 #define KVA__HP_ALIBI_TENSOR 1
@@ -141,9 +150,9 @@ struct kva__hopper_geom {
 #ifdef KVA__HP_PINGPONG
     static constexpr bool PINGPONG = KVA__HP_PINGPONG;
 #else
-    /* (not with a variant's score modifier: its per-score work on the turn-holder's critical
-     * path made ALiBi 13% slower at d = 128) */
-    static constexpr bool PINGPONG = D <= 128 && (!KVA__HAS_SCORE_MOD || KVA__HP_ALIBI);
+    /* (not with a variant's score modifier unless its source asks (KVA__VARIANT_PINGPONG): its
+     * per-score work on the turn-holder's critical path made ALiBi 13% slower at d = 128) */
+    static constexpr bool PINGPONG = D <= 128 && (!KVA__HAS_SCORE_MOD || KVA__HP_ALIBI || KVA__VARIANT_PINGPONG);
 #endif
     /* an item's key tiles walked last to first: with ALiBi the bias grows toward the query, so
      * in key order nearly every tile raised the row max and rescaled O; the nearest tile first
