@@ -47,6 +47,9 @@ Prefill table: 32 query / 8 KV heads, 16384 tokens per batch as batch x seq = 32
     half is not added). TFLOP/s = FLOPs / median time. Rows also give the fraction of the
     compute ceiling: the bf16 matrix-product rate measured in the same run (torch.matmul of
     random 8192 x 8192 x 8192 bf16, cuBLAS, median, 2 * 8192^3 FLOPs); f16's rate is printed too.
+  - SM MHz: the median SM clock (NVML, sampled every 10 ms on a thread) during ours' and cuDNN's
+    timed series, and the GEMM's: a long row at the board's power cap runs below the clock the
+    GEMM ceiling was measured at ("-" without nvidia-ml-py).
   - ragged row (bf16, d 128, causal): prompt lengths drawn log-normal (seed 6, median 800,
     sigma 1.0, clipped to 16..8192) until they hold 16384 tokens, the last one cut to fit. Ours:
     one ragged plan over the batch. PyTorch: the best of (a) the padded batch [B, heads,
@@ -152,6 +155,58 @@ def our_decode(batch, ctx_len, nsets, graph=False, flags=0, fixed_chunk=0, hnd=F
 SETTLE_S = 0.5  # --settle
 
 
+class SmClock:
+    """The SM clock (NVML, nvidia-ml-py) sampled every 10 ms on a thread while a timed series runs:
+    its median says at which clock a row ran (long rows reach the board's power cap and slow down,
+    and so do the torch backends' rows after them). Off (None) without NVML. The thread only
+    sleeps and makes one NVML call per sample (ctypes releases the GIL), so the launching thread
+    is not held up."""
+
+    def __init__(self):
+        self.nvml = self.handle = None
+        try:
+            import pynvml
+            pynvml.nvmlInit()
+            index = torch.cuda.current_device()
+            visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+            if visible and visible.split(",")[index].strip().isdigit():
+                index = int(visible.split(",")[index])
+            self.handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            self.nvml = pynvml
+        except Exception:  # no nvidia-ml-py, or NVML refuses: no clock column
+            self.nvml = None
+
+    def start(self):
+        import threading
+        self.samples, self.stop_flag = [], threading.Event()
+        if self.nvml is None:
+            return
+        def run():
+            while not self.stop_flag.is_set():
+                try:
+                    self.samples.append(self.nvml.nvmlDeviceGetClockInfo(self.handle, self.nvml.NVML_CLOCK_SM))
+                except Exception:
+                    return
+                self.stop_flag.wait(0.01)
+        self.thread = threading.Thread(target=run, daemon=True)
+        self.thread.start()
+
+    def stop(self):
+        """Median SM clock (MHz) of the series, or None."""
+        if self.nvml is None:
+            return None
+        self.stop_flag.set()
+        self.thread.join()
+        if not self.samples:
+            return None
+        v = sorted(self.samples)
+        return v[len(v) // 2]
+
+
+SM_CLOCK = None  # the SmClock, made on first use
+LAST_MHZ = None  # the median SM clock of the last timed series (time_calls), or None
+
+
 def time_calls(fn, nsets, iters, warmup=5):
     """Median milliseconds of fn(set) over iters calls bracketed by CUDA events (kvattn.bench),
     after SETTLE_S seconds of an idle GPU: every series starts from the same power state. (Without
@@ -163,7 +218,14 @@ def time_calls(fn, nsets, iters, warmup=5):
         import torch
         torch.cuda.synchronize()
         time.sleep(SETTLE_S)
-    return kb.time_calls(fn, nsets, iters, warmup=warmup)
+    global SM_CLOCK, LAST_MHZ
+    if SM_CLOCK is None:
+        SM_CLOCK = SmClock()
+    SM_CLOCK.start()
+    try:
+        return kb.time_calls(fn, nsets, iters, warmup=warmup)
+    finally:
+        LAST_MHZ = SM_CLOCK.stop()
 
 
 def sdpa_backends():
@@ -719,6 +781,7 @@ def run_torch_variant(tv, check, nsets, iters, o_ours, kva_ok):
                 res["error"] = "wrong output (rel err %.2e vs float32 reference)" % rel
                 return res
             res["ms"] = time_calls(tv.fn, nsets, iters, warmup=3)
+            res["mhz"] = LAST_MHZ
     except Exception as e:  # a backend that refuses the shape, mask or GQA
         res["error"] = (str(e).strip().splitlines() or ["?"])[0][:160]
         res.pop("ms", None)
@@ -795,6 +858,8 @@ def finish_case(row, ours_res, torch_res, flops, gemm_tflops):
         if col in best:
             row[col + "_ms"], row[col + "_variant"] = best[col]
             row[col + "_tflops"] = flops / (best[col][0] * 1e-3) / 1e12
+            row[col + "_mhz"] = next((r.get("mhz") for r in torch_res if r["name"] == best[col][1]
+                                      and r["column"] == col), None)
     row.update(ours_res)
     ref = first_ok_output(torch_res)
     if ref is not None:
@@ -853,6 +918,7 @@ def ours_check_and_time(ours, check, o, nsets, iters, dense=False):
             except kvattn.KvattnError as e:
                 raise RuntimeError("kvattn prefill run: " + status_text(e))
         res["ours_ms"] = time_calls(fn, nsets, iters, warmup=3)
+        res["ours_mhz"] = LAST_MHZ
     if dense:
         o.fill_(float("nan"))
         st, err = kva_status_of(lambda: ours.run_dense(0))
@@ -1071,7 +1137,7 @@ def gemm_rate(dtype, iters, n=8192):
     ms = time_calls(lambda s: torch.matmul(a[s], b[s], out=c), 2, iters, warmup=5)
     del a, b, c
     torch.cuda.empty_cache()
-    return 2.0 * n ** 3 / (ms * 1e-3) / 1e12
+    return 2.0 * n ** 3 / (ms * 1e-3) / 1e12, LAST_MHZ
 
 
 def row_label(r):
@@ -1109,10 +1175,10 @@ def run_prefill(args, info):
     torch.backends.cuda.matmul.allow_tf32 = False  # the float32 reference stays float32
     l2 = info["l2_bytes"]
     iters = 10 if args.quick else 30
-    gemm_bf16 = gemm_rate(torch.bfloat16, iters)
-    gemm_f16 = gemm_rate(torch.float16, iters)
-    print("prefill: bf16 GEMM 8192^3 %.0f TFLOP/s, f16 %.0f TFLOP/s (median of %d)" %
-          (gemm_bf16, gemm_f16, iters), flush=True)
+    gemm_bf16, gemm_mhz = gemm_rate(torch.bfloat16, iters)
+    gemm_f16, _ = gemm_rate(torch.float16, iters)
+    print("prefill: bf16 GEMM 8192^3 %.0f TFLOP/s, f16 %.0f TFLOP/s (median of %d)%s" %
+          (gemm_bf16, gemm_f16, iters, (", bf16 at %d MHz" % gemm_mhz) if gemm_mhz else ""), flush=True)
     seqs = [int(x) for x in args.seqs.split(",")] if args.seqs else PF_SEQS
     sets = PF_SETS
     if args.prefill_sets:
@@ -1157,7 +1223,7 @@ def run_prefill(args, info):
         print(prefill_line(r), flush=True)
     if aborted:
         print("prefill: aborted after a CUDA error: %s" % aborted, flush=True)
-    return {"gemm_bf16_tflops": gemm_bf16, "gemm_f16_tflops": gemm_f16, "iters": iters,
+    return {"gemm_bf16_tflops": gemm_bf16, "gemm_f16_tflops": gemm_f16, "gemm_bf16_mhz": gemm_mhz, "iters": iters,
             "rows": rows, "aborted": aborted,
             "flops_formula": "4 * heads_q * d * sum_b(q_b * kv_b) full; causal "
                              "4 * heads_q * d * sum_b(q_b * kv_b - q_b^2 / 2) "
@@ -1177,9 +1243,12 @@ def print_prefill_table(dev_name, date, res):
     print("%d q / %d kv heads; TFLOP/s = 4*seq^2*heads*d*batch / time, causal counts half; "
           "%% GEMM = of the bf16 8192^3 torch.matmul rate; x flash, x best = torch time / ours; "
           "CUDA-event medians of %d, inputs rotated over >= 4x L2" % (PF_HQ, PF_HK, res["iters"]))
+    if res.get("gemm_bf16_mhz"):
+        print("SM MHz: the median SM clock (NVML, every 10 ms) of ours' / cuDNN's timed series "
+              "(the bf16 GEMM ran at %d MHz)" % res["gemm_bf16_mhz"])
     print("| dtype | d | batch x seq | mask | ours ms | ours TFLOP/s | % GEMM | dense ms | "
-          "flash TFLOP/s | cuDNN TFLOP/s | x flash | x best | max abs diff | rel err |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "flash TFLOP/s | cuDNN TFLOP/s | x flash | x best | max abs diff | rel err | SM MHz |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in res["rows"]:
         ms, tf, frac = ours_cell(r)
         dense = "-"
@@ -1187,7 +1256,8 @@ def print_prefill_table(dev_name, date, res):
             dense = "%.3f" % r["dense_ms"]
         elif r.get("dense_state"):
             dense = r["dense_state"]
-        print("| %s | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
+        mhz = "/".join(("%d" % r[k]) if r.get(k) else "-" for k in ("ours_mhz", "cudnn_mhz"))
+        print("| %s | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
             r["dtype"], r["d"], row_label(r), "causal" if r["causal"] else "full", ms, tf, frac,
             dense,
             ("%.0f" % r["flash_tflops"]) if r.get("flash_tflops") else "n/a",
@@ -1195,7 +1265,7 @@ def print_prefill_table(dev_name, date, res):
             ("%.2f" % r["flash_over_ours"]) if r.get("flash_over_ours") else "-",
             ("%.2f" % r["best_torch_over_ours"]) if r.get("best_torch_over_ours") else "-",
             ("%.1e" % r["max_abs_vs_torch"]) if r.get("max_abs_vs_torch") is not None else "-",
-            ("%.1e" % r["rel_err_ref"]) if r.get("rel_err_ref") is not None else "-"))
+            ("%.1e" % r["rel_err_ref"]) if r.get("rel_err_ref") is not None else "-", mhz))
     notes = []
     for r in res["rows"]:
         if r["kind"] in ("ragged", "chunked"):
