@@ -645,7 +645,9 @@ typedef struct kva_cache_config {
 } kva_cache_config;
 
 /* Creates a cache whose single pool [num_layers][num_pages][2][page...] lives in the context's
- * device memory; page tables live on the host. The cache uses ctx until kva_cache_destroy:
+ * device memory; page tables live on the host. On a CPU context the pool is zero-filled here by
+ * the context's threads, so that appends and runs never fault its pages in (a cost of creation,
+ * about the pool's size at memset speed, paid once). The cache uses ctx until kva_cache_destroy:
  * ctx may be destroyed first (kva_context_destroy then defers freeing it until its last cache is
  * destroyed), but after kva_context_destroy only kva_cache_destroy may be called on its caches. */
 kva_status kva_cache_create(kva_context *ctx, const kva_cache_config *config, kva_cache **out);

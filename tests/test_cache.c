@@ -1217,3 +1217,40 @@ KVA_TEST(cache_cpu_append_and_copy_pages_views) {
         }
     kva_context_destroy(ctx);
 }
+
+/* A CPU cache's pool is faulted in (zero-filled) at creation by the context's threads
+ * (kva__cpu_prefault), so no append pays the page faults: every byte of a dirty buffer that is not
+ * a whole number of 2 MB frames comes back zero, nothing past it is touched, and a new cache's pool
+ * reads zero through its pages. */
+KVA_TEST(cache_cpu_pool_prefaulted_at_create) {
+    kva_context *ctx = NULL;
+    REQUIRE_OK(kva_context_create(KVA_DEVICE_CPU, 0, &ctx));
+    const size_t sizes[4] = {1, 4096 + 3, ((size_t)2 << 20) - 1, ((size_t)5 << 20) + 12345};
+    for (int i = 0; i < 4; ++i) {
+        const size_t n = sizes[i];
+        unsigned char *b = kva_test_alloc(n + 64);
+        memset(b, 0xA5, n + 64);
+        kva__cpu_prefault(ctx, b, n);
+        size_t nonzero = 0, guard = 0;
+        for (size_t j = 0; j < n; ++j) nonzero += b[j] != 0;
+        for (size_t j = n; j < n + 64; ++j) guard += b[j] != 0xA5;
+        CHECK_MSG(nonzero == 0, "%zu bytes: %zu not zero", n, nonzero);
+        CHECK_MSG(guard == 0, "%zu bytes: %zu bytes past the end written", n, guard);
+    }
+    kva_cache_config cfg = small_config(KVA_BF16, KVA_LAYOUT_NHD);
+    cfg.num_pages = 300; /* a pool of more than one 2 MB frame */
+    cfg.head_dim = 128;
+    kva_cache *c = NULL;
+    REQUIRE_OK(kva_cache_create(ctx, &cfg, &c));
+    size_t nonzero = 0;
+    for (int32_t layer = 0; layer < cfg.num_layers; ++layer) {
+        kva_kv_pages pages;
+        CHECK_OK(kva_cache_layer_pages(c, layer, &pages));
+        const size_t half = (size_t)cfg.num_pages * cfg.page_size * cfg.num_kv_heads * cfg.head_dim * 2;
+        for (size_t j = 0; j < half; ++j)
+            nonzero += ((const unsigned char *)pages.k_data)[j] != 0 || ((const unsigned char *)pages.v_data)[j] != 0;
+    }
+    CHECK_MSG(nonzero == 0, "%zu pool bytes not zero after kva_cache_create", nonzero);
+    kva_cache_destroy(c);
+    kva_context_destroy(ctx);
+}

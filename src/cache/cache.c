@@ -4,6 +4,7 @@
  * the state and the conventions every entry point follows.
  */
 #include "cache_internal.h"
+#include "../cpu/cpu_backend.h"
 #include "../cuda/cuda_backend.h"
 
 #include <stdlib.h>
@@ -104,6 +105,8 @@ kva_status kva_cache_create(kva_context *ctx, const kva_cache_config *config, kv
     c->num_free_slots = S;
 
     kva_status st = kva_malloc(ctx, layer_bytes * (size_t)config->num_layers, &c->pool);
+    if (st == KVA_OK && ctx->device == KVA_DEVICE_CPU)
+        kva__cpu_prefault(ctx, c->pool, layer_bytes * (size_t)config->num_layers);
     if (st == KVA_OK && ctx->device == KVA_DEVICE_CUDA)
         st = kva__cuda_malloc(ctx, (size_t)config->max_append_tokens * sizeof(int64_t),
                               (void **)&c->slots_device);
