@@ -47,9 +47,10 @@ Prefill table: 32 query / 8 KV heads, 16384 tokens per batch as batch x seq = 32
     half is not added). TFLOP/s = FLOPs / median time. Rows also give the fraction of the
     compute ceiling: the bf16 matrix-product rate measured in the same run (torch.matmul of
     random 8192 x 8192 x 8192 bf16, cuBLAS, median, 2 * 8192^3 FLOPs); f16's rate is printed too.
-  - SM MHz: the median SM clock (NVML, sampled every 10 ms on a thread) during ours' and cuDNN's
-    timed series, and the GEMM's: a long row at the board's power cap runs below the clock the
-    GEMM ceiling was measured at ("-" without nvidia-ml-py).
+  - SM MHz: the median SM clock (NVML, sampled every 5 ms on a thread) over ours' and cuDNN's
+    timed calls (the window of iters x the median call before the series ends; a shorter window
+    takes the sample nearest its end), and the GEMM's: a long row at the board's power cap runs
+    below the clock the GEMM ceiling was measured at ("-" without nvidia-ml-py).
   - ragged row (bf16, d 128, causal): prompt lengths drawn log-normal (seed 6, median 800,
     sigma 1.0, clipped to 16..8192) until they hold 16384 tokens, the last one cut to fit. Ours:
     one ragged plan over the batch. PyTorch: the best of (a) the padded batch [B, heads,
@@ -156,24 +157,26 @@ SETTLE_S = 0.5  # --settle
 
 
 class SmClock:
-    """The SM clock (NVML, nvidia-ml-py) sampled every 10 ms on a thread while a timed series runs:
-    its median says at which clock a row ran (long rows reach the board's power cap and slow down,
-    and so do the torch backends' rows after them). Off (None) without NVML. The thread only
-    sleeps and makes one NVML call per sample (ctypes releases the GIL), so the launching thread
-    is not held up."""
+    """The SM clock (NVML, nvidia-ml-py) sampled every 5 ms on a thread while a timed series runs,
+    each sample with its time: stop() keeps those of the timed calls' window (the series' end back
+    by iters x the median call, i.e. not the warm-up or the GPU sleep before it) and gives their
+    median -- the clock a row ran at (long rows reach the board's power cap and slow down, and so
+    do the torch backends' rows after them). A window shorter than the interval gets the sample
+    nearest its end. Off (None) without NVML. The thread only sleeps and makes one NVML call per
+    sample (ctypes releases the GIL), so the launching thread is not held up."""
 
     def __init__(self):
         self.nvml = self.handle = None
         try:
             import pynvml
             pynvml.nvmlInit()
-            index = torch.cuda.current_device()
-            visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
-            if visible and visible.split(",")[index].strip().isdigit():
-                index = int(visible.split(",")[index])
-            self.handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            # the same GPU as torch's: by PCI address (NVML's indices follow the bus, CUDA's
+            # default order and CUDA_VISIBLE_DEVICES need not)
+            p = torch.cuda.get_device_properties(torch.cuda.current_device())
+            bus = "%08x:%02x:%02x.0" % (p.pci_domain_id, p.pci_bus_id, p.pci_device_id)
+            self.handle = pynvml.nvmlDeviceGetHandleByPciBusId(bus)
             self.nvml = pynvml
-        except Exception:  # no nvidia-ml-py, or NVML refuses: no clock column
+        except Exception:  # no nvidia-ml-py, no PCI address from torch, or NVML refuses
             self.nvml = None
 
     def start(self):
@@ -182,24 +185,32 @@ class SmClock:
         if self.nvml is None:
             return
         def run():
+            import time
             while not self.stop_flag.is_set():
                 try:
-                    self.samples.append(self.nvml.nvmlDeviceGetClockInfo(self.handle, self.nvml.NVML_CLOCK_SM))
+                    mhz = self.nvml.nvmlDeviceGetClockInfo(self.handle, self.nvml.NVML_CLOCK_SM)
                 except Exception:
                     return
-                self.stop_flag.wait(0.01)
+                self.samples.append((time.monotonic(), mhz))
+                self.stop_flag.wait(0.005)
         self.thread = threading.Thread(target=run, daemon=True)
         self.thread.start()
 
-    def stop(self):
-        """Median SM clock (MHz) of the series, or None."""
+    def stop(self, window_s=None):
+        """Median SM clock (MHz) of the samples in the last window_s seconds (all without), or
+        None."""
+        import time
+        end = time.monotonic()
         if self.nvml is None:
             return None
         self.stop_flag.set()
         self.thread.join()
         if not self.samples:
             return None
-        v = sorted(self.samples)
+        inside = [m for t, m in self.samples if window_s is None or t >= end - window_s]
+        if not inside:
+            inside = [self.samples[-1][1]]
+        v = sorted(inside)
         return v[len(v) // 2]
 
 
@@ -222,10 +233,13 @@ def time_calls(fn, nsets, iters, warmup=5):
     if SM_CLOCK is None:
         SM_CLOCK = SmClock()
     SM_CLOCK.start()
+    ms = None
     try:
-        return kb.time_calls(fn, nsets, iters, warmup=warmup)
+        ms = kb.time_calls(fn, nsets, iters, warmup=warmup)
+        return ms
     finally:
-        LAST_MHZ = SM_CLOCK.stop()
+        # (the timed calls run back to back just before the series returns)
+        LAST_MHZ = SM_CLOCK.stop(iters * ms * 1e-3 if ms else None)
 
 
 def sdpa_backends():
@@ -1244,7 +1258,7 @@ def print_prefill_table(dev_name, date, res):
           "%% GEMM = of the bf16 8192^3 torch.matmul rate; x flash, x best = torch time / ours; "
           "CUDA-event medians of %d, inputs rotated over >= 4x L2" % (PF_HQ, PF_HK, res["iters"]))
     if res.get("gemm_bf16_mhz"):
-        print("SM MHz: the median SM clock (NVML, every 10 ms) of ours' / cuDNN's timed series "
+        print("SM MHz: the median SM clock (NVML, every 5 ms) over ours' / cuDNN's timed calls "
               "(the bf16 GEMM ran at %d MHz)" % res["gemm_bf16_mhz"])
     print("| dtype | d | batch x seq | mask | ours ms | ours TFLOP/s | % GEMM | dense ms | "
           "flash TFLOP/s | cuDNN TFLOP/s | x flash | x best | max abs diff | rel err | SM MHz |")

@@ -284,11 +284,12 @@ typedef float (*kva_score_mod_fn)(float score, int32_t q_pos, int32_t kv_pos, in
  * may call it more than once for one score, in any order, from any thread) and may not write
  * memory, synchronise or #include headers. Helper functions, constants and __device__ arrays may
  * sit beside it; names starting with kva_ / KVA_ are the library's, except one switch the source
- * may define: `#define KVA_VARIANT_PINGPONG 1` lets the Hopper prefill kernel's two consumer
- * warpgroups take turns (head_dim <= 128), as the built-in path does -- worth it for a modifier
- * with heavy work per score (a tanh: the soft cap as a modifier ran 1.3 points closer to the
- * built-in cap with it on an H200), a loss for a light one (a few FLOPs: 3 points slower), which
- * is why it is off by default. Results are the same either way.
+ * may define (to any value, or none): KVA_VARIANT_PINGPONG lets the Hopper prefill kernel's
+ * consumer warpgroups take turns issuing (built head dims 64 and 128; two warpgroups, three at
+ * d64), as the built-in path does -- worth it for a modifier with heavy work per score (a tanh:
+ * the soft cap as a modifier ran 1.3 points closer to the built-in cap with turns, H200, bf16
+ * d128, 16k causal), a loss for a light one (an identity modifier: 3 points slower there); d64
+ * with a modifier and turns is unmeasured. Off by default; results are the same either way.
  * Supported paths: the kernels a variant was compiled for (kva_variant_options): CUDA decode
  * (both algorithms), ragged and paged prefill (mma.sync; on Hopper the warp-specialised TMA
  * kernel and the wgmma one; f32 on CUDA cores) and kva_attention: the kernel the built-in path
@@ -645,13 +646,22 @@ typedef struct kva_cache_config {
 } kva_cache_config;
 
 /* Creates a cache whose single pool [num_layers][num_pages][2][page...] lives in the context's
- * device memory; page tables live on the host. On a CPU context the pool is zero-filled here by
- * the context's threads, so that appends and runs never fault its pages in (a cost of creation,
- * about the pool's size at memset speed, paid once). The cache uses ctx until kva_cache_destroy:
+ * device memory; page tables live on the host. (On a CPU context the pool's memory is committed
+ * page by page as appends first write it; kva_cache_prefault commits it all at once.) The cache
+ * uses ctx until kva_cache_destroy:
  * ctx may be destroyed first (kva_context_destroy then defers freeing it until its last cache is
  * destroyed), but after kva_context_destroy only kva_cache_destroy may be called on its caches. */
 kva_status kva_cache_create(kva_context *ctx, const kva_cache_config *config, kva_cache **out);
 void kva_cache_destroy(kva_cache *cache); /* NULL is a no-op */
+
+/* Makes the whole pool resident now, so that no append or run waits for the operating system to
+ * back a page it touches first (CPU contexts: every page is touched by the context's threads --
+ * a server that will use the pool anyway pays this once at start; with 2 MB pages and the
+ * kernel's THP defrag on, a first touch zeroes and may compact 2 MB: measured 1.2 s per GB the
+ * first time in a process on a Zen 5 host, 0.03-0.25 s per GB otherwise). Stored K/V is not
+ * changed; any time is fine. A pool sized for the worst case then occupies all of its memory.
+ * CUDA contexts: nothing to do (device memory is backed at allocation); returns KVA_OK. */
+kva_status kva_cache_prefault(kva_cache *cache);
 
 /* New empty sequence; *seq_id receives its id (0 .. max_sequences-1). Ids are slots: a freed
  * id is handed out again, so a caller must forget an id once it frees it (freeing it again after

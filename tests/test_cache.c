@@ -9,6 +9,7 @@
  * Writes copy bits, so contents compare exactly. Failing calls are checked to change nothing:
  * statistics, lengths, reference counts, page tables and every byte of the pool.
  */
+#define _DEFAULT_SOURCE /* mincore */
 #include "harness.h"
 #include "test_util.h"
 #include "../src/cpu/cpu_backend.h"
@@ -16,6 +17,9 @@
 
 #include <stdlib.h>
 #include <string.h>
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 
 #define T_MAX_SEQS 16
 #define T_MAX_PAGES 256
@@ -1218,39 +1222,79 @@ KVA_TEST(cache_cpu_append_and_copy_pages_views) {
     kva_context_destroy(ctx);
 }
 
-/* A CPU cache's pool is faulted in (zero-filled) at creation by the context's threads
- * (kva__cpu_prefault), so no append pays the page faults: every byte of a dirty buffer that is not
- * a whole number of 2 MB frames comes back zero, nothing past it is touched, and a new cache's pool
- * reads zero through its pages. */
-KVA_TEST(cache_cpu_pool_prefaulted_at_create) {
+/* Pages of [p, p + bytes) resident in memory (Linux mincore), or -1 where it cannot tell. */
+static int64_t resident_pages(const void *p, size_t bytes) {
+#if defined(__linux__)
+    const uintptr_t pg = 4096, a = (uintptr_t)p / pg * pg;
+    const size_t n = (size_t)(((uintptr_t)p + bytes + pg - 1) / pg - a / pg);
+    unsigned char *vec = malloc(n);
+    if (!vec || mincore((void *)a, n * pg, vec) != 0) {
+        free(vec);
+        return -1;
+    }
+    int64_t r = 0;
+    for (size_t i = 0; i < n; ++i) r += vec[i] & 1;
+    free(vec);
+    return r;
+#else
+    (void)p;
+    (void)bytes;
+    return -1;
+#endif
+}
+
+/* kva_cache_prefault (CPU: kva__cpu_prefault) makes every page of the pool resident without
+ * changing a byte: buffers of 1 B .. 5 MB + 12345 B keep their contents to the last byte, a new
+ * cache's pool (fresh memory: not resident before) is resident afterwards, and rows appended
+ * before the call read back unchanged after it. */
+KVA_TEST(cache_prefault_keeps_contents_and_commits_the_pool) {
     kva_context *ctx = NULL;
     REQUIRE_OK(kva_context_create(KVA_DEVICE_CPU, 0, &ctx));
+    kva_rng r;
+    kva_rng_seed(&r, kva_test_seed());
     const size_t sizes[4] = {1, 4096 + 3, ((size_t)2 << 20) - 1, ((size_t)5 << 20) + 12345};
     for (int i = 0; i < 4; ++i) {
         const size_t n = sizes[i];
-        unsigned char *b = kva_test_alloc(n + 64);
-        memset(b, 0xA5, n + 64);
+        unsigned char *b = kva_test_alloc(n), *want = kva_test_alloc(n);
+        for (size_t j = 0; j < n; ++j) b[j] = want[j] = (unsigned char)kva_rng_int(&r, 0, 255);
         kva__cpu_prefault(ctx, b, n);
-        size_t nonzero = 0, guard = 0;
-        for (size_t j = 0; j < n; ++j) nonzero += b[j] != 0;
-        for (size_t j = n; j < n + 64; ++j) guard += b[j] != 0xA5;
-        CHECK_MSG(nonzero == 0, "%zu bytes: %zu not zero", n, nonzero);
-        CHECK_MSG(guard == 0, "%zu bytes: %zu bytes past the end written", n, guard);
+        CHECK_MSG(memcmp(b, want, n) == 0, "%zu bytes: contents changed", n);
     }
     kva_cache_config cfg = small_config(KVA_BF16, KVA_LAYOUT_NHD);
-    cfg.num_pages = 300; /* a pool of more than one 2 MB frame */
+    cfg.num_pages = 600; /* 2 layers x 600 pages x 2 x 4 x 3 x 128 x 2 B: several 2 MB frames */
     cfg.head_dim = 128;
     kva_cache *c = NULL;
     REQUIRE_OK(kva_cache_create(ctx, &cfg, &c));
-    size_t nonzero = 0;
-    for (int32_t layer = 0; layer < cfg.num_layers; ++layer) {
-        kva_kv_pages pages;
-        CHECK_OK(kva_cache_layer_pages(c, layer, &pages));
-        const size_t half = (size_t)cfg.num_pages * cfg.page_size * cfg.num_kv_heads * cfg.head_dim * 2;
-        for (size_t j = 0; j < half; ++j)
-            nonzero += ((const unsigned char *)pages.k_data)[j] != 0 || ((const unsigned char *)pages.v_data)[j] != 0;
+    kva_kv_pages l0, l1;
+    REQUIRE_OK(kva_cache_layer_pages(c, 0, &l0));
+    REQUIRE_OK(kva_cache_layer_pages(c, 1, &l1));
+    const size_t pool = pool_bytes_of(&cfg);
+    const int64_t pages = (int64_t)((pool + 4095) / 4096);
+    const int64_t r0 = resident_pages(l0.k_data, pool); /* fresh memory: not yet resident */
+    /* a sequence's rows in layer 1, appended before the prefault */
+    int32_t seq, num = 9;
+    REQUIRE_OK(kva_cache_add_sequence(c, &seq));
+    REQUIRE_OK(kva_cache_reserve(c, 1, &seq, &num));
+    double *kv = kva_test_alloc((size_t)num * cfg.num_kv_heads * cfg.head_dim * sizeof(double));
+    double *vv = kva_test_alloc((size_t)num * cfg.num_kv_heads * cfg.head_dim * sizeof(double));
+    void *kb, *vb;
+    kva_tensor k = make_rows(&r, cfg.dtype, num, cfg.num_kv_heads, cfg.head_dim, &kb, kv);
+    kva_tensor v = make_rows(&r, cfg.dtype, num, cfg.num_kv_heads, cfg.head_dim, &vb, vv);
+    REQUIRE_OK(kva_cache_append(c, 1, 1, &seq, &num, k, v));
+    const size_t rows = (size_t)3 * l1.stride_page * kva_dtype_size(cfg.dtype); /* pages 0..2 */
+    unsigned char *before = kva_test_alloc(rows);
+    memcpy(before, l1.k_data, rows);
+    CHECK_OK(kva_cache_prefault(c));
+    const int64_t r1 = resident_pages(l0.k_data, pool);
+    if (r0 >= 0) {
+        CHECK_MSG(r0 < pages / 2, "%lld of %lld pool pages resident before kva_cache_prefault", (long long)r0,
+                  (long long)pages);
+        CHECK_MSG(r1 == pages, "%lld of %lld pool pages resident after kva_cache_prefault", (long long)r1,
+                  (long long)pages);
     }
-    CHECK_MSG(nonzero == 0, "%zu pool bytes not zero after kva_cache_create", nonzero);
+    CHECK_MSG(memcmp(before, l1.k_data, rows) == 0, "appended rows changed by kva_cache_prefault");
+    CHECK(kva_cache_prefault(NULL) == KVA_ERR_INVALID_ARG);
+    CHECK(strstr(kva_last_error(), "kva_cache_prefault: cache is NULL") != NULL);
     kva_cache_destroy(c);
     kva_context_destroy(ctx);
 }

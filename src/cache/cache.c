@@ -105,8 +105,6 @@ kva_status kva_cache_create(kva_context *ctx, const kva_cache_config *config, kv
     c->num_free_slots = S;
 
     kva_status st = kva_malloc(ctx, layer_bytes * (size_t)config->num_layers, &c->pool);
-    if (st == KVA_OK && ctx->device == KVA_DEVICE_CPU)
-        kva__cpu_prefault(ctx, c->pool, layer_bytes * (size_t)config->num_layers);
     if (st == KVA_OK && ctx->device == KVA_DEVICE_CUDA)
         st = kva__cuda_malloc(ctx, (size_t)config->max_append_tokens * sizeof(int64_t),
                               (void **)&c->slots_device);
@@ -136,6 +134,13 @@ void kva_cache_destroy(kva_cache *c) {
     kva_context *ctx = c->ctx;
     free(c);
     kva__context_cache_released(ctx);
+}
+
+kva_status kva_cache_prefault(kva_cache *c) {
+    KVA__CACHE_CHECK_NULL(c);
+    const size_t bytes = c->layer_bytes * (size_t)c->cfg.num_layers;
+    if (c->ctx->device == KVA_DEVICE_CPU && bytes > 0) kva__cpu_prefault(c->ctx, c->pool, bytes);
+    return KVA_OK;
 }
 
 kva_status kva__cache_check_batch(kva_cache *c, int32_t n, const int32_t *ids, const char *what) {

@@ -41,8 +41,8 @@ kva_status kva__cpu_append(kva_context *ctx, const kva_kv_pages *pages, int32_t 
 kva_status kva__cpu_copy_pages(kva_context *ctx, const kva_kv_pages *pages, int32_t n,
                                const int32_t *src, const int32_t *dst);
 
-/* Zero-fills bytes at p with the context's threads (a new cache pool: faulted in at creation,
- * not by the first appends). */
+/* Makes bytes at p resident (faults every page in) with the context's threads, without changing
+ * a byte (kva_cache_prefault). bytes > 0. */
 void kva__cpu_prefault(kva_context *ctx, void *p, size_t bytes);
 
 #endif /* KVA_CPU_BACKEND_H */
