@@ -79,6 +79,7 @@ static void cache_case(kva_context *ctx, kva_rng *rng, kva_layout layout, int32_
     const int32_t prompt[3] = {37, ps, 5};
     reserve(cache, 3, ids, prompt, mir);
     for (int l = 0; l < LAYERS; ++l) append_rows(ctx, cache, rng, dt, Hk, D, 3, ids, prompt, mir, l);
+    CHECK_OK(kva_cache_prefault(cache)); /* (device memory: nothing to do; the rows must survive it) */
 
     /* Fork sequence 0 (partial last page shared), then a few decode steps for all four. */
     CHECK_OK(kva_cache_fork(cache, ids[0], &ids[3]));

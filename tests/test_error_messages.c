@@ -172,6 +172,7 @@ KVA_TEST(error_messages_null_cache_is_named_cache) {
                "kva_cache_page_table", "cache is NULL");
     EXPECT_MSG(kva_cache_layer_pages(NULL, 0, &pages), "kva_cache_layer_pages", "cache is NULL");
     EXPECT_MSG(kva_cache_get_stats(NULL, &stats), "kva_cache_get_stats", "cache is NULL");
+    EXPECT_MSG(kva_cache_prefault(NULL), "kva_cache_prefault", "cache is NULL");
     EXPECT_MSG(kva_cache_page_refcount(NULL, 0, &rc), "kva_cache_page_refcount", "cache is NULL");
 }
 
