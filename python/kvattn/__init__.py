@@ -618,6 +618,13 @@ class PagedKVCache:
         num_tokens, cow_copies."""
         return self._c.stats()
 
+    def prefault(self):
+        """Commits the whole pool now (CPU: every page touched, stored K/V unchanged; CUDA: nothing
+        to do), so no append waits for a first-touch page fault -- for a server that will use the
+        pool anyway; a pool sized for the worst case then occupies all of its memory
+        (kva_cache_prefault)."""
+        self._c.prefault()
+
     def _table_pages(self, seq_ids):
         ps = self.page_size
         return sum((self._c.seq_len(s) + ps - 1) // ps for s in seq_ids)

@@ -1110,6 +1110,14 @@ static PyObject *cache_stats(PyObject *o, PyObject *unused) {
                          "num_tokens", (long long)s.num_tokens, "cow_copies", (long long)s.cow_copies);
 }
 
+static PyObject *cache_prefault(PyObject *o, PyObject *unused) {
+    (void)unused;
+    CacheObject *c = (CacheObject *)o;
+    kva_status st = kva_cache_prefault(c->cache);
+    if (st != KVA_OK) return raise_status(st, kva_last_error());
+    Py_RETURN_NONE;
+}
+
 static PyObject *cache_refcount(PyObject *o, PyObject *arg) {
     CacheObject *c = (CacheObject *)o;
     int32_t p;
@@ -1315,6 +1323,7 @@ static PyMethodDef cache_methods[] = {
     {"seq_len", cache_seq_len, METH_O, NULL},
     {"page_table", cache_page_table, METH_O, NULL},
     {"stats", cache_stats, METH_NOARGS, NULL},
+    {"prefault", cache_prefault, METH_NOARGS, NULL},
     {"page_refcount", cache_refcount, METH_O, NULL},
     {"layer_pages", cache_layer_pages, METH_O, NULL},
     {"pool_views", cache_pool_views, METH_O, NULL},

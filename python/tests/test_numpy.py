@@ -606,3 +606,22 @@ def test_cache_pool_views_through_dlpack(layout):
     np.testing.assert_array_equal(V[idx].reshape(-1, 2, 64)[:6], 2 * k)
     del c, kp, vp
     assert np.array_equal(K[idx].reshape(-1, 2, 64)[:6], k)
+
+
+def test_cache_prefault_keeps_what_is_stored():
+    """PagedKVCache.prefault(): the pool committed at once (kva_cache_prefault), rows appended
+    before it read back unchanged, and appends after it work as before."""
+    rng = np.random.default_rng(15)
+    c = kvattn.PagedKVCache(2, 2, 64, page_size=4, num_pages=600)
+    s = c.add_sequence()
+    c.reserve([s], [6])
+    k = rnd(rng, (6, 2, 64))
+    c.append(1, [s], [6], k, 2 * k)
+    c.prefault()
+    c.reserve([s], [3])
+    k2 = rnd(rng, (3, 2, 64))
+    c.append(1, [s], [3], k2, 2 * k2)
+    K, V = (np.from_dlpack(x) for x in c.pool(1))
+    _, idx, _ = c.page_table([s])
+    np.testing.assert_array_equal(K[idx].reshape(-1, 2, 64)[:9], np.concatenate([k, k2]))
+    np.testing.assert_array_equal(V[idx].reshape(-1, 2, 64)[:9], 2 * np.concatenate([k, k2]))
