@@ -1259,6 +1259,8 @@ KVA_TEST(cache_prefault_keeps_contents_and_commits_the_pool) {
         for (size_t j = 0; j < n; ++j) b[j] = want[j] = (unsigned char)kva_rng_int(&r, 0, 255);
         kva__cpu_prefault(ctx, b, n);
         CHECK_MSG(memcmp(b, want, n) == 0, "%zu bytes: contents changed", n);
+        free(b);
+        free(want);
     }
     kva_cache_config cfg = small_config(KVA_BF16, KVA_LAYOUT_NHD);
     cfg.num_pages = 600; /* 2 layers x 600 pages x 2 x 4 x 3 x 128 x 2 B: several 2 MB frames */
@@ -1295,6 +1297,11 @@ KVA_TEST(cache_prefault_keeps_contents_and_commits_the_pool) {
     CHECK_MSG(memcmp(before, l1.k_data, rows) == 0, "appended rows changed by kva_cache_prefault");
     CHECK(kva_cache_prefault(NULL) == KVA_ERR_INVALID_ARG);
     CHECK(strstr(kva_last_error(), "kva_cache_prefault: cache is NULL") != NULL);
+    free(before);
+    free(kv);
+    free(vv);
+    free(kb);
+    free(vb);
     kva_cache_destroy(c);
     kva_context_destroy(ctx);
 }
