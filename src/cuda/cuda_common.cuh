@@ -156,8 +156,9 @@ __device__ __forceinline__ void kva__pdl_wait() {
  * plan's device part is written only by plan uploads, copies on the stream, never by a kernel, and
  * a copy before a launch is waited for in full -- and wait (kva__pdl_wait) before anything a
  * previous kernel may write: q, the K/V pages, o, the partial states (blocks without work wait
- * too before they end). Not for variant modules (their caller data may be a previous kernel's
- * output). */
+ * too before they end). A variant's caller data (kva_attn_params.score_mod_user) may be a previous
+ * kernel's output too: read after the wait (kva__unit_caller_data); its modules launch this way
+ * when their code runs sm_90+ (variant_load.cu). */
 #ifndef KVA__DECODE_PDL
 #define KVA__DECODE_PDL 1
 #endif

@@ -198,12 +198,20 @@ __device__ __forceinline__ void kva__unit_from_record(const kva__decode_args &a,
     /* global rowmax, pass 1: an unsplit request's max is its own chunk's; pass 2 finds it */
     if (a.pass == 1 && m.item_end - m.item_beg <= 1) tiles = 0;
     m.my_n = tiles > warp ? (tiles - warp + KVA__DECODE_WARPS - 1) / KVA__DECODE_WARPS : 0;
+}
+
+/* The unit's caller data that stays in registers (the built-in ALiBi's slopes). Caller data may
+ * be a previous kernel's output, so for the first unit this runs after kva__pdl_wait. */
+__device__ __forceinline__ void kva__unit_caller_data(const kva__decode_args &a, kva__unit &m) {
 #if defined(KVA_VARIANT_ALIBI_SLOPES) && defined(KVA__FN_IS_KVA_ALIBI)
 #pragma unroll
     for (int slot = 0; slot < 4; ++slot) {
         const int head = (slot >> 1) * 8 + 2 * (threadIdx.x & 3) + (slot & 1);
         m.alibi[slot] = head < m.gs ? __ldg((const float *)a.mod_user + m.hb + head) * KVA__LOG2E_F : 0.0f;
     }
+#else
+    (void)a;
+    (void)m;
 #endif
 }
 
@@ -513,8 +521,10 @@ __global__ void __launch_bounds__(KVA__DECODE_THREADS)
 #pragma unroll
     for (int t = 0; t < STAGES - 1 + PFQ; ++t) load_pid(cur, t, n_pid[t], n_slot[t], n_ok[t]);
     kva__pdl_wait();
+    kva__unit_caller_data(a, cur);
     load_q(cur);
 #else
+    kva__unit_caller_data(a, cur);
     load_q(cur);
 #pragma unroll
     for (int t = 0; t < STAGES - 1 + PFQ; ++t) load_pid(cur, t, n_pid[t], n_slot[t], n_ok[t]);
@@ -548,6 +558,7 @@ __global__ void __launch_bounds__(KVA__DECODE_THREADS)
         nxt.my_n = 0;
         if (has_next) {
             kva__unit_from_record<TOK>(a, un, rn0, rn1, warp, nxt);
+            kva__unit_caller_data(a, nxt);
 #pragma unroll
             for (int t = 0; t < STAGES - 1 + PFQ; ++t) load_pid(nxt, t, n_pid[t], n_slot[t], n_ok[t]);
             load_q(nxt);

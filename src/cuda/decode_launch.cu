@@ -36,14 +36,15 @@ extern "C" kva_status kva__cuda_decode_run(kva_context *ctx, const kva_plan *pla
      * this path, for the TMA prefill kernel too; else the sub-group kernel runs it. */
     int per_sm = ch.blocks_per_sm;
     const bool variant_decode =
-        !params->variant || kva__variant_decode_fn(params->variant, pages->dtype, ch.built_dim, ch.nt, gr, &per_sm);
+        !params->variant || kva__variant_decode_fn(params->variant, pages->dtype, ch.built_dim, ch.nt, gr, &per_sm, NULL);
     if (ch.via_prefill && !gr && variant_decode &&
         (!params->variant || kva__variant_prefill_fn(params->variant, pages->dtype, ch.built_dim, KVA__VMOD_PF_TMA)))
         return kva__cuda_decode_as_prefill(ctx, plan, params, q, pages, o, lse);
     per_sm = ch.blocks_per_sm;
+    int fn_pdl = 1; /* the kernel's running code holds kva__pdl_wait (built-in: decode_kernels_wait) */
     if (params->variant) {
         /* the variant's build of the same kernel: same geometry, its own occupancy */
-        ch.fn = kva__variant_decode_fn(params->variant, pages->dtype, ch.built_dim, ch.nt, gr, &per_sm);
+        ch.fn = kva__variant_decode_fn(params->variant, pages->dtype, ch.built_dim, ch.nt, gr, &per_sm, &fn_pdl);
         if (!ch.fn)
             return kva__fail(KVA_ERR_UNSUPPORTED,
                              "kva_decode_run: params.variant was not compiled for %s decode at head_dim %d "
@@ -119,8 +120,9 @@ extern "C" kva_status kva__cuda_decode_run(kva_context *ctx, const kva_plan *pla
     }
 
     void *args[] = {&a};
-    /* With KVA__DECODE_PDL (cuda_common.cuh) a built-in kernel launches as a programmatic
-     * dependent of the kernel before it, whose writes it waits for in-kernel */
+    /* With KVA__DECODE_PDL (cuda_common.cuh) the kernel -- built-in, or a variant's whose code
+     * runs sm_90+ -- launches as a programmatic dependent of the kernel before it, whose writes it
+     * waits for in-kernel (the caller data of a variant included) */
     const kva__cuda_private *priv = (const kva__cuda_private *)ctx->cuda_private;
     cudaLaunchAttribute attr = {};
     attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -131,7 +133,7 @@ extern "C" kva_status kva__cuda_decode_run(kva_context *ctx, const kva_plan *pla
     cfg.dynamicSmemBytes = (size_t)smem;
     cfg.stream = kva__stream(ctx);
     cfg.attrs = &attr;
-    cfg.numAttrs = priv && priv->decode_pdl && !params->variant ? 1 : 0;
+    cfg.numAttrs = priv && priv->decode_pdl && fn_pdl ? 1 : 0;
     for (int pass = gr ? 1 : 0; pass <= (gr ? 2 : 0); ++pass) {
         a.pass = pass; /* copied into the launch: the second launch sees 2 */
         if (cfg.numAttrs)

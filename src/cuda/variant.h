@@ -124,6 +124,7 @@ typedef struct kva__vmod_loaded {
     void *library;                                 /* cudaLibrary_t */
     const void *fn[KVA__VMOD_MAX_KERNELS];         /* cudaKernel_t, NULL where none */
     int blocks_per_sm[KVA__VMOD_MAX_KERNELS];      /* decode: resident blocks (persistent grid) */
+    int runs_sm90[KVA__VMOD_MAX_KERNELS];          /* its running code is sm_90+ (holds kva__pdl_wait) */
 } kva__vmod_loaded;
 
 struct kva_variant {
@@ -136,7 +137,7 @@ struct kva_variant {
 
 /* The variant's decode kernel for (dtype, built dim, nt, gr), or NULL (not compiled). */
 const void *kva__variant_decode_fn(const kva_variant *v, kva_dtype dtype, int built_dim, int nt, int gr,
-                                   int *blocks_per_sm);
+                                   int *blocks_per_sm, int *runs_sm90);
 /* The variant's prefill kernel for (dtype, dim, slot KVA__VMOD_PF_*), or NULL. */
 const void *kva__variant_prefill_fn(const kva_variant *v, kva_dtype dtype, int dim, int slot);
 

@@ -98,6 +98,13 @@ static kva_status load_module(const char *api, const kva__cuda_private *priv, co
         if (smem > priv->smem_optin) continue; /* the chooser never picks it on this device */
         m->fn[s] = (const void *)k;
         m->blocks_per_sm[s] = blocks > 0 ? blocks : 1;
+        /* (PTX for an older architecture, JIT-compiled here, has no griddepcontrol: such a kernel
+         * must not be launched as a programmatic dependent) */
+        cudaFuncAttributes fa;
+        if (cudaFuncGetAttributes(&fa, (const void *)k) == cudaSuccess)
+            m->runs_sm90[s] = fa.ptxVersion >= 90 && priv->cc_major >= 9;
+        else
+            (void)cudaGetLastError();
     }
     *out = m;
     return KVA_OK;
@@ -229,11 +236,12 @@ static const kva__vmod_loaded *find_module(const kva_variant *v, int kind, kva_d
 }
 
 extern "C" const void *kva__variant_decode_fn(const kva_variant *v, kva_dtype dtype, int built_dim, int nt, int gr,
-                                              int *blocks_per_sm) {
+                                              int *blocks_per_sm, int *runs_sm90) {
     const kva__vmod_loaded *m = find_module(v, KVA__VMOD_DECODE, dtype, built_dim);
     const int s = (nt - 1) + 2 * gr;
     if (!m || s < 0 || s >= KVA__VMOD_MAX_KERNELS || !m->fn[s]) return NULL;
     *blocks_per_sm = m->blocks_per_sm[s];
+    if (runs_sm90) *runs_sm90 = m->runs_sm90[s];
     return m->fn[s];
 }
 
