@@ -5,7 +5,8 @@
  * KVA_ERR_INVALID_ARG with NVRTC's log and leave nothing behind, and the disk cache: miss then
  * hit, keys that change with source and architecture, and corrupt, truncated, stale or garbage
  * entries rebuilt rather than trusted. Also the public API's answers on a CPU context and the
- * ALiBi helpers (any build). The GPU runs are tests/test_cuda_variant.c.
+ * ALiBi helpers (any build), and that a decode kernel reads no caller data before its PDL wait
+ * (PTX). The GPU runs are tests/test_cuda_variant.c.
  */
 #include "harness.h"
 #include "../src/cuda/variant.h"
@@ -319,6 +320,71 @@ KVA_TEST(variant_compile_examples) {
         CHECK_MSG(st == KVA_OK, "%s: %s", ex[i].fn, kva_last_error());
         if (st == KVA_OK) kva__vmod_images_free(img, 2);
     }
+}
+
+/* Global loads in a PTX kernel's text up to its last griddepcontrol.wait (the main path's: blocks
+ * without work wait in an early branch too); -1 when the kernel is not in the text or has no
+ * wait. */
+static int loads_before_wait(const char *ptx, const char *name) {
+    char head[600];
+    snprintf(head, sizeof head, ".entry %s(", name);
+    const char *e = strstr(ptx, head);
+    if (!e) return -1;
+    const char *next = strstr(e + 1, ".entry ");
+    const char *w = NULL;
+    for (const char *p = strstr(e, "griddepcontrol.wait"); p && (!next || p < next);
+         p = strstr(p + 1, "griddepcontrol.wait"))
+        w = p;
+    if (!w) return -1;
+    int n = 0; /* instructions ld[.qualifiers].global... (ld.global.nc, ld.volatile.global, ...) */
+    for (const char *p = e; p && p < w; p = strchr(p, '\n')) {
+        while (*p == '\n' || *p == '\t' || *p == ' ') ++p;
+        const char *eol = strchr(p, '\n');
+        if (strncmp(p, "ld.", 3) == 0) {
+            const char *g = strstr(p, ".global");
+            n += g && (!eol || g < eol);
+        }
+    }
+    return n;
+}
+
+/* A decode kernel may launch as a programmatic dependent (decode_launch.cu): before its
+ * griddepcontrol.wait it reads only plan data, never caller data, which a previous kernel may be
+ * writing. The built-in ALiBi keeps per-lane slopes (caller data) in registers: its decode kernels
+ * must load nothing more before the wait than those of a modifier that reads caller data only
+ * inside the score. PTX for the newest virtual architecture NVRTC has (the wait exists from
+ * sm_90). */
+KVA_TEST(variant_decode_reads_caller_data_after_the_pdl_wait) {
+    const kva__vmod_id id = {KVA__VMOD_DECODE, KVA_BF16, 128};
+    kva__vmod_image alibi, bias;
+    REQUIRE_OK(kva__variant_build("test", kva_variant_alibi_source(), "kva_alibi", &id, 1, 9999, NULL, &alibi, NULL));
+    REQUIRE_OK(kva__variant_build("test", k_mod_src, "bias_mod", &id, 1, 9999, NULL, &bias, NULL));
+    CHECK(alibi.is_ptx && bias.is_ptx);
+    char *pa = (char *)calloc(1, alibi.code_size + 1), *pb = (char *)calloc(1, bias.code_size + 1);
+    if (!pa || !pb) {
+        CHECK(!"out of memory");
+        free(pa);
+        free(pb);
+        kva__vmod_images_free(&alibi, 1);
+        kva__vmod_images_free(&bias, 1);
+        return;
+    }
+    memcpy(pa, alibi.code, alibi.code_size);
+    memcpy(pb, bias.code, bias.code_size);
+    int kernels = 0;
+    for (int s = 0; s < KVA__VMOD_MAX_KERNELS; ++s) {
+        if (!alibi.names[s] || !bias.names[s]) continue;
+        ++kernels;
+        const int na = loads_before_wait(pa, alibi.names[s]), nb = loads_before_wait(pb, bias.names[s]);
+        CHECK_MSG(nb > 0 && na == nb, "decode kernel %d: %d global loads before the wait with ALiBi, %d without", s,
+                  na, nb);
+        if (s == 0) printf("    %d global loads before griddepcontrol.wait (plan data)\n", nb);
+    }
+    CHECK(kernels == 4);
+    free(pa);
+    free(pb);
+    kva__vmod_images_free(&alibi, 1);
+    kva__vmod_images_free(&bias, 1);
 }
 
 /* libnvrtc is opened on first use: a missing file or one without NVRTC's functions is refused
