@@ -301,7 +301,10 @@ typedef float (*kva_score_mod_fn)(float score, int32_t q_pos, int32_t kv_pos, in
  * in flight and no CUDA graph captured with it will be replayed. The context stays alive until
  * its last variant is destroyed (as with caches) and keeps the compiled modules loaded until it
  * is freed, so creating the same variant again costs a lookup. Compilation happens only in
- * kva_variant_create: plans, runs and graph capture are unchanged. */
+ * kva_variant_create: plans, runs and graph capture are unchanged. The data behind `user` is read
+ * in stream order: a run sees what every earlier kernel and copy on its stream wrote there (its
+ * decode kernel may start before the previous kernel ends, as the built-in one does on sm_90+, but
+ * reads caller data only after that kernel has completed). */
 typedef struct kva_variant kva_variant;
 
 enum {
