@@ -322,69 +322,99 @@ KVA_TEST(variant_compile_examples) {
     }
 }
 
-/* Global loads in a PTX kernel's text up to its last griddepcontrol.wait (the main path's: blocks
- * without work wait in an early branch too); -1 when the kernel is not in the text or has no
- * wait. */
-static int loads_before_wait(const char *ptx, const char *name) {
+/* What a PTX kernel does before its main path's griddepcontrol.wait (blocks without work wait in
+ * a branch that returns: that wait is the one followed by ret within a few instructions). */
+typedef struct {
+    int waits;      /* main-path waits found (1 expected); the fields below are valid when 1 */
+    int loads;      /* ld.*.global* instructions before it */
+    int non_plan;   /* ... of them not a 32-bit integer load (plan data -- records, the work
+                       count, page ids -- is int32; q is u32 vectors, ALiBi's slopes f32) */
+    int copies;     /* cp.async* before it (K/V or q tiles) */
+} pre_wait;
+
+static const char *next_line(const char *p) {
+    const char *n = strchr(p, '\n');
+    return n ? n + 1 : NULL;
+}
+
+static bool line_has(const char *line, const char *what) {
+    const char *eol = strchr(line, '\n'), *f = strstr(line, what);
+    return f && (!eol || f < eol);
+}
+
+static pre_wait scan_before_wait(const char *ptx, const char *name) {
+    pre_wait r = {0, 0, 0, 0};
     char head[600];
     snprintf(head, sizeof head, ".entry %s(", name);
     const char *e = strstr(ptx, head);
-    if (!e) return -1;
-    const char *next = strstr(e + 1, ".entry ");
+    if (!e) return r;
+    const char *end = strstr(e + 1, ".entry ");
     const char *w = NULL;
-    for (const char *p = strstr(e, "griddepcontrol.wait"); p && (!next || p < next);
-         p = strstr(p + 1, "griddepcontrol.wait"))
-        w = p;
-    if (!w) return -1;
-    int n = 0; /* instructions ld[.qualifiers].global... (ld.global.nc, ld.volatile.global, ...) */
-    for (const char *p = e; p && p < w; p = strchr(p, '\n')) {
-        while (*p == '\n' || *p == '\t' || *p == ' ') ++p;
-        const char *eol = strchr(p, '\n');
-        if (strncmp(p, "ld.", 3) == 0) {
-            const char *g = strstr(p, ".global");
-            n += g && (!eol || g < eol);
+    for (const char *p = strstr(e, "griddepcontrol.wait"); p && (!end || p < end);
+         p = strstr(p + 1, "griddepcontrol.wait")) {
+        bool returns = false; /* ret; among the next 4 lines */
+        const char *l = next_line(p);
+        for (int i = 0; i < 4 && l; ++i, l = next_line(l)) returns = returns || line_has(l, "ret;");
+        if (!returns) {
+            ++r.waits;
+            w = p;
         }
     }
-    return n;
+    if (r.waits != 1) return r;
+    for (const char *p = e; p && p < w; p = next_line(p)) {
+        while (*p == '\t' || *p == ' ') ++p;
+        if (strncmp(p, "ld.", 3) == 0 && line_has(p, ".global")) {
+            ++r.loads;
+            r.non_plan += !line_has(p, ".s32");
+        }
+        r.copies += strncmp(p, "cp.async", 8) == 0;
+    }
+    return r;
 }
 
 /* A decode kernel may launch as a programmatic dependent (decode_launch.cu): before its
- * griddepcontrol.wait it reads only plan data, never caller data, which a previous kernel may be
- * writing. The built-in ALiBi keeps per-lane slopes (caller data) in registers: its decode kernels
- * must load nothing more before the wait than those of a modifier that reads caller data only
- * inside the score. PTX for the newest virtual architecture NVRTC has (the wait exists from
- * sm_90). */
+ * griddepcontrol.wait it reads only plan data, never what a previous kernel may be writing: q,
+ * K / V, and caller data. The built-in ALiBi keeps per-lane slopes (caller data) in registers;
+ * its kernels and those of a modifier that reads caller data only inside the score must load
+ * plan data alone before the wait, as many loads each. PTX (text order) for the newest virtual
+ * architecture NVRTC has (the wait exists from sm_90); bf16 and f32 (the two decode code paths). */
 KVA_TEST(variant_decode_reads_caller_data_after_the_pdl_wait) {
-    const kva__vmod_id id = {KVA__VMOD_DECODE, KVA_BF16, 128};
-    kva__vmod_image alibi, bias;
-    REQUIRE_OK(kva__variant_build("test", kva_variant_alibi_source(), "kva_alibi", &id, 1, 9999, NULL, &alibi, NULL));
-    REQUIRE_OK(kva__variant_build("test", k_mod_src, "bias_mod", &id, 1, 9999, NULL, &bias, NULL));
-    CHECK(alibi.is_ptx && bias.is_ptx);
-    char *pa = (char *)calloc(1, alibi.code_size + 1), *pb = (char *)calloc(1, bias.code_size + 1);
-    if (!pa || !pb) {
-        CHECK(!"out of memory");
+    const kva__vmod_id ids[2] = {{KVA__VMOD_DECODE, KVA_BF16, 128}, {KVA__VMOD_DECODE, KVA_F32, 128}};
+    kva__vmod_image alibi[2], bias[2];
+    REQUIRE_OK(kva__variant_build("test", kva_variant_alibi_source(), "kva_alibi", ids, 2, 9999, NULL, alibi, NULL));
+    REQUIRE_OK(kva__variant_build("test", k_mod_src, "bias_mod", ids, 2, 9999, NULL, bias, NULL));
+    int kernels = 0;
+    for (int m = 0; m < 2; ++m) {
+        CHECK(alibi[m].is_ptx && bias[m].is_ptx);
+        char *pa = (char *)calloc(1, alibi[m].code_size + 1), *pb = (char *)calloc(1, bias[m].code_size + 1);
+        if (pa && pb) {
+            memcpy(pa, alibi[m].code, alibi[m].code_size);
+            memcpy(pb, bias[m].code, bias[m].code_size);
+            for (int s = 0; s < KVA__VMOD_MAX_KERNELS; ++s) {
+                if (!alibi[m].names[s] || !bias[m].names[s]) continue;
+                ++kernels;
+                const pre_wait ra = scan_before_wait(pa, alibi[m].names[s]), rb = scan_before_wait(pb, bias[m].names[s]);
+                CHECK_MSG(ra.waits == 1 && rb.waits == 1, "%s decode kernel %d: %d / %d main-path waits, expected 1",
+                          kva_dtype_name(ids[m].dtype), s, ra.waits, rb.waits);
+                CHECK_MSG(rb.loads > 0 && ra.loads == rb.loads && ra.non_plan == 0 && rb.non_plan == 0 &&
+                              ra.copies == 0 && rb.copies == 0,
+                          "%s decode kernel %d before the wait: ALiBi %d loads (%d not plan data), %d copies; "
+                          "generic modifier %d loads (%d not plan data), %d copies",
+                          kva_dtype_name(ids[m].dtype), s, ra.loads, ra.non_plan, ra.copies, rb.loads, rb.non_plan,
+                          rb.copies);
+                if (s == 0)
+                    printf("    %s: %d global loads before griddepcontrol.wait, all int32 plan data\n",
+                           kva_dtype_name(ids[m].dtype), rb.loads);
+            }
+        } else {
+            CHECK(!"out of memory");
+        }
         free(pa);
         free(pb);
-        kva__vmod_images_free(&alibi, 1);
-        kva__vmod_images_free(&bias, 1);
-        return;
     }
-    memcpy(pa, alibi.code, alibi.code_size);
-    memcpy(pb, bias.code, bias.code_size);
-    int kernels = 0;
-    for (int s = 0; s < KVA__VMOD_MAX_KERNELS; ++s) {
-        if (!alibi.names[s] || !bias.names[s]) continue;
-        ++kernels;
-        const int na = loads_before_wait(pa, alibi.names[s]), nb = loads_before_wait(pb, bias.names[s]);
-        CHECK_MSG(nb > 0 && na == nb, "decode kernel %d: %d global loads before the wait with ALiBi, %d without", s,
-                  na, nb);
-        if (s == 0) printf("    %d global loads before griddepcontrol.wait (plan data)\n", nb);
-    }
-    CHECK(kernels == 4);
-    free(pa);
-    free(pb);
-    kva__vmod_images_free(&alibi, 1);
-    kva__vmod_images_free(&bias, 1);
+    CHECK(kernels == 8);
+    kva__vmod_images_free(alibi, 2);
+    kva__vmod_images_free(bias, 2);
 }
 
 /* libnvrtc is opened on first use: a missing file or one without NVRTC's functions is refused

@@ -207,9 +207,13 @@ static kva_status compile_module(const char *source, const char *function, int a
      * may then compute natively (with its KVA_VARIANT_ALIBI_SLOPES: see variant_alibi.cuh) */
     /* KVA__VARIANT_FAST_TANH: kva_tanhf is the hardware tanh of the built-in soft cap in the
      * 16-bit prefill kernels (variant_prelude.cuh) */
+    /* KVA__DECODE_PDL 1: decode kernels always hold the programmatic-launch wait (harmless when
+     * launched without the attribute), whatever the header's default: variant_load.cu lets them
+     * launch as dependents on sm_90+ */
     const int fast_tanh = img->id.kind == KVA__VMOD_PREFILL && img->id.dtype != KVA_F32;
     snprintf(prog, prog_size,
-             "#define KVA_SCORE_MOD_FN %s\n#define KVA__HP_CWG_D64 %d\n#define KVA__HP_QBUFS %d\n%s%s"
+             "#define KVA_SCORE_MOD_FN %s\n#define KVA__HP_CWG_D64 %d\n#define KVA__HP_QBUFS %d\n"
+             "#define KVA__DECODE_PDL 1\n%s%s"
              "#include \"cuda_common.cuh\"\n"
              "#include \"variant_prelude.cuh\"\n"
              "#line 1 \"variant.cu\"\n%s\n#line 1 \"kvattn-kernels.cu\"\n#include \"%s\"\n",
