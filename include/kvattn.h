@@ -84,8 +84,10 @@ size_t kva_dtype_size(kva_dtype dtype);
 /* "f32", "f16", "bf16", or "?" */
 const char *kva_dtype_name(kva_dtype dtype);
 
-/* Host-memory conversion of n elements between any two dtypes (round to nearest even). src and
- * dst must be aligned to their element sizes (KVA_ERR_BAD_SHAPE otherwise). */
+/* Host-memory conversion of n elements between any two dtypes (round to nearest even; NaN stays
+ * NaN; f16 overflow becomes infinity). src and dst must be aligned to their element sizes
+ * (KVA_ERR_BAD_SHAPE otherwise). Overlap: any, for equal dtypes (a move); otherwise only dst == src
+ * with dst's elements no wider than src's (narrowing in place). */
 kva_status kva_convert(const void *src, kva_dtype src_dtype, void *dst, kva_dtype dst_dtype,
                        size_t n);
 

@@ -21,34 +21,32 @@ static inline uint16_t kva__f32_to_bf16(float f) {
     return (uint16_t)(u >> 16);
 }
 
+/* The f16 conversions are written as selects over every case (no branches), so loops over them
+ * vectorise (kva_convert); each case is what the comment next to it says. */
 static inline float kva__f16_to_f32(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
-    uint32_t exp = (h >> 10) & 0x1fu;
-    uint32_t man = h & 0x3ffu;
-    if (exp == 0x1f) return kva__bits_to_f32(sign | 0x7f800000u | (man << 13));
-    if (exp == 0) {
-        if (man == 0) return kva__bits_to_f32(sign);
-        /* subnormal: value = man * 2^-24 */
-        float v = (float)man * (1.0f / 16777216.0f);
-        return sign ? -v : v;
-    }
-    return kva__bits_to_f32(sign | ((exp + 112u) << 23) | (man << 13));
+    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    const uint32_t em = h & 0x7fffu;                    /* exponent and mantissa */
+    const uint32_t normal = (em << 13) + 0x38000000u;   /* exponent rebiased 15 -> 127 */
+    const uint32_t inf_nan = (em << 13) | 0x7f800000u;  /* exponent 31 -> 255, payload kept */
+    const uint32_t small = kva__f32_to_bits((float)em * (1.0f / 16777216.0f)); /* zero, subnormal: em * 2^-24 */
+    const uint32_t bits = em < 0x0400u ? small : em >= 0x7c00u ? inf_nan : normal;
+    return kva__bits_to_f32(sign | bits);
 }
 
 static inline uint16_t kva__f32_to_f16(float f) {
-    uint32_t u = kva__f32_to_bits(f);
-    uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
-    uint32_t a = u & 0x7fffffffu;
-    if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00u);          /* NaN */
-    if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u);         /* overflow -> inf */
-    if (a < 0x38800000u) {                                            /* subnormal or zero */
-        /* add a magic number so the FPU's own rounding (to nearest even) does the work */
-        float v = kva__bits_to_f32(a) + 0.5f;
-        return (uint16_t)(sign | (uint16_t)(kva__f32_to_bits(v) - 0x3f000000u));
-    }
-    uint32_t mant_odd = (a >> 13) & 1u;
-    a += 0xc8000fffu + mant_odd; /* rebias exponent (-112 << 23) and round */
-    return (uint16_t)(sign | (uint16_t)(a >> 13));
+    const uint32_t u = kva__f32_to_bits(f);
+    const uint32_t sign = (u >> 16) & 0x8000u;
+    const uint32_t a = u & 0x7fffffffu;
+    /* below 2^-14 (f16 subnormal or zero): adding 0.5 puts the value's 2^-24 units in the low
+     * mantissa bits, rounded to nearest even by the FPU */
+    const uint32_t small = kva__f32_to_bits(kva__bits_to_f32(a) + 0.5f) - 0x3f000000u;
+    /* normal: rebias the exponent (-112 << 23) and round the 13 dropped bits to nearest even */
+    const uint32_t normal = (a + 0xc8000fffu + ((a >> 13) & 1u)) >> 13;
+    const uint32_t bits = a > 0x7f800000u    ? 0x7e00u  /* NaN: a quiet NaN */
+                          : a >= 0x477ff000u ? 0x7c00u  /* at or past 65520: infinity */
+                          : a < 0x38800000u  ? small
+                                             : normal;
+    return (uint16_t)(sign | bits);
 }
 
 /* Load element i of a row of the given dtype as float. */
