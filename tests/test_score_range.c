@@ -123,7 +123,7 @@ static void expect_nan(const char *path, const sr_case *c, const kva_attn_params
 
 /* Defect 2: a soft cap of +inf is no cap (it was inf * tanh(0) = NaN -> output 0, LSE -inf, and
  * the reference agreed); an infinite scale is refused. */
-KVA_TEST(score_range_infinite_soft_cap_means_none) {
+KVA_TEST_CPU_VARIANTS(score_range_infinite_soft_cap_means_none) {
     kva_context *ctx = NULL;
     REQUIRE_OK(kva_context_create(KVA_DEVICE_CPU, 0, &ctx));
     kva_rng rng;
@@ -164,8 +164,9 @@ static float identity_mod(float s, int32_t q_pos, int32_t kv_pos, int32_t qo_hea
 }
 
 /* Defect 3: scores up to ~2e38 are computed right; beyond f32 range in log2 units (or an
- * overflowing dot product) the row is NaN, not an empty row (0, -inf) nor a finite LSE. */
-KVA_TEST(score_range_huge_scores_are_exact_or_nan) {
+ * overflowing dot product) the row is NaN, not an empty row (0, -inf) nor a finite LSE. Every CPU
+ * kernel variant (each has its own compiled overflow check). */
+KVA_TEST_CPU_VARIANTS(score_range_huge_scores_are_exact_or_nan) {
     kva_context *ctx = NULL;
     REQUIRE_OK(kva_context_create(KVA_DEVICE_CPU, 0, &ctx));
     kva_rng rng;
