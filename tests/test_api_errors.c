@@ -608,3 +608,114 @@ KVA_TEST(api_errors_misaligned_element_pointers_are_refused) {
     free(buf);
     fixture_free(&f);
 }
+
+/* Plan limits, run arguments and variant options that no other test reached (a coverage run of
+ * 2026-11-29 found their checks never executed): each is refused with a message naming the
+ * argument, and a refused run leaves the outputs untouched. */
+KVA_TEST(api_errors_limits_params_and_pages_fields) {
+    fixture f;
+    if (!fixture_init(&f)) {
+        kva_test_fail(__FILE__, __LINE__, "fixture: %s", kva_last_error());
+        fixture_free(&f);
+        return;
+    }
+    size_t db, hb;
+    kva_plan_limits lim = f.lim;
+    lim.page_size = 0; /* ragged prefill */
+    lim.max_total_qo = -1;
+    EXPECT_ERROR(kva_prefill_workspace_size(f.ctx, &lim, &db, &hb), KVA_ERR_INVALID_ARG);
+    CHECK(strstr(kva_last_error(), "limits.max_total_qo") != NULL);
+    lim.max_total_qo = 16;
+    lim.min_fixed_chunk = -1;
+    EXPECT_ERROR(kva_prefill_workspace_size(f.ctx, &lim, &db, &hb), KVA_ERR_INVALID_ARG);
+    CHECK(strstr(kva_last_error(), "limits.min_fixed_chunk") != NULL);
+    lim.min_fixed_chunk = 64; /* fixed chunks on ragged K/V need a bound on the keys */
+    lim.max_total_kv = 0;
+    EXPECT_ERROR(kva_prefill_workspace_size(f.ctx, &lim, &db, &hb), KVA_ERR_INVALID_ARG);
+    CHECK(strstr(kva_last_error(), "limits.max_total_kv") != NULL);
+
+    /* a fixed chunk that splits into more partial states than a workspace sized without
+     * limits.min_fixed_chunk holds: refused, and the message says which limit to set. One head,
+     * one query, 100000 keys in chunks of 16: 6250 work items, which the query-tile capacity of
+     * max_total_qo = 2^21 holds but the partial states (a few per core) do not. */
+    kva_plan_limits one = {1, 0, 100000, 1 << 21, 1, 1, FX_D, 0, 0};
+    REQUIRE_OK(kva_prefill_workspace_size(f.ctx, &one, &db, &hb));
+    kva_workspace ws = {kva_test_alloc(db), db, kva_test_alloc(hb), hb};
+    const int32_t qo[2] = {0, 1}, kv[2] = {0, 100000};
+    kva_plan_options fixed = {0, 16, KVA_DECODE_PARTIAL_ROWMAX};
+    kva_plan p;
+    EXPECT_ERROR(kva_prefill_plan(f.ctx, &one, 1, qo, kv, NULL, 0, &fixed, ws, &p), KVA_ERR_WORKSPACE_TOO_SMALL);
+    CHECK(strstr(kva_last_error(), "splits into 6250 work items") != NULL);
+    CHECK(strstr(kva_last_error(), "limits.min_fixed_chunk = 16") != NULL);
+    free(ws.device);
+    free(ws.host);
+    one.max_total_qo = 1;
+    one.min_fixed_chunk = 16; /* sized for it, the same plan fits */
+    REQUIRE_OK(kva_prefill_workspace_size(f.ctx, &one, &db, &hb));
+    ws = (kva_workspace){kva_test_alloc(db), db, kva_test_alloc(hb), hb};
+    CHECK_OK(kva_prefill_plan(f.ctx, &one, 1, qo, kv, NULL, 0, &fixed, ws, &p));
+    free(ws.device);
+    free(ws.host);
+    /* a ragged run whose q has an unknown dtype (its plan: the fixture's heads, 2 + 2 tokens) */
+    lim = f.lim;
+    lim.page_size = 0;
+    lim.max_total_qo = 16;
+    lim.max_total_kv = 64;
+    REQUIRE_OK(kva_prefill_workspace_size(f.ctx, &lim, &db, &hb));
+    ws = (kva_workspace){kva_test_alloc(db), db, kva_test_alloc(hb), hb};
+    const int32_t qo2[2] = {0, 2}, kv2[2] = {0, 2};
+    REQUIRE_OK(kva_prefill_plan(f.ctx, &lim, 1, qo2, kv2, NULL, 0, NULL, ws, &p));
+    /* a ragged run whose q has an unknown dtype */
+    kva_tensor badq = fq(&f);
+    badq.dtype = (kva_dtype)9;
+    kva_tensor k1 = kva_tensor_nhd(f.pool, KVA_F32, FX_HK, FX_D);
+    EXPECT_ERROR(kva_prefill_run_ragged(f.ctx, &p, &f.params, badq, k1, k1, fo(&f), NULL), KVA_ERR_INVALID_ARG);
+    CHECK(strstr(kva_last_error(), "q.dtype") != NULL);
+    free(ws.device);
+    free(ws.host);
+
+    /* decode run arguments */
+    kva_tensor q = fq(&f), o = fo(&f), t;
+    kva_attn_params prm = f.params;
+    poison_outputs(&f);
+    prm.logits_soft_cap = NAN;
+    EXPECT_ERROR(kva_decode_run(f.ctx, &f.plan, &prm, q, &f.pages, o, f.lse), KVA_ERR_INVALID_ARG);
+    CHECK(strstr(kva_last_error(), "params.logits_soft_cap") != NULL);
+    prm = f.params;
+    prm.head_dim = 2 * FX_D; /* the plan was made for FX_D */
+    EXPECT_ERROR(kva_decode_run(f.ctx, &f.plan, &prm, q, &f.pages, o, f.lse), KVA_ERR_BAD_SHAPE);
+    CHECK(strstr(kva_last_error(), "plan was made for") != NULL);
+    t = q;
+    t.stride_head = -FX_D;
+    EXPECT_ERROR(kva_decode_run(f.ctx, &f.plan, &f.params, t, &f.pages, o, f.lse), KVA_ERR_BAD_SHAPE);
+    CHECK(strstr(kva_last_error(), "q.data must be 16-byte aligned") != NULL);
+    kva_kv_pages pg = f.pages;
+    pg.page_size = (1 << 16) + 1;
+    EXPECT_ERROR(kva_decode_run(f.ctx, &f.plan, &f.params, q, &pg, o, f.lse), KVA_ERR_INVALID_ARG);
+    CHECK(strstr(kva_last_error(), "pages.page_size") != NULL);
+    pg = f.pages;
+    pg.v_data = (char *)pg.v_data + 4; /* element-aligned, not 16-byte aligned */
+    EXPECT_ERROR(kva_decode_run(f.ctx, &f.plan, &f.params, q, &pg, o, f.lse), KVA_ERR_BAD_SHAPE);
+    CHECK(strstr(kva_last_error(), "pages.k_data / v_data must be 16-byte aligned") != NULL);
+    pg = f.pages;
+    pg.stride_token = -pg.stride_token;
+    EXPECT_ERROR(kva_decode_run(f.ctx, &f.plan, &f.params, q, &pg, o, f.lse), KVA_ERR_BAD_SHAPE);
+    CHECK(outputs_untouched(&f));
+    check_plan_still_runs(&f, "the refused runs");
+
+    /* variant options are checked before the device is: a CPU context answers them */
+    kva_variant *var = NULL;
+    kva_variant_options vo = {0};
+    vo.dtypes = 8;
+    EXPECT_ERROR(kva_variant_create(f.ctx, "float m(float s, int q, int k, int h, const void *u) { return s; }", "m",
+                                    &vo, &var),
+                 KVA_ERR_INVALID_ARG);
+    CHECK(strstr(kva_last_error(), "options.dtypes") != NULL && var == NULL);
+    vo.dtypes = 0;
+    vo.head_dim = -16;
+    EXPECT_ERROR(kva_variant_create(f.ctx, "float m(float s, int q, int k, int h, const void *u) { return s; }", "m",
+                                    &vo, &var),
+                 KVA_ERR_INVALID_ARG);
+    CHECK(strstr(kva_last_error(), "options.head_dim") != NULL && var == NULL);
+    fixture_free(&f);
+}
