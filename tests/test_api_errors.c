@@ -74,6 +74,15 @@ KVA_TEST(api_errors_context_and_memory) {
     kva_device_info info;
     EXPECT_ERROR(kva_context_info(NULL, &info), KVA_ERR_INVALID_ARG);
     EXPECT_ERROR(kva_context_info(ctx, NULL), KVA_ERR_INVALID_ARG);
+    /* a CPU context describes itself (the CPU's model, its threads; no L2 figure, no free memory) */
+    memset(&info, 0xff, sizeof info);
+    CHECK_OK(kva_context_info(ctx, &info));
+    CHECK(info.name[0] != 0 && memchr(info.name, 0, sizeof info.name) != NULL &&
+          info.num_sms == kva_context_threads(ctx) && info.l2_bytes == 0 && info.free_memory == 0);
+    CHECK_OK(kva_context_set_stream(ctx, NULL)); /* a CPU context keeps it and ignores it */
+    kva_variant_stats vst;
+    EXPECT_ERROR(kva_variant_get_stats(NULL, &vst), KVA_ERR_INVALID_ARG);
+    CHECK(strstr(kva_last_error(), "kva_variant_get_stats: variant") != NULL);
     CHECK(kva_context_threads(NULL) == 0);
 
     void *p = (void *)&p;
