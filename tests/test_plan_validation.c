@@ -1,8 +1,8 @@
 /*
  * test_plan_validation.c -- what plan and sizing calls accept and what they leave behind:
  * workspaces sized for fixed chunk sizes, plans made stale by later plan calls (successful or
- * not), sizing calls that fail without writing, and limits / options refused like the runs
- * would refuse them.
+ * not), sizing calls that fail without writing, limits / options refused like the runs would
+ * refuse them, limits whose workspace size would wrap around, and empty batches.
  */
 #include "harness.h"
 #include "test_util.h"
@@ -301,4 +301,139 @@ KVA_TEST(plan_limits_and_options_validated_like_runs) {
     mis.host = (unsigned char *)f.ws.host + 16; /* refused before anything is written */
     CHECK_STATUS(kva_decode_plan(f.ctx, &f.lim, &ta.t, PV_POOL, NULL, mis, &plan), KVA_ERR_INVALID_ARG);
     pv_close(&f);
+}
+
+/* A decode plan struct made before a re-plan into the same workspace must be refused when the
+ * new plan differs in batch size, even if it happens to have the same number of work items:
+ * the run reads the header's batch, while q / o were checked against the stale struct's. */
+KVA_TEST(plan_stale_decode_plan_same_num_work_is_refused) {
+    kva_context *ctx = NULL;
+    REQUIRE_OK(kva_context_create(KVA_DEVICE_CPU, 0, &ctx));
+    kva_plan_limits lim = {PV_MAXB, PV_POOL, 0, 0, PV_HQ, PV_HK, PV_D, PV_PS, 0};
+    size_t dev_bytes = 0, host_bytes = 0;
+    REQUIRE_OK(kva_decode_workspace_size(ctx, &lim, &dev_bytes, &host_bytes));
+    kva_workspace ws = {NULL, dev_bytes, NULL, host_bytes};
+    REQUIRE_OK(kva_malloc(ctx, dev_bytes, &ws.device));
+    REQUIRE_OK(kva_host_alloc(ctx, host_bytes, &ws.host));
+
+    size_t pool_elems = (size_t)PV_POOL * PV_PS * PV_HK * PV_D;
+    float *k = kva_test_alloc(pool_elems * sizeof(float));
+    float *v = kva_test_alloc(pool_elems * sizeof(float));
+    kva_rng rng;
+    kva_rng_seed(&rng, kva_test_seed());
+    kva_fill_random(&rng, k, KVA_F32, pool_elems, -1.0f, 1.0f);
+    kva_fill_random(&rng, v, KVA_F32, pool_elems, -1.0f, 1.0f);
+    kva_kv_pages pages =
+        kva_kv_pages_separate(k, v, KVA_F32, PV_POOL, PV_PS, PV_HK, PV_D, KVA_LAYOUT_NHD);
+
+    /* Plan A: 2 requests of 2 pages each, chunk 16 -> 4 work items. */
+    int32_t a_indptr[3] = {0, 2, 4}, a_idx[4] = {0, 1, 2, 3}, a_last[2] = {PV_PS, PV_PS};
+    kva_page_table a = {2, a_indptr, a_idx, a_last};
+    kva_plan_options opt = {0, PV_PS, KVA_DECODE_PARTIAL_ROWMAX};
+    kva_plan plan_a;
+    REQUIRE_OK(kva_decode_plan(ctx, &lim, &a, PV_POOL, &opt, ws, &plan_a));
+    CHECK(plan_a.num_work == 4);
+
+    /* Plan B into the same workspace: 4 requests of 1 page each -> also 4 work items. */
+    int32_t b_indptr[5] = {0, 1, 2, 3, 4}, b_idx[4] = {4, 5, 6, 7};
+    int32_t b_last[4] = {3, 5, 7, 9};
+    kva_page_table bt = {4, b_indptr, b_idx, b_last};
+    kva_plan plan_b;
+    REQUIRE_OK(kva_decode_plan(ctx, &lim, &bt, PV_POOL, &opt, ws, &plan_b));
+    CHECK(plan_b.num_work == 4);
+
+    /* q / o sized for 4 requests so that an unfixed library does not corrupt memory here. */
+    size_t row_elems = (size_t)4 * PV_HQ * PV_D;
+    float *q = kva_test_alloc(row_elems * sizeof(float));
+    float *o = kva_test_alloc(row_elems * sizeof(float));
+    kva_fill_random(&rng, q, KVA_F32, row_elems, -1.0f, 1.0f);
+    kva_poison(o, row_elems * sizeof(float));
+    kva_attn_params params = kva_attn_params_default(PV_HQ, PV_HK, PV_D);
+    kva_tensor tq = kva_tensor_nhd(q, KVA_F32, PV_HQ, PV_D);
+    kva_tensor to = kva_tensor_nhd(o, KVA_F32, PV_HQ, PV_D);
+    CHECK_STATUS(kva_decode_run(ctx, &plan_a, &params, tq, &pages, to, NULL), KVA_ERR_BAD_STATE);
+    /* The current plan still runs. */
+    CHECK_OK(kva_decode_run(ctx, &plan_b, &params, tq, &pages, to, NULL));
+
+    free(q);
+    free(o);
+    free(k);
+    free(v);
+    kva_free(ctx, ws.device);
+    kva_host_free(ctx, ws.host);
+    kva_context_destroy(ctx);
+}
+
+/* Limits whose workspace would not be addressable must be refused, never answered with a size
+ * that wrapped around (the planner then writes at offsets far past the buffer). */
+KVA_TEST(plan_huge_limits_are_refused) {
+    kva_context *ctx = NULL;
+    REQUIRE_OK(kva_context_create(KVA_DEVICE_CPU, 0, &ctx));
+    size_t dev_bytes = 0, host_bytes = 0;
+
+    /* Page count beyond int32: the CSR totals are int32, and 4 * 2^62 bytes wraps to 0. */
+    kva_plan_limits lim = {4, (int64_t)1 << 62, 0, 0, PV_HQ, PV_HK, PV_D, PV_PS, 0};
+    CHECK(kva_decode_workspace_size(ctx, &lim, &dev_bytes, &host_bytes) != KVA_OK);
+    lim.max_total_pages = 64;
+    lim.max_total_qo = (int64_t)1 << 62;
+    CHECK(kva_prefill_workspace_size(ctx, &lim, &dev_bytes, &host_bytes) != KVA_OK);
+    lim.max_total_qo = 64;
+    lim.max_total_kv = (int64_t)1 << 62;
+    CHECK(kva_decode_workspace_size(ctx, &lim, &dev_bytes, &host_bytes) != KVA_OK);
+
+    /* Each field in range, but partial O = batch x heads x head_dim x 4 bytes overflows 64 bits. */
+    kva_plan_limits wide = {INT32_MAX, 64, 0, 0, 1 << 30, 1, 256, PV_PS, 0};
+    kva_status st = kva_decode_workspace_size(ctx, &wide, &dev_bytes, &host_bytes);
+    CHECK_MSG(st != KVA_OK, "2^31 x 2^30 x 256 x 4 bytes reported as %zu device bytes", dev_bytes);
+
+    /* Sane limits still work. */
+    kva_plan_limits ok = {4, 64, 0, 16, PV_HQ, PV_HK, PV_D, PV_PS, 0};
+    CHECK_OK(kva_decode_workspace_size(ctx, &ok, &dev_bytes, &host_bytes));
+    CHECK_OK(kva_prefill_workspace_size(ctx, &ok, &dev_bytes, &host_bytes));
+    kva_context_destroy(ctx);
+}
+
+/* A batch of 0 plans and runs as a no-op (decode and prefill). */
+KVA_TEST(plan_empty_batch_plans_and_runs) {
+    kva_context *ctx = NULL;
+    REQUIRE_OK(kva_context_create(KVA_DEVICE_CPU, 0, &ctx));
+    kva_plan_limits lim = {PV_MAXB, PV_POOL, 64, 64, PV_HQ, PV_HK, PV_D, PV_PS, 0};
+    size_t db = 0, hb = 0, pdb = 0, phb = 0;
+    REQUIRE_OK(kva_decode_workspace_size(ctx, &lim, &db, &hb));
+    REQUIRE_OK(kva_prefill_workspace_size(ctx, &lim, &pdb, &phb));
+    if (pdb > db) db = pdb;
+    if (phb > hb) hb = phb;
+    kva_workspace ws = {NULL, db, NULL, hb};
+    REQUIRE_OK(kva_malloc(ctx, db, &ws.device));
+    REQUIRE_OK(kva_host_alloc(ctx, hb, &ws.host));
+    int32_t zero[1] = {0};
+    kva_page_table empty = {0, zero, NULL, NULL};
+    kva_plan plan;
+    CHECK_OK(kva_decode_plan(ctx, &lim, &empty, PV_POOL, NULL, ws, &plan));
+    CHECK(plan.num_work == 0);
+    kva_attn_params params = kva_attn_params_default(PV_HQ, PV_HK, PV_D);
+    float dummy[PV_HK * PV_D] __attribute__((aligned(16)));
+    kva_kv_pages pages =
+        kva_kv_pages_separate(dummy, dummy, KVA_F32, PV_POOL, PV_PS, PV_HK, PV_D, KVA_LAYOUT_NHD);
+    kva_tensor none = {NULL, KVA_F32, PV_HQ * PV_D, PV_D};
+    CHECK_OK(kva_decode_run(ctx, &plan, &params, none, &pages, none, NULL));
+    CHECK_OK(kva_prefill_plan(ctx, &lim, 0, zero, zero, NULL, 0, NULL, ws, &plan));
+    CHECK_OK(kva_prefill_run_ragged(ctx, &plan, &params, none, none, none, none, NULL));
+    kva_free(ctx, ws.device);
+    kva_host_free(ctx, ws.host);
+    kva_context_destroy(ctx);
+}
+
+/* The header: "limits->page_size = 0 sizes for ragged (kv_indptr) plans only" -- whatever
+ * max_total_pages holds (a limits struct shared with decode sizing, say). */
+KVA_TEST(plan_prefill_workspace_page_size_zero_is_ragged_only) {
+    kva_context *ctx = NULL;
+    REQUIRE_OK(kva_context_create(KVA_DEVICE_CPU, 0, &ctx));
+    kva_plan_limits lim = {4, 64, 256, 64, PV_HQ, PV_HK, PV_D, 0, 0};
+    size_t db = 0, hb = 0, rdb = 0, rhb = 0;
+    CHECK_OK(kva_prefill_workspace_size(ctx, &lim, &db, &hb));
+    lim.max_total_pages = 0;
+    CHECK_OK(kva_prefill_workspace_size(ctx, &lim, &rdb, &rhb));
+    CHECK(db == rdb && hb == rhb);
+    kva_context_destroy(ctx);
 }

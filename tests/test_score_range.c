@@ -242,3 +242,38 @@ KVA_TEST_CPU_VARIANTS(score_range_score_mod_inf_or_nan_gives_nan) {
     free(c);
     kva_context_destroy(ctx);
 }
+
+/* sm_scale / logits_soft_cap = +inf pass the NaN check but turn every score into NaN
+ * (inf * tanh(s / inf) = inf * 0): the call must be refused, or give finite output. */
+KVA_TEST(score_range_infinite_scale_or_soft_cap_never_gives_nan) {
+    kva_context *ctx = NULL;
+    REQUIRE_OK(kva_context_create(KVA_DEVICE_CPU, 0, &ctx));
+    enum { QL = 3, KL = 5, IS_HQ = 2, IS_HK = 1, IS_D = 16 };
+    size_t nq = (size_t)QL * IS_HQ * IS_D, nk = (size_t)KL * IS_HK * IS_D;
+    float *q = kva_test_alloc(nq * 4), *o = kva_test_alloc(nq * 4);
+    float *k = kva_test_alloc(nk * 4), *v = kva_test_alloc(nk * 4);
+    float lse[QL * IS_HQ];
+    kva_rng rng;
+    kva_rng_seed(&rng, kva_test_seed());
+    kva_fill_random(&rng, q, KVA_F32, nq, -1.0f, 1.0f);
+    kva_fill_random(&rng, k, KVA_F32, nk, -1.0f, 1.0f);
+    kva_fill_random(&rng, v, KVA_F32, nk, -1.0f, 1.0f);
+    kva_tensor tq = kva_tensor_nhd(q, KVA_F32, IS_HQ, IS_D), to = kva_tensor_nhd(o, KVA_F32, IS_HQ, IS_D);
+    kva_tensor tk = kva_tensor_nhd(k, KVA_F32, IS_HK, IS_D), tv = kva_tensor_nhd(v, KVA_F32, IS_HK, IS_D);
+    for (int which = 0; which < 2; ++which) {
+        kva_attn_params p = kva_attn_params_default(IS_HQ, IS_HK, IS_D);
+        if (which == 0) p.logits_soft_cap = INFINITY;
+        else p.sm_scale = INFINITY;
+        kva_poison(o, nq * 4);
+        kva_status st = kva_attention(ctx, &p, QL, KL, tq, tk, tv, to, lse);
+        if (st == KVA_OK) {
+            int bad = 0;
+            for (size_t i = 0; i < nq; ++i) bad += !isfinite(o[i]);
+            CHECK_MSG(bad == 0, "%s = inf: %d non-finite outputs", which ? "sm_scale" : "soft cap", bad);
+        } else {
+            CHECK(st == KVA_ERR_INVALID_ARG);
+        }
+    }
+    free(q); free(o); free(k); free(v);
+    kva_context_destroy(ctx);
+}
