@@ -2182,8 +2182,12 @@ static PyObject *ext_merge_states(PyObject *m, PyObject *args, PyObject *kw) {
     }
     int64_t rows = v.shape[0], states = v.shape[1], d = v.shape[2];
     float *lse_in;
+    if (l_o == Py_None) { /* (f32_out takes None as "no array" and leaves l unset) */
+        PyErr_SetString(PyExc_ValueError, "lse: merge_states needs the states' LSE, a float32 [rows, states] array");
+        goto done;
+    }
     if (f32_out(l_o, &l, &cs, "lse", rows, states, 0, &lse_in) < 0) goto done;
-    nl = 1;
+    nl = lse_in != NULL;
     if (view_get(vo_o, &vo, &cs, "v_out") < 0) goto done;
     nvo = 1;
     if (vo.el != v.el || vo.ndim != 2 || vo.shape[0] != rows || vo.shape[1] != d ||

@@ -352,6 +352,17 @@ def test_prefill_wrapper_ragged_and_paged():
     assert lse.shape == (qo[-1], 8)
 
 
+def test_merge_states_without_lse_is_refused():
+    """lse=None is a clear error (it used to reach the error path with an unset array view, which
+    released stack garbage)."""
+    v = np.ones((3, 4, 64), np.float32)
+    for _ in range(3):
+        with pytest.raises(ValueError, match="lse"):
+            kvattn.merge_states(v, None)
+        with pytest.raises(ValueError, match="lse"):
+            kvattn._ext.merge_states(v, None, np.empty((3, 64), np.float32))
+
+
 def test_merge_states():
     rng = np.random.default_rng(8)
     q, k, v = rnd(rng, (6, 4, 64)), rnd(rng, (50, 4, 64)), rnd(rng, (50, 4, 64))
