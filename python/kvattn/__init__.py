@@ -249,6 +249,13 @@ class _Planned:
         self._hnd = False
         self._shape = None
 
+    def _forget(self):
+        """Called first by every plan(): a plan() that fails anywhere (here or in the library)
+        leaves the wrapper unplanned, so a later run() raises instead of running the plan before."""
+        self._shape = None
+        if self._ws is not None:
+            self._ws.invalidate()
+
     def _need(self, want):
         """Makes sure the workspace covers `want` (a dict of limits); regrows unless fixed."""
         lim = self._lim
@@ -343,7 +350,9 @@ class BatchDecodeWrapper(_Planned):
         variant: a kvattn.Variant of the wrapper's CUDA device, applied by every run of this plan;
         variant_data: its caller data (a CUDA array or an int device address; None: the Variant's
         own). The wrapper keeps both alive until the next plan(); run(variant_data=) replaces the
-        data for one run (decode's query of request b sits at position kv_len(b) - 1)."""
+        data for one run (decode's query of request b sits at position kv_len(b) - 1).
+        A plan() that raises leaves the wrapper with no plan: run() raises until the next one."""
+        self._forget()
         if algorithm not in ("partial_rowmax", "global_rowmax"):
             raise ValueError("algorithm must be 'partial_rowmax' or 'global_rowmax', got %r" % (algorithm,))
         hnd = _layout(kv_layout or self._layout) == "HND"
@@ -367,6 +376,7 @@ class BatchDecodeWrapper(_Planned):
 
     def _plan_cache(self, cache, seq_ids, num_qo_heads, sm_scale=None, window_left=-1, logits_soft_cap=0.0,
                     variant=None, variant_data=None):
+        self._forget()
         c = cache._cfg
         n = len(seq_ids)
         self._need({"max_batch": n, "max_total_pages": cache._table_pages(seq_ids), "max_total_kv": 0, "max_total_qo": 0,
@@ -441,7 +451,9 @@ class BatchPrefillWrapper(_Planned):
         BatchDecodeWrapper.plan (positions per request: keys from 0, queries bottom-right).
         causal=False without a window_left also tells the planner that every query sees all of
         its request's keys (KVA_PLAN_FULL_ATTENTION): on a Hopper GPU it may then cut the longest
-        work item so that the launch's last wave ends evenly."""
+        work item so that the launch's last wave ends evenly. A plan() that raises leaves the
+        wrapper with no plan: run() raises until the next one."""
+        self._forget()
         hnd = _layout(kv_layout or self._layout) == "HND"
         variant, variant_data = _variant_args(variant, variant_data, self._dev, num_qo_heads)
         qo = host_ints(qo_indptr)
@@ -473,6 +485,7 @@ class BatchPrefillWrapper(_Planned):
 
     def _plan_cache(self, cache, seq_ids, qo_indptr, num_qo_heads, causal=True, sm_scale=None,
                     window_left=-1, logits_soft_cap=0.0, variant=None, variant_data=None):
+        self._forget()
         c = cache._cfg
         total_qo = last_int(qo_indptr)
         self._need({"max_batch": len(seq_ids), "max_total_qo": total_qo, "max_total_kv": 0,

@@ -1798,6 +1798,7 @@ static PyObject *workspace_plan_decode(PyObject *o, PyObject *args, PyObject *kw
         PyErr_SetString(PyExc_TypeError, "plan_decode on a prefill workspace");
         return NULL;
     }
+    w->planned = 0; /* a failed plan leaves none (the library's rule), whichever check fails */
     kva_plan_options opt;
     parse_options(no_split, graph, fixed, algo, &opt);
     kva_plan_limits lim = w->lim;
@@ -1875,6 +1876,7 @@ static PyObject *workspace_plan_prefill(PyObject *o, PyObject *args, PyObject *k
         PyErr_SetString(PyExc_TypeError, "plan_prefill on a decode workspace");
         return NULL;
     }
+    w->planned = 0; /* a failed plan leaves none (the library's rule), whichever check fails */
     kva_plan_options opt;
     parse_options(no_split, graph, fixed, 0, &opt);
     /* (the runs this plan is for see every key: the scheduling hint, kvattn.h) */
@@ -2126,6 +2128,14 @@ done:
     return res;
 }
 
+/* invalidate(): the workspace holds no plan until the next successful plan_* call (what a failed
+ * plan call leaves, as in the library: the package calls it first in every plan()). */
+static PyObject *workspace_invalidate(PyObject *o, PyObject *unused) {
+    (void)unused;
+    ((WorkspaceObject *)o)->planned = 0;
+    Py_RETURN_NONE;
+}
+
 static PyObject *workspace_info(PyObject *o, PyObject *unused) {
     (void)unused;
     WorkspaceObject *w = (WorkspaceObject *)o;
@@ -2146,6 +2156,7 @@ static PyMethodDef workspace_methods[] = {
     {"time_decode_run", (PyCFunction)(void (*)(void))workspace_time_decode_run, METH_VARARGS | METH_KEYWORDS,
      NULL},
     {"info", workspace_info, METH_NOARGS, NULL},
+    {"invalidate", workspace_invalidate, METH_NOARGS, NULL},
     {NULL, NULL, 0, NULL}};
 
 static PyType_Slot workspace_slots[] = {

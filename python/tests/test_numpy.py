@@ -352,6 +352,40 @@ def test_prefill_wrapper_ragged_and_paged():
     assert lse.shape == (qo[-1], 8)
 
 
+def test_failed_plan_leaves_no_plan():
+    """A plan() that fails -- in Python, in the binding's checks or in the library -- leaves the
+    wrapper unplanned (the library's rule): the next run() raises instead of running the plan
+    made before it."""
+    q = np.ones((3, 4, 64), np.float32)
+    pool = np.zeros((3, 4, 2, 64), np.float32)
+    good = ([0, 1, 2, 3], [0, 1, 2], [4, 4, 4], 4, 2, 64, 4)
+    failures = [
+        (ValueError, lambda w: w.plan(*good, algorithm="bogus")),                 # Python
+        (ValueError, lambda w: w.plan([0, 1, 2, 3], [0, 1, 2], [4, 4], 4, 2, 64, 4)),  # binding
+        (kvattn.KvattnError, lambda w: w.plan([0, 1, 2, 3], [0, 1, 2], [4, 9, 4], 4, 2, 64, 4)),  # library
+    ]
+    for exc, fail in failures:
+        w = kvattn.BatchDecodeWrapper()
+        w.plan(*good)
+        w.run(q, (pool, pool), out=np.empty_like(q))
+        with pytest.raises(exc):
+            fail(w)
+        with pytest.raises(RuntimeError, match="plan"):
+            w.run(q, (pool, pool), out=np.empty_like(q))
+        with pytest.raises(RuntimeError, match="plan"):
+            w.run(q, (pool, pool))
+        w.plan(*good)  # and a good plan afterwards works again
+        w.run(q, (pool, pool), out=np.empty_like(q))
+    p = kvattn.BatchPrefillWrapper()
+    k = np.ones((5, 2, 64), np.float32)
+    p.plan([0, 3], [0, 5], 4, 2, 64)
+    p.run(q, k, k)
+    with pytest.raises(ValueError):
+        p.plan([0, 3], [0, 5, 7], 4, 2, 64)  # kv_indptr longer than qo_indptr
+    with pytest.raises(RuntimeError, match="plan"):
+        p.run(q, k, k)
+
+
 def test_merge_states_without_lse_is_refused():
     """lse=None is a clear error (it used to reach the error path with an unset array view, which
     released stack garbage)."""
