@@ -458,7 +458,7 @@ class BatchPrefillWrapper(_Planned):
         variant, variant_data = _variant_args(variant, variant_data, self._dev, num_qo_heads)
         qo = host_ints(qo_indptr)
         batch = len(qo) - 1
-        total_qo = last_int(qo)
+        total_qo = last_int(qo, "qo_indptr")
         paged = kv_indptr is None
         kv = None if paged else host_ints(kv_indptr)
         want = {"max_batch": batch, "max_total_qo": total_qo, "num_qo_heads": num_qo_heads,
@@ -468,12 +468,12 @@ class BatchPrefillWrapper(_Planned):
                 raise ValueError("plan: give kv_indptr, or the paged table and page_size")
             a, b, c = host_ints(paged_kv_indptr), host_ints(paged_kv_indices), host_ints(paged_kv_last_page_len)
             if num_pages is None:
-                num_pages = max_plus_one(b)
-            want.update(max_total_pages=last_int(a), max_total_kv=0, page_size=page_size)
+                num_pages = max_plus_one(b, "paged_kv_indices")
+            want.update(max_total_pages=last_int(a, "paged_kv_indptr"), max_total_kv=0, page_size=page_size)
         else:
             a = b = c = None
             num_pages = 1
-            want.update(max_total_pages=0, max_total_kv=last_int(kv), page_size=0)
+            want.update(max_total_pages=0, max_total_kv=last_int(kv, "kv_indptr"), page_size=0)
         self._need(want)
         self._hnd = hnd
         self._ws.plan_prefill(qo, kv, a, b, c, int(num_pages), num_qo_heads, num_kv_heads, head_dim,
@@ -487,7 +487,7 @@ class BatchPrefillWrapper(_Planned):
                     window_left=-1, logits_soft_cap=0.0, variant=None, variant_data=None):
         self._forget()
         c = cache._cfg
-        total_qo = last_int(qo_indptr)
+        total_qo = last_int(qo_indptr, "qo_indptr")
         self._need({"max_batch": len(seq_ids), "max_total_qo": total_qo, "max_total_kv": 0,
                     "max_total_pages": cache._table_pages(seq_ids), "num_qo_heads": num_qo_heads,
                     "num_kv_heads": c["num_kv_heads"], "head_dim": c["head_dim"], "page_size": c["page_size"]})

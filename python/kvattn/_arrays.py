@@ -116,13 +116,22 @@ def host_ints(x):
     return x
 
 
-def last_int(x):
+def _one_d(x, what):
+    if getattr(x, "ndim", 1) != 1:
+        raise ValueError("%s: expected a 1-D sequence or array of ints, got %d dimensions" % (what, x.ndim))
+
+
+def last_int(x, what="indptr"):
+    _one_d(x, what)
+    if len(x) == 0:
+        raise ValueError("%s: needs batch + 1 entries, got none" % what)
     return int(x[-1])
 
 
-def max_plus_one(x):
+def max_plus_one(x, what="indices"):
     if isinstance(x, (list, tuple)):
         return (max(x) + 1) if len(x) else 1
+    _one_d(x, what)
     if len(x) == 0:
         return 1
     return int(x.max()) + 1

@@ -165,6 +165,7 @@ typedef struct view {
     int64_t shape[MAX_DIMS];
     int64_t strides[MAX_DIMS]; /* elements */
     int readonly;
+    dl_dtype dl;           /* the DLPack dtype as exported (bits 0: not from DLPack) */
     void *managed;         /* capsule payload to release, or NULL */
     int versioned;
 } view;
@@ -484,6 +485,7 @@ static int dlpack_view(PyObject *o, view *v, call_state *cs, const char *name) {
     }
     v->ndim = t->ndim;
     v->el = el_from_dl(t->dtype);
+    v->dl = t->dtype;
     v->data = (char *)t->data + t->byte_offset;
     int64_t run = 1;
     for (int i = t->ndim - 1; i >= 0; --i) {
@@ -527,6 +529,19 @@ static const char *el_name(int el) {
     return n[el];
 }
 
+/* The view's dtype for a message: el_name, or for one kvattn does not take its DLPack name
+ * (float64, uint8, complex64, bool, ...) when it came through DLPack. */
+static const char *view_dtype_name(const view *v, char buf[32]) {
+    static const char *kinds[] = {"int", "uint", "float", "opaque", "bfloat", "complex", "bool"};
+    if (v->el != EL_OTHER || v->dl.bits == 0) return el_name(v->el);
+    if (v->dl.code == 6) return "bool";
+    if (v->dl.code < sizeof kinds / sizeof kinds[0])
+        snprintf(buf, 32, "%s%d%s", kinds[v->dl.code], (int)v->dl.bits, v->dl.lanes > 1 ? " vector" : "");
+    else
+        snprintf(buf, 32, "DLPack code %d, %d bits", (int)v->dl.code, (int)v->dl.bits);
+    return buf;
+}
+
 static kva_dtype el_kva(int el) { return el == EL_F16 ? KVA_F16 : el == EL_BF16 ? KVA_BF16 : KVA_F32; }
 
 /* A float array [tokens, heads, dim] with a contiguous last dimension. */
@@ -545,7 +560,8 @@ static int as_kva_tensor(const view *v, const char *name, int64_t tokens, int64_
         return -1;
     }
     if (v->el != el) {
-        PyErr_Format(PyExc_TypeError, "%s: dtype %s, expected %s", name, el_name(v->el), el_name(el));
+        char buf[32];
+        PyErr_Format(PyExc_TypeError, "%s: dtype %s, expected %s", name, view_dtype_name(v, buf), el_name(el));
         return -1;
     }
     if (v->shape[2] > 1 && v->strides[2] != 1) {
@@ -561,8 +577,9 @@ static int as_kva_tensor(const view *v, const char *name, int64_t tokens, int64_
 
 static int check_float(const view *v, const char *name) {
     if (v->el > EL_BF16) {
+        char buf[32];
         PyErr_Format(PyExc_TypeError, "%s: dtype %s; kvattn computes on float32, float16 or bfloat16",
-                     name, el_name(v->el));
+                     name, view_dtype_name(v, buf));
         return -1;
     }
     return 0;

@@ -670,3 +670,100 @@ def test_cache_prefault_keeps_what_is_stored():
     _, idx, _ = c.page_table([s])
     np.testing.assert_array_equal(K[idx].reshape(-1, 2, 64)[:9], np.concatenate([k, k2]))
     np.testing.assert_array_equal(V[idx].reshape(-1, 2, 64)[:9], 2 * np.concatenate([k, k2]))
+
+
+class _LegacyProducer:
+    """An array from a DLPack producer that predates versioned capsules: __dlpack__(stream)."""
+
+    def __init__(self, a):
+        self.a = a
+
+    def __dlpack__(self, stream=None):
+        return self.a.__dlpack__()
+
+    def __dlpack_device__(self):
+        return self.a.__dlpack_device__()
+
+    shape = property(lambda self: self.a.shape)
+    dtype = property(lambda self: self.a.dtype)
+
+
+class _OtherDevice(_LegacyProducer):
+    def __dlpack_device__(self):
+        return (4, 0)  # kDLOpenCL
+
+
+class _NotACapsule(_LegacyProducer):
+    def __dlpack__(self, stream=None, max_version=None):
+        return 42
+
+
+def test_binding_array_paths_and_refusals():
+    """What a coverage run of the binding found untested: legacy DLPack producers (in and out),
+    the pool view's export, and each refusal of a bad array, table or pool, with the exception
+    and the argument it names."""
+    import sys
+    rng = np.random.default_rng(3)
+    q, k, v = rnd(rng, (8, 4, 16)), rnd(rng, (8, 2, 16)), rnd(rng, (8, 2, 16))
+    want = kvattn.attention(q, k, v, planned=False)
+    got = kvattn.attention(_LegacyProducer(q), _LegacyProducer(k), _LegacyProducer(v), planned=False)
+    np.testing.assert_array_equal(got, want)
+    out = np.empty_like(q)
+    kvattn._ext.attention(_LegacyProducer(q), k, v, _LegacyProducer(out))
+    np.testing.assert_array_equal(out, want)
+
+    P, page, Hk, D = 4, 4, 2, 16
+    kp, vp = rnd(rng, (P, page, Hk, D)), rnd(rng, (P, page, Hk, D))
+    w = kvattn.BatchDecodeWrapper()
+    w.plan([0, 2], [0, 1], [3], 4, Hk, D, page)
+    qd = rnd(rng, (1, 4, D))
+    cases = [
+        (ValueError, "device type 4", lambda: kvattn._ext.attention(_OtherDevice(q), k, v, np.empty_like(q))),
+        (TypeError, "no DLPack capsule", lambda: kvattn._ext.attention(_NotACapsule(q), k, v, np.empty_like(q))),
+        (ValueError, "more than 8 dimensions", lambda: kvattn._ext.array_info(np.zeros((1,) * 9, np.float32))),
+        (TypeError, "q: dtype float64", lambda: kvattn._ext.attention(q.astype(np.float64), k, v,
+                                                                      np.empty(q.shape))),
+        (TypeError, "q: dtype float64", lambda: w.run(qd.astype(np.float64), (kp, vp), out=np.empty((1, 4, D)))),
+        (ValueError, "q: the last dimension must be contiguous",
+         lambda: kvattn.attention(rnd(rng, (8, 4, 32))[:, :, ::2], k, v, planned=False)),
+        (ValueError, r"expected \(k_pages, v_pages\)", lambda: w.run(qd, (kp,))),
+        (ValueError, "k_pages: expected", lambda: w.run(qd, (kp[0], vp[0]))),
+        (ValueError, "v_pages: must match k_pages", lambda: w.run(qd, (kp, vp.astype(np.float16)))),
+        (ValueError, "v_pages: must match k_pages", lambda: w.run(qd, (kp, np.asfortranarray(vp)))),
+        (kvattn.KvattnError, "pages.page_size 8", lambda: w.run(qd, (rnd(rng, (P, 8, Hk, D)),) * 2)),
+        (kvattn.KvattnError, "pages.num_pages is 1", lambda: w.run(qd, (kp[:1], vp[:1]))),
+        (ValueError, "indptr: expected a 1-D", lambda: kvattn.BatchDecodeWrapper().plan(
+            np.array([[0, 2]]), [0, 1], [3], 4, Hk, D, page)),
+        (ValueError, "indptr: expected a 1-D int32/int64", lambda: kvattn.BatchDecodeWrapper().plan(
+            np.array([0.0, 2.0]), [0, 1], [3], 4, Hk, D, page)),
+        (OverflowError, r"indices\[1\] does not fit int32", lambda: kvattn.BatchDecodeWrapper().plan(
+            [0, 2], np.array([0, 2 ** 33]), [3], 4, Hk, D, page, num_pages=4)),
+        (ValueError, "v_out", lambda: kvattn.merge_states(rnd(rng, (4, 2, 16)), rnd(rng, (4, 2)),
+                                                          out=np.empty((4, 8), np.float32))),
+    ]
+    for exc, msg, call in cases:
+        with pytest.raises(exc, match=msg):
+            call()
+    pw = kvattn.BatchPrefillWrapper()
+    pw.plan([0, 1], None, 4, Hk, D, page_size=page, paged_kv_indptr=[0, 2], paged_kv_indices=[0, 1],
+            paged_kv_last_page_len=[3])
+    with pytest.raises(ValueError, match="pass the paged K/V as k and v=None"):
+        pw.run(q[:1], kp, vp)
+    assert pw.run(q[:1], (kp, vp)).shape == (1, 4, D)
+
+    # the cache's pool views: exported without copies, legacy capsules too, unused ones released
+    cache = kvattn.PagedKVCache(1, Hk, D, page, 4, max_sequences=4)
+    s = cache.add_sequence()
+    cache.reserve([s], [5])
+    with pytest.raises(kvattn.KvattnError, match="sequence id 99"):
+        cache.page_table([99])
+    kv = cache.pool(0)[0]
+    assert kv.__dlpack_device__() == (1, 0) and tuple(kv.shape) == (4, page, Hk, D)
+    assert np.from_dlpack(_LegacyProducer(kv)).shape == (4, page, Hk, D)
+    with pytest.raises(BufferError):
+        kv.__dlpack__(copy=True)
+    before = sys.getrefcount(kv)
+    for _ in range(20):
+        kv.__dlpack__()
+        kv.__dlpack__(max_version=(1, 0))
+    assert sys.getrefcount(kv) == before
