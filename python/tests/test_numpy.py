@@ -767,3 +767,22 @@ def test_binding_array_paths_and_refusals():
         kv.__dlpack__()
         kv.__dlpack__(max_version=(1, 0))
     assert sys.getrefcount(kv) == before
+
+
+def test_cache_page_table_of_many_forks_and_bad_ids():
+    """Page tables longer than the pool (forks share pages, so the table of many forks repeats
+    them: the binding's scratch grows past its first size), more ids than max_sequences, an
+    unknown id, a cache the library refuses to create."""
+    cache = kvattn.PagedKVCache(1, 2, 16, 4, 4, max_sequences=8)
+    root = cache.add_sequence()
+    cache.reserve([root], [13])  # 4 pages: the whole pool
+    kids = [cache.fork(root) for _ in range(6)]
+    indptr, indices, last = cache.page_table([root] + kids)
+    assert indptr == [4 * i for i in range(8)] and last == [1] * 7
+    assert indices == indices[:4] * 7 and sorted(indices[:4]) == [0, 1, 2, 3]
+    with pytest.raises(ValueError, match="max_sequences"):
+        cache.page_table([root] * 9)
+    with pytest.raises(kvattn.KvattnError, match="sequence id 99"):
+        cache.page_table([99])
+    with pytest.raises(kvattn.KvattnError, match="head_dim 17"):
+        kvattn.PagedKVCache(1, 2, 17, 4, 8)
