@@ -786,3 +786,29 @@ def test_cache_page_table_of_many_forks_and_bad_ids():
         cache.page_table([99])
     with pytest.raises(kvattn.KvattnError, match="head_dim 17"):
         kvattn.PagedKVCache(1, 2, 17, 4, 8)
+
+
+def test_package_argument_errors():
+    """The package's own checks (before the binding) that no test reached: wrong ranks, a graph
+    wrapper without limits, the cache passed where a layer's pool goes, a prefill plan without
+    keys, run() before plan()."""
+    q3, k3 = np.ones((4, 4, 16), np.float32), np.ones((4, 2, 16), np.float32)
+    for planned in (True, False):
+        with pytest.raises(ValueError, match=r"q: expected \[Lq, Hq, D\] or \[B, Lq, Hq, D\]"):
+            kvattn.attention(np.ones((4, 16), np.float32), k3, k3, planned=planned)
+    with pytest.raises(ValueError, match="v: expected 3 dimensions"):
+        kvattn.merge_states(np.ones((4, 16), np.float32), np.ones((4, 1), np.float32))
+    with pytest.raises(ValueError, match="use_cuda_graph=True needs fixed limits"):
+        kvattn.BatchDecodeWrapper(use_cuda_graph=True)
+    cache = kvattn.PagedKVCache(1, 2, 16, 4, 8)
+    s = cache.add_sequence()
+    cache.reserve([s], [3])
+    w = kvattn.BatchDecodeWrapper()
+    w.plan(*cache.page_table([s]), 4, 2, 16, 4, num_pages=8)
+    with pytest.raises(TypeError, match=r"pass cache.layer\(l\)"):
+        w.run(np.ones((1, 4, 16), np.float32), cache)
+    p = kvattn.BatchPrefillWrapper()
+    with pytest.raises(RuntimeError, match="before a successful plan"):
+        p.run(q3, k3, k3)
+    with pytest.raises(ValueError, match="give kv_indptr, or the paged table"):
+        p.plan([0, 4], None, 4, 2, 16)
