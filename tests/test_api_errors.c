@@ -11,6 +11,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* Sets a known last error, so expect_error can tell that the call under test set its own. */
 static void prime_error(void) {
@@ -653,9 +654,11 @@ KVA_TEST(api_errors_limits_params_and_pages_fields) {
     const int32_t qo[2] = {0, 1}, kv[2] = {0, 100000};
     kva_plan_options fixed = {0, 16, KVA_DECODE_PARTIAL_ROWMAX};
     kva_plan p;
-    EXPECT_ERROR(kva_prefill_plan(f.ctx, &one, 1, qo, kv, NULL, 0, &fixed, ws, &p), KVA_ERR_WORKSPACE_TOO_SMALL);
-    CHECK(strstr(kva_last_error(), "splits into 6250 work items") != NULL);
-    CHECK(strstr(kva_last_error(), "limits.min_fixed_chunk = 16") != NULL);
+    if (4 * (int64_t)sysconf(_SC_NPROCESSORS_ONLN) < 6250) { /* (the partial states: 4 per online CPU) */
+        EXPECT_ERROR(kva_prefill_plan(f.ctx, &one, 1, qo, kv, NULL, 0, &fixed, ws, &p), KVA_ERR_WORKSPACE_TOO_SMALL);
+        CHECK(strstr(kva_last_error(), "splits into 6250 work items") != NULL);
+        CHECK(strstr(kva_last_error(), "limits.min_fixed_chunk = 16") != NULL);
+    }
     free(ws.device);
     free(ws.host);
     one.max_total_qo = 1;

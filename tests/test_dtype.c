@@ -145,6 +145,28 @@ static void check_from16(fmt16 f, fmt16 other, const table16 *t_other) {
                       want_cross);
         }
     }
+    /* lengths 1..40 at offsets 0..3 (the vector loops' edges), to f32 and to the other format */
+    for (size_t off = 0; off < 4; ++off)
+        for (size_t len = 1; len <= 40; ++len) {
+            float w[48];
+            uint16_t c[48];
+            memset(w, 0xa5, sizeof w);
+            memset(c, 0xa5, sizeof c);
+            CHECK_OK(kva_convert(src + 777 + off, f.dtype, w + off, KVA_F32, len));
+            CHECK_OK(kva_convert(src + 777 + off, f.dtype, c + off, other.dtype, len));
+            bool ok = f32_bits(w[off + len]) == 0xa5a5a5a5u && c[off + len] == 0xa5a5u;
+            for (size_t i = 0; i < len; ++i)
+                ok = ok && f32_bits(w[off + i]) == f32_bits(wide[777 + off + i]) && c[off + i] == cross[777 + off + i];
+            CHECK_MSG(ok, "%s: %zu elements at offset %zu differ from the whole conversion or wrote outside",
+                      kva_dtype_name(f.dtype), len, off);
+        }
+    /* in place to the other 16-bit format; the same format is a copy, NaN payloads included */
+    memcpy(back, src, 0x10000 * 2);
+    CHECK_OK(kva_convert(back, f.dtype, back, other.dtype, 0x10000));
+    CHECK_MSG(memcmp(back, cross, 0x10000 * 2) == 0, "%s -> %s in place differs", kva_dtype_name(f.dtype),
+              kva_dtype_name(other.dtype));
+    CHECK_OK(kva_convert(src, f.dtype, back, f.dtype, 0x10000));
+    CHECK(memcmp(back, src, 0x10000 * 2) == 0);
 done:
     free(src);
     free(cross);

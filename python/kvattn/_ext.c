@@ -587,6 +587,8 @@ static int check_float(const view *v, const char *name) {
 
 /* A contiguous f32 array [rows, cols] (LSE); NULL for None. On failure nothing is held.
  * `writes`: the call writes it (an output), so a read-only array is refused. */
+/* A float32 [rows, cols] array (or None): 1 with *v held (release it; its data may be NULL when
+ * it has no elements), 0 for None, -1 with an exception set and nothing held. */
 static int f32_out(PyObject *o, view *v, call_state *cs, const char *name, int64_t rows, int64_t cols,
                    int writes, float **out) {
     *out = NULL;
@@ -606,7 +608,7 @@ static int f32_out(PyObject *o, view *v, call_state *cs, const char *name, int64
         return -1;
     }
     *out = (float *)v->data;
-    return 0;
+    return 1;
 }
 
 /* ---- host int32 arrays (page tables, indptr): a CPU int32/int64 array or a sequence of ints ---- */
@@ -1803,6 +1805,7 @@ static PyObject *workspace_plan_decode(PyObject *o, PyObject *args, PyObject *kw
                           "no_split", "graph", "fixed_chunk", "algo", "cache", "stream", "variant",
                           "variant_data", NULL};
     WorkspaceObject *w = (WorkspaceObject *)o;
+    w->planned = 0; /* a failed plan leaves none (the library's rule), whichever check fails */
     PyObject *indptr_o, *indices_o, *last_o, *cache_o = Py_None, *stream = Py_None, *variant = Py_None,
              *vdata = Py_None;
     int num_pages, hq, hk, d, ps, window = -1, hnd = 0, no_split = 0, graph = 0, fixed = 0, algo = 0;
@@ -1815,7 +1818,6 @@ static PyObject *workspace_plan_decode(PyObject *o, PyObject *args, PyObject *kw
         PyErr_SetString(PyExc_TypeError, "plan_decode on a prefill workspace");
         return NULL;
     }
-    w->planned = 0; /* a failed plan leaves none (the library's rule), whichever check fails */
     kva_plan_options opt;
     parse_options(no_split, graph, fixed, algo, &opt);
     kva_plan_limits lim = w->lim;
@@ -1880,6 +1882,7 @@ static PyObject *workspace_plan_prefill(PyObject *o, PyObject *args, PyObject *k
                           "window_left", "soft_cap", "hnd", "no_split", "graph", "fixed_chunk", "cache",
                           "seq_ids", "stream", "variant", "variant_data", NULL};
     WorkspaceObject *w = (WorkspaceObject *)o;
+    w->planned = 0; /* a failed plan leaves none (the library's rule), whichever check fails */
     PyObject *qo_o, *kv_o, *indptr_o, *indices_o, *last_o, *cache_o = Py_None, *ids_o = Py_None,
              *stream = Py_None, *variant = Py_None, *vdata = Py_None;
     int num_pages, hq, hk, d, ps, causal = 0, window = -1, hnd = 0, no_split = 0, graph = 0, fixed = 0;
@@ -1893,7 +1896,6 @@ static PyObject *workspace_plan_prefill(PyObject *o, PyObject *args, PyObject *k
         PyErr_SetString(PyExc_TypeError, "plan_prefill on a decode workspace");
         return NULL;
     }
-    w->planned = 0; /* a failed plan leaves none (the library's rule), whichever check fails */
     kva_plan_options opt;
     parse_options(no_split, graph, fixed, 0, &opt);
     /* (the runs this plan is for see every key: the scheduling hint, kvattn.h) */
@@ -2010,8 +2012,9 @@ static int run_qo(WorkspaceObject *w, PyObject *q, PyObject *out, PyObject *lse,
         PyErr_SetString(PyExc_ValueError, "out: read-only array");
         return -1;
     }
-    if (f32_out(lse, &r->l, &r->cs, "lse", w->total_qo, p->num_qo_heads, 1, &r->lse) < 0) return -1;
-    r->nl = r->lse != NULL;
+    const int held = f32_out(lse, &r->l, &r->cs, "lse", w->total_qo, p->num_qo_heads, 1, &r->lse);
+    if (held < 0) return -1;
+    r->nl = held;
     if (r->cs.dev != w->slot->type ||
         (r->cs.dev == KVA_DEVICE_CUDA && r->cs.dev_id != w->slot->device_id)) {
         PyErr_SetString(PyExc_ValueError, "q: not on the wrapper's device");
@@ -2214,8 +2217,9 @@ static PyObject *ext_merge_states(PyObject *m, PyObject *args, PyObject *kw) {
         PyErr_SetString(PyExc_ValueError, "lse: merge_states needs the states' LSE, a float32 [rows, states] array");
         goto done;
     }
-    if (f32_out(l_o, &l, &cs, "lse", rows, states, 0, &lse_in) < 0) goto done;
-    nl = lse_in != NULL;
+    const int held = f32_out(l_o, &l, &cs, "lse", rows, states, 0, &lse_in);
+    if (held < 0) goto done;
+    nl = held;
     if (view_get(vo_o, &vo, &cs, "v_out") < 0) goto done;
     nvo = 1;
     if (vo.el != v.el || vo.ndim != 2 || vo.shape[0] != rows || vo.shape[1] != d ||
@@ -2294,8 +2298,9 @@ static PyObject *ext_attention(PyObject *m, PyObject *args, PyObject *kw) {
         PyErr_SetString(PyExc_ValueError, "out: read-only array");
         goto done;
     }
-    if (f32_out(l_o, &r.l, &r.cs, "lse", lq, hq, 1, &r.lse) < 0) goto done;
-    r.nl = r.lse != NULL;
+    const int held = f32_out(l_o, &r.l, &r.cs, "lse", lq, hq, 1, &r.lse);
+    if (held < 0) goto done;
+    r.nl = held;
     if (lq > INT32_MAX || lk > INT32_MAX || hq > INT32_MAX || hk < 1 || hq % hk != 0) {
         PyErr_Format(PyExc_ValueError, "attention: %lld query heads are not a multiple of %lld KV heads "
                      "(or a length exceeds int32)", (long long)hq, (long long)hk);

@@ -24,14 +24,14 @@ const char *kva_dtype_name(kva_dtype dtype) {
 
 /* kva_convert's loop over n elements of `src` (typed pointer) into `dst`, in blocks through a
  * local buffer of the destination type. */
-#define CONVERT_BLOCKS(src, DST_T, conv)                                                    \
+#define CONVERT_BLOCKS(src, dst, n, DST_T, conv)                                           \
     do {                                                                                    \
         enum { BLOCK = 512 };                                                               \
-        DST_T tmp[BLOCK];                                                                   \
-        for (size_t b = 0; b < n; b += BLOCK) {                                             \
-            const size_t m = n - b < BLOCK ? n - b : BLOCK;                                 \
-            for (size_t i = 0; i < m; ++i) tmp[i] = conv((src)[b + i]);                      \
-            memcpy((DST_T *)dst + b, tmp, m * sizeof(DST_T));                                \
+        DST_T tmp_[BLOCK];                                                                  \
+        for (size_t b_ = 0; b_ < (n); b_ += BLOCK) {                                        \
+            const size_t m_ = (n) - b_ < BLOCK ? (n) - b_ : BLOCK;                          \
+            for (size_t i_ = 0; i_ < m_; ++i_) tmp_[i_] = conv((src)[b_ + i_]);             \
+            memcpy((DST_T *)(dst) + b_, tmp_, m_ * sizeof(DST_T));                          \
         }                                                                                   \
     } while (0)
 
@@ -66,12 +66,14 @@ kva_status kva_convert(const void *src, kva_dtype src_dtype, void *dst, kva_dtyp
     const float *sf = (const float *)src;
     const uint16_t *sh = (const uint16_t *)src;
     switch (src_dtype * 3 + dst_dtype) {
-    case KVA_F32 * 3 + KVA_F16: CONVERT_BLOCKS(sf, uint16_t, kva__f32_to_f16); break;
-    case KVA_F32 * 3 + KVA_BF16: CONVERT_BLOCKS(sf, uint16_t, kva__f32_to_bf16); break;
-    case KVA_F16 * 3 + KVA_F32: CONVERT_BLOCKS(sh, float, kva__f16_to_f32); break;
-    case KVA_BF16 * 3 + KVA_F32: CONVERT_BLOCKS(sh, float, kva__bf16_to_f32); break;
-    case KVA_F16 * 3 + KVA_BF16: CONVERT_BLOCKS(sh, uint16_t, f16_to_bf16); break;
-    default: CONVERT_BLOCKS(sh, uint16_t, bf16_to_f16); break; /* KVA_BF16 -> KVA_F16 */
+    case KVA_F32 * 3 + KVA_F16: CONVERT_BLOCKS(sf, dst, n, uint16_t, kva__f32_to_f16); break;
+    case KVA_F32 * 3 + KVA_BF16: CONVERT_BLOCKS(sf, dst, n, uint16_t, kva__f32_to_bf16); break;
+    case KVA_F16 * 3 + KVA_F32: CONVERT_BLOCKS(sh, dst, n, float, kva__f16_to_f32); break;
+    case KVA_BF16 * 3 + KVA_F32: CONVERT_BLOCKS(sh, dst, n, float, kva__bf16_to_f32); break;
+    case KVA_F16 * 3 + KVA_BF16: CONVERT_BLOCKS(sh, dst, n, uint16_t, f16_to_bf16); break;
+    default: CONVERT_BLOCKS(sh, dst, n, uint16_t, bf16_to_f16); break; /* KVA_BF16 -> KVA_F16 */
     }
     return KVA_OK;
 }
+
+#undef CONVERT_BLOCKS
