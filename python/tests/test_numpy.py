@@ -812,3 +812,48 @@ def test_package_argument_errors():
         p.run(q3, k3, k3)
     with pytest.raises(ValueError, match="give kv_indptr, or the paged table"):
         p.plan([0, 4], None, 4, 2, 16)
+
+
+def test_empty_array_with_null_data_is_released():
+    """A producer may export an array without elements with a NULL data pointer (CuPy does): the
+    binding still holds its DLPack capsule and must release it (merge_states' lse was never
+    released before 2026-11-29: the view was tracked by its data pointer)."""
+    import ctypes
+
+    class Device(ctypes.Structure):
+        _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+    class DType(ctypes.Structure):
+        _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+    class Tensor(ctypes.Structure):
+        _fields_ = [("data", ctypes.c_void_p), ("device", Device), ("ndim", ctypes.c_int32), ("dtype", DType),
+                    ("shape", ctypes.POINTER(ctypes.c_int64)), ("strides", ctypes.POINTER(ctypes.c_int64)),
+                    ("byte_offset", ctypes.c_uint64)]
+
+    class Managed(ctypes.Structure):
+        pass
+
+    Deleter = ctypes.CFUNCTYPE(None, ctypes.POINTER(Managed))
+    Managed._fields_ = [("dl_tensor", Tensor), ("manager_ctx", ctypes.c_void_p), ("deleter", Deleter)]
+    released = []
+    on_release = Deleter(lambda m: released.append(1))
+    new_capsule = ctypes.pythonapi.PyCapsule_New
+    new_capsule.restype = ctypes.py_object
+    new_capsule.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+    alive = []
+
+    class EmptyNullData:  # float32 [0, 2] on the CPU, data NULL, legacy (unversioned) capsule
+        shape = (0, 2)
+
+        def __dlpack_device__(self):
+            return (1, 0)
+
+        def __dlpack__(self, stream=None):
+            shape = (ctypes.c_int64 * 2)(0, 2)
+            m = Managed(Tensor(None, Device(1, 0), 2, DType(2, 32, 1), shape, None, 0), None, on_release)
+            alive.append((m, shape))
+            return new_capsule(ctypes.addressof(m), b"dltensor", None)
+
+    kvattn._ext.merge_states(np.ones((0, 2, 16), np.float32), EmptyNullData(), np.empty((0, 16), np.float32))
+    assert released == [1]
