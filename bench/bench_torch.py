@@ -81,7 +81,16 @@ Usage: bench_torch.py [--build DIR] [--json FILE] [--quick] [--decode-only | --p
                       [--shapes 1x1024,8x4096,...] [--variants] [--no-models]  (decode)
                       [--seqs 512,2048,8192,16384] [--prefill-sets bf16:128,f16:128,bf16:64,bf16:256,bf16:96]
                       [--no-extra-rows]                                    (prefill)
+                      [--burst-ms 20] [--sustained 1.5]                     (prefill)
 --quick: 30 decode / 10 prefill timed calls per measurement instead of 100 / 30.
+--burst-ms: a prefill or GEMM series times only the calls that fit in this many ms (at least 3)
+    after one warm-up call, so that every row is timed before the board reaches its power limit
+    (~50 ms of full load after an idle pause on an H200; a 30-call series of a 3-7 ms row
+    straddled that step and its median fell on either side of it). 0: the old fixed count.
+--sustained S: after the table, the headline rows (bf16 d128 16k causal and full, 2 x 8192 full,
+    d256 16k full) and the GEMM, ours and cuDNN, each run back to back for S seconds: the
+    power-limited rates a server at full load gets (median call of the second half, with the
+    SM clock and board power). Default 1.5 s; off with --quick.
 """
 import argparse
 import datetime
@@ -218,28 +227,96 @@ SM_CLOCK = None  # the SmClock, made on first use
 LAST_MHZ = None  # the median SM clock of the last timed series (time_calls), or None
 
 
-def time_calls(fn, nsets, iters, warmup=5):
+BURST_MS = 20.0  # --burst-ms: a prefill / GEMM series times the calls that fit in this many ms
+
+
+def time_calls(fn, nsets, iters, warmup=5, burst_ms=None):
     """Median milliseconds of fn(set) over iters calls bracketed by CUDA events (kvattn.bench),
     after SETTLE_S seconds of an idle GPU: every series starts from the same power state. (Without
     it, the row after a long one -- e.g. 32 x 512 after 16k at the next head dim -- was timed at
     the clocks the power limit had left: ours, timed first in each row, read 10-15% low there
-    while torch, timed after it, had recovered; bench/NOTES.md.)"""
+    while torch, timed after it, had recovered; bench/NOTES.md.)
+    burst_ms (prefill and GEMM series): one call (the last input set) is the warm-up and
+    measures a call, then only the calls that fit in burst_ms are timed (at least 3, at most
+    iters). An H200 at full load reaches its power limit ~50 ms after an idle pause and the
+    clock then drops ~18% within a call or two, so a series of 30 calls of 3-7 ms straddles the
+    step and its median lands on either side (the same row read 612 and 685 TFLOP/s, cuDNN
+    too; bench/NOTES.md, "Prefill series across the power limit"): a short series times every
+    row in one state, the state the GEMM ceiling is measured in. The power-limited state has
+    its own table (run_prefill_sustained)."""
     if SETTLE_S > 0:
         import time
         import torch
         torch.cuda.synchronize()
         time.sleep(SETTLE_S)
-    global SM_CLOCK, LAST_MHZ
+    if burst_ms:
+        one = kb.time_calls(lambda s: fn(nsets - 1), 1, 1, warmup=0)
+        iters = max(3, min(iters, int(burst_ms / max(one, 1e-3))))
+        warmup = 0
+    global SM_CLOCK, LAST_MHZ, LAST_ITERS
     if SM_CLOCK is None:
         SM_CLOCK = SmClock()
     SM_CLOCK.start()
     ms = None
+    LAST_ITERS = iters
     try:
         ms = kb.time_calls(fn, nsets, iters, warmup=warmup)
         return ms
     finally:
         # (the timed calls run back to back just before the series returns)
         LAST_MHZ = SM_CLOCK.stop(iters * ms * 1e-3 if ms else None)
+
+
+LAST_ITERS = None  # the number of calls the last series timed
+
+
+def time_sustained(fn, nsets, seconds):
+    """The power-limited state: after SETTLE_S of idle GPU, fn runs back to back for about
+    `seconds` (each call bracketed by CUDA events, all enqueued at once); returns the median ms of
+    the calls of the second half and the median SM clock (MHz) and board power (W) of that half
+    (None without NVML)."""
+    import statistics
+    import threading
+    import time
+    torch.cuda.synchronize()
+    if SETTLE_S > 0:
+        time.sleep(SETTLE_S)
+    one = kb.time_calls(lambda s: fn(nsets - 1), 1, 1, warmup=0)
+    n = max(20, int(seconds * 1e3 / max(one, 1e-3)))
+    clock = SmClock()
+    samples, stop = [], threading.Event()
+
+    def sample():
+        while not stop.is_set():
+            try:
+                samples.append((time.monotonic(),
+                                clock.nvml.nvmlDeviceGetClockInfo(clock.handle, clock.nvml.NVML_CLOCK_SM),
+                                clock.nvml.nvmlDeviceGetPowerUsage(clock.handle) / 1000.0))
+            except Exception:
+                return
+            stop.wait(0.005)
+    th = threading.Thread(target=sample, daemon=True) if clock.nvml is not None else None
+    ev = [torch.cuda.Event(enable_timing=True) for _ in range(n + 1)]
+    if th:
+        th.start()
+    torch.cuda._sleep(20_000_000)
+    for i in range(n):
+        ev[i].record()
+        fn(i % nsets)
+    ev[n].record()
+    torch.cuda.synchronize()
+    end = time.monotonic()
+    stop.set()
+    if th:
+        th.join()
+    ms = [ev[i].elapsed_time(ev[i + 1]) for i in range(n)]
+    half = ms[n // 2:]
+    mhz = watts = None
+    inside = [x for x in samples if x[0] >= end - sum(half) * 1e-3]
+    if inside:
+        mhz = statistics.median(x[1] for x in inside)
+        watts = statistics.median(x[2] for x in inside)
+    return statistics.median(half), mhz, watts
 
 
 def sdpa_backends():
@@ -794,7 +871,7 @@ def run_torch_variant(tv, check, nsets, iters, o_ours, kva_ok):
             if not rel < REL_TOL_REF:
                 res["error"] = "wrong output (rel err %.2e vs float32 reference)" % rel
                 return res
-            res["ms"] = time_calls(tv.fn, nsets, iters, warmup=3)
+            res["ms"] = time_calls(tv.fn, nsets, iters, warmup=3, burst_ms=BURST_MS)
             res["mhz"] = LAST_MHZ
     except Exception as e:  # a backend that refuses the shape, mask or GQA
         res["error"] = (str(e).strip().splitlines() or ["?"])[0][:160]
@@ -931,7 +1008,8 @@ def ours_check_and_time(ours, check, o, nsets, iters, dense=False):
                 ours.run(s)
             except kvattn.KvattnError as e:
                 raise RuntimeError("kvattn prefill run: " + status_text(e))
-        res["ours_ms"] = time_calls(fn, nsets, iters, warmup=3)
+        res["ours_ms"] = time_calls(fn, nsets, iters, warmup=3, burst_ms=BURST_MS)
+        res["ours_calls"] = LAST_ITERS
         res["ours_mhz"] = LAST_MHZ
     if dense:
         o.fill_(float("nan"))
@@ -952,7 +1030,7 @@ def ours_check_and_time(ours, check, o, nsets, iters, dense=False):
                         ours.run_dense(s)
                     except kvattn.KvattnError as e:
                         raise RuntimeError("kva_attention: " + status_text(e))
-                res["dense_ms"] = time_calls(fn_dense, nsets, iters, warmup=3)
+                res["dense_ms"] = time_calls(fn_dense, nsets, iters, warmup=3, burst_ms=BURST_MS)
             else:
                 res["dense_state"] = "WRONG"
     # leave o holding set 0's result of the planned path for the whole-tensor comparison with
@@ -1148,7 +1226,7 @@ def gemm_rate(dtype, iters, n=8192):
     a = [torch.randn(n, n, device="cuda", dtype=dtype) for _ in range(2)]
     b = [torch.randn(n, n, device="cuda", dtype=dtype) for _ in range(2)]
     c = torch.empty(n, n, device="cuda", dtype=dtype)
-    ms = time_calls(lambda s: torch.matmul(a[s], b[s], out=c), 2, iters, warmup=5)
+    ms = time_calls(lambda s: torch.matmul(a[s], b[s], out=c), 2, iters, warmup=5, burst_ms=BURST_MS)
     del a, b, c
     torch.cuda.empty_cache()
     return 2.0 * n ** 3 / (ms * 1e-3) / 1e12, LAST_MHZ
@@ -1190,9 +1268,10 @@ def run_prefill(args, info):
     l2 = info["l2_bytes"]
     iters = 10 if args.quick else 30
     gemm_bf16, gemm_mhz = gemm_rate(torch.bfloat16, iters)
+    gemm_calls = LAST_ITERS
     gemm_f16, _ = gemm_rate(torch.float16, iters)
-    print("prefill: bf16 GEMM 8192^3 %.0f TFLOP/s, f16 %.0f TFLOP/s (median of %d)%s" %
-          (gemm_bf16, gemm_f16, iters, (", bf16 at %d MHz" % gemm_mhz) if gemm_mhz else ""), flush=True)
+    print("prefill: bf16 GEMM 8192^3 %.0f TFLOP/s, f16 %.0f TFLOP/s (median of %d calls)%s" %
+          (gemm_bf16, gemm_f16, gemm_calls, (", bf16 at %d MHz" % gemm_mhz) if gemm_mhz else ""), flush=True)
     seqs = [int(x) for x in args.seqs.split(",")] if args.seqs else PF_SEQS
     sets = PF_SETS
     if args.prefill_sets:
@@ -1238,10 +1317,89 @@ def run_prefill(args, info):
     if aborted:
         print("prefill: aborted after a CUDA error: %s" % aborted, flush=True)
     return {"gemm_bf16_tflops": gemm_bf16, "gemm_f16_tflops": gemm_f16, "gemm_bf16_mhz": gemm_mhz, "iters": iters,
-            "rows": rows, "aborted": aborted,
+            "burst_ms": BURST_MS, "gemm_calls": gemm_calls, "rows": rows, "aborted": aborted,
             "flops_formula": "4 * heads_q * d * sum_b(q_b * kv_b) full; causal "
                              "4 * heads_q * d * sum_b(q_b * kv_b - q_b^2 / 2) "
                              "(= 4 * seq^2 * heads * d * batch / 2 for q = kv = seq)"}
+
+
+SUSTAINED_ROWS = [("bf16", 128, 1, 16384, True), ("bf16", 128, 1, 16384, False), ("bf16", 128, 2, 8192, False),
+                  ("bf16", 256, 1, 16384, False)]
+
+
+def run_prefill_sustained(seconds, l2):
+    """The headline rows in the power-limited state a server at full load runs in: the bf16
+    8192^3 GEMM, then ours and cuDNN (SDPA, enable_gqa) per row, each run back to back for
+    `seconds` (time_sustained: the median call of the second half, its SM clock and power).
+    The rows' outputs were checked in the main table (same shapes and code); not re-checked."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    n = 8192
+    a = [torch.randn(n, n, device="cuda", dtype=torch.bfloat16) for _ in range(2)]
+    b = [torch.randn(n, n, device="cuda", dtype=torch.bfloat16) for _ in range(2)]
+    c = torch.empty(n, n, device="cuda", dtype=torch.bfloat16)
+    gms, gmhz, gw = time_sustained(lambda s: torch.matmul(a[s], b[s], out=c), 2, seconds)
+    del a, b, c
+    res = {"seconds": seconds, "gemm_bf16_tflops": 2.0 * n ** 3 / (gms * 1e-3) / 1e12, "gemm_mhz": gmhz,
+           "gemm_watts": gw, "rows": []}
+    print("prefill, sustained (%.1f s back to back, second half): bf16 GEMM 8192^3 %.0f TFLOP/s%s" % (
+        seconds, res["gemm_bf16_tflops"], (" at %d MHz, %.0f W" % (gmhz, gw)) if gmhz else ""), flush=True)
+    for dname, d, B, S, causal in SUSTAINED_ROWS:
+        tdt = PF_DTYPES[dname]
+        hq, hk, T = PF_HQ, PF_HK, B * S
+        nsets = rotation_sets(T * (hq + 2 * hk) * d * 2, l2)
+        q = [torch.randn(T, hq, d, device="cuda", dtype=tdt) for _ in range(nsets)]
+        k = [torch.randn(T, hk, d, device="cuda", dtype=tdt) for _ in range(nsets)]
+        v = [torch.randn(T, hk, d, device="cuda", dtype=tdt) for _ in range(nsets)]
+        o = torch.empty(T, hq, d, device="cuda", dtype=tdt)
+        flops = attn_flops([S] * B, [S] * B, causal, hq, d)
+        row = {"dtype": dname, "d": d, "batch": B, "seq": S, "causal": causal, "kind": "equal"}
+        ours = OurPrefill(hq, hk, d, causal, [S] * B, [S] * B, q, o, kv_sets=list(zip(k, v)))
+        if ours.plan_status == KVA_OK:
+            ms, mhz, w = time_sustained(ours.run, nsets, seconds)
+            row.update({"ours_ms": ms, "ours_tflops": flops / ms * 1e-9, "ours_mhz": mhz, "ours_watts": w})
+        tq = [x.view(B, S, hq, d).transpose(1, 2).contiguous() for x in q]
+        tk = [x.view(B, S, hk, d).transpose(1, 2).contiguous() for x in k]
+        tv = [x.view(B, S, hk, d).transpose(1, 2).contiguous() for x in v]
+
+        def cudnn(s):
+            with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+                F.scaled_dot_product_attention(tq[s], tk[s], tv[s], is_causal=causal, enable_gqa=True)
+        try:
+            ms, mhz, w = time_sustained(cudnn, nsets, seconds)
+            row.update({"cudnn_ms": ms, "cudnn_tflops": flops / ms * 1e-9, "cudnn_mhz": mhz, "cudnn_watts": w})
+        except Exception as e:  # cuDNN refuses the shape
+            row["cudnn_error"] = (str(e).strip().splitlines() or ["?"])[0][:160]
+        res["rows"].append(row)
+        print("  %s d%d %d x %d %s: ours %s, cudnn %s" % (
+            dname, d, B, S, "causal" if causal else "full",
+            "%.3f ms %.0f TFLOP/s" % (row["ours_ms"], row["ours_tflops"]) if "ours_ms" in row else "-",
+            "%.3f ms %.0f TFLOP/s" % (row["cudnn_ms"], row["cudnn_tflops"]) if "cudnn_ms" in row else "-"),
+            flush=True)
+        ours.free()
+        del q, k, v, o, tq, tk, tv, ours
+        torch.cuda.empty_cache()
+    return res
+
+
+def print_sustained_table(res):
+    g = res["gemm_bf16_tflops"]
+    print("\nPrefill in the power-limited state (%.1f s of each back to back, median call of the second "
+          "half; bf16 GEMM 8192^3 the same way: %.0f TFLOP/s%s):\n" % (
+              res["seconds"], g, (" at %d MHz, %.0f W" % (res["gemm_mhz"], res["gemm_watts"]))
+              if res.get("gemm_mhz") else ""))
+    # (no "% GEMM": under the power limit the GEMM, which draws more power per FLOP, runs at a
+    # lower clock than attention, so its rate is no ceiling for attention there)
+    print("| dtype | d | batch x seq | mask | ours ms | ours TFLOP/s | cuDNN TFLOP/s | x cuDNN | SM MHz | W |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in res["rows"]:
+        o, c = r.get("ours_tflops"), r.get("cudnn_tflops")
+        mhz = lambda k: "%d" % r[k] if r.get(k) else "-"
+        watts = lambda k: "%.0f" % r[k] if r.get(k) else "-"
+        print("| %s | %d | %d x %d | %s | %s | %s | %s | %s | %s/%s | %s/%s |" % (
+            r["dtype"], r["d"], r["batch"], r["seq"], "causal" if r["causal"] else "full",
+            "%.3f" % r["ours_ms"] if o else "-", "%.0f" % o if o else "-",
+            "%.0f" % c if c else "-", "%.2f" % (r["cudnn_ms"] / r["ours_ms"]) if o and c else "-",
+            mhz("ours_mhz"), mhz("cudnn_mhz"), watts("ours_watts"), watts("cudnn_watts")))
 
 
 def prefill_failures(res):
@@ -1256,7 +1414,8 @@ def print_prefill_table(dev_name, date, res):
         dev_name, date, res["gemm_bf16_tflops"], res["gemm_f16_tflops"]))
     print("%d q / %d kv heads; TFLOP/s = 4*seq^2*heads*d*batch / time, causal counts half; "
           "%% GEMM = of the bf16 8192^3 torch.matmul rate; x flash, x best = torch time / ours; "
-          "CUDA-event medians of %d, inputs rotated over >= 4x L2" % (PF_HQ, PF_HK, res["iters"]))
+          "CUDA-event medians of the calls that fit in %.0f ms after an idle pause (3..%d; 0: all %d), "
+          "inputs rotated over >= 4x L2" % (PF_HQ, PF_HK, res.get("burst_ms", 0), res["iters"], res["iters"]))
     if res.get("gemm_bf16_mhz"):
         print("SM MHz: the median SM clock (NVML, every 5 ms) over ours' / cuDNN's timed calls "
               "(the bf16 GEMM ran at %d MHz)" % res["gemm_bf16_mhz"])
@@ -1358,8 +1517,17 @@ def main():
                     help="prefill dtype:head_dim list, default bf16:128,f16:128,bf16:64,bf16:256,bf16:96")
     ap.add_argument("--no-extra-rows", action="store_true",
                     help="prefill: skip the ragged and chunked-prefill rows")
+    ap.add_argument("--burst-ms", type=float, default=BURST_MS,
+                    help="prefill / GEMM: time only the calls that fit in this many ms after an idle pause "
+                         "(default %(default)s; 0: all of --quick's 10 / the default 30)")
+    ap.add_argument("--sustained", type=float, default=None,
+                    help="prefill: seconds per side of the power-limited table (default 1.5, 0 with "
+                         "--quick; 0: none)")
     args = ap.parse_args()
     globals()["SETTLE_S"] = args.settle
+    globals()["BURST_MS"] = args.burst_ms
+    if args.sustained is None:
+        args.sustained = 0.0 if args.quick else 1.5
 
     torch.manual_seed(0)
     load_kvattn(args.build)
@@ -1385,6 +1553,12 @@ def main():
         print(flush=True)
         pre = run_prefill(args, info)
         out["prefill"] = pre
+        if args.sustained > 0 and not pre["aborted"]:
+            print(flush=True)
+            pre["sustained"] = run_prefill_sustained(args.sustained, info["l2_bytes"])
+    if args.json:  # (before the tables: a table that fails to print loses no number)
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1, default=str)
     # the tables last, so that `sed -n '/^## kvattn/,$p'` shows both and nothing else
     if dec is not None:
         print_decode_table(dev_name, date, dec)
@@ -1392,9 +1566,8 @@ def main():
         print_models_table(dev_name, date, models)
     if pre is not None:
         print_prefill_table(dev_name, date, pre)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=1, default=str)
+        if pre.get("sustained"):
+            print_sustained_table(pre["sustained"])
     if dec is not None and dec["failed"]:
         print("ERROR: decode outputs differ from SDPA for", dec["failed"])
         status = 1

@@ -319,11 +319,11 @@ if [ "${GPU_CHECK_BENCH:-1}" != 0 ]; then
     # The other prefill paths beside it (d = 128 rows), for the path comparison.
     if [ "${GPU_CHECK_BENCH_MMA:-1}" != 0 ]; then
         KVA_PREFILL_PATH=wgmma PYTHONUNBUFFERED=1 python3 bench/bench_torch.py --build "$BUILD" --prefill-only \
-            --prefill-sets bf16:128 --no-extra-rows --json "$OUT/bench-wgmma.json" >"$OUT/bench-wgmma.log" 2>&1 ||
+            --prefill-sets bf16:128 --no-extra-rows --sustained 0 --json "$OUT/bench-wgmma.json" >"$OUT/bench-wgmma.log" 2>&1 ||
             note "bench (wgmma path): FAILED"
         sed -n '/^## kvattn/,$p' "$OUT/bench-wgmma.log" | grep -E "^\| bf16 \| 128" | sed 's/^/wgmma: /'
         KVA_PREFILL_PATH=mma PYTHONUNBUFFERED=1 python3 bench/bench_torch.py --build "$BUILD" --prefill-only \
-            --prefill-sets bf16:128 --no-extra-rows --json "$OUT/bench-mma.json" >"$OUT/bench-mma.log" 2>&1 ||
+            --prefill-sets bf16:128 --no-extra-rows --sustained 0 --json "$OUT/bench-mma.json" >"$OUT/bench-mma.log" 2>&1 ||
             note "bench (mma.sync path): FAILED"
         sed -n '/^## kvattn/,$p' "$OUT/bench-mma.log" | grep -E "^\| bf16 \| 128" | sed 's/^/mma.sync: /'
         pack
