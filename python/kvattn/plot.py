@@ -54,7 +54,10 @@ def _bars(ax, labels, series, ylabel, title):
         ys = [v if v is not None else 0.0 for v in vals]
         ax.bar(xs, ys, width, label=name, color=colors.get(name))
     ax.set_xticks(range(len(labels)))
-    ax.set_xticklabels(labels, rotation=35, ha="right", fontsize=8)
+    many = len(labels) > 16  # (the prefill table's 42 rows: steeper, smaller labels)
+    ax.set_xticklabels(labels, rotation=60 if many else 35, ha="right", fontsize=7 if many else 8,
+                       rotation_mode="anchor")
+    ax.set_xlim(-0.6, len(labels) - 0.4)
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=10)
     ax.grid(axis="y", alpha=0.3)
@@ -77,9 +80,18 @@ def plot(data, out_png):
     if not panels:
         raise ValueError("no decode rows (rows[].ours_gbs + ceiling_gbs) or prefill rows "
                          "(prefill.rows[].ours_tflops) in the benchmark data")
-    fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 4.2), squeeze=False)
+    # side by side while every panel is short; one above the other, as wide as the longest needs
+    # (~0.3 inch a row), when one holds many rows
+    longest = max(len(p[1]) for p in panels)
+    if longest > 16:
+        fig, axes = plt.subplots(len(panels), 1, figsize=(max(6.5, 0.3 * longest), 4.6 * len(panels)),
+                                 squeeze=False)
+        axes = [a[0] for a in axes]
+    else:
+        fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 4.2), squeeze=False)
+        axes = axes[0]
     dev = data.get("device", "?")
-    for ax, (kind, labels, series) in zip(axes[0], panels):
+    for ax, (kind, labels, series) in zip(axes, panels):
         if kind == "decode":
             _bars(ax, labels, series, "% of read ceiling",
                   "paged decode, %s (ceiling %.0f GB/s)" % (dev, data.get("ceiling_gbs", 0)))
