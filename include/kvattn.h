@@ -103,9 +103,13 @@ typedef struct kva_context kva_context;
  * device_id (stream = the legacy default stream until kva_context_set_stream). The CPU context
  * also owns the per-thread scratch its kernels use, so runs never allocate, and picks its CPU
  * kernel variant once: the best this CPU runs (AVX-512, AVX2, NEON or generic), or the one the
- * environment variable KVA_CPU_ISA names (avx512 | avx2 | neon | generic | auto).
+ * environment variable KVA_CPU_ISA names (avx512 | avx2 | neon | generic | auto). A CUDA
+ * context picks its prefill kernels once: the warp-specialised Hopper kernel on an sm_90 device
+ * when the build holds sm_90a code, else the mma.sync kernels; the environment variable
+ * KVA_PREFILL_PATH (mma | wgmma | hopper; for tests and comparisons) forces one.
  * @return KVA_OK, KVA_ERR_NOT_BUILT (CUDA not compiled in), KVA_ERR_DEVICE (no such device),
- *         KVA_ERR_UNSUPPORTED (KVA_CPU_ISA names a variant this build or CPU cannot run). */
+ *         KVA_ERR_UNSUPPORTED (KVA_CPU_ISA names a variant this build or CPU cannot run, or
+ *         KVA_PREFILL_PATH a path that does not exist or this build or device lacks). */
 kva_status kva_context_create(kva_device_type device, int device_id, kva_context **out);
 /* NULL is a no-op. No call may use ctx afterwards, except kva_cache_destroy on caches created
  * with it: their memory is released there, and ctx itself with the last of them. */

@@ -9,10 +9,52 @@
 
 #include <stdlib.h>
 #include <string.h>
+#if KVA_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
 
 static float dummy_mod(float s, int32_t qp, int32_t kp, int32_t h, void *u) {
     (void)qp; (void)kp; (void)h; (void)u;
     return s;
+}
+
+/* KVA_PREFILL_PATH, read at context creation: mma everywhere, wgmma and hopper where the device
+ * is sm_90 and the build holds sm_90a code; any other value, or a path the device or build lacks,
+ * fails kva_context_create with a message naming the variable (a comparison run under a value
+ * that was silently ignored would time the default path and report it as another). */
+KVA_TEST(cuda_prefill_path_env) {
+    if (!kva_cuda_available()) {
+        kva_test_skip("no CUDA device");
+        return;
+    }
+    bool sm90a = false;
+#if KVA_HAVE_CUDA && defined(KVA_HAVE_SM90A)
+    int major = 0;
+    (void)cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
+    sm90a = major == 9;
+#endif
+    static const struct {
+        const char *value;
+        int ok; /* 1: accepted everywhere, 2: where sm90a, 0: never */
+    } cases[] = {{"mma", 1}, {"", 1}, {"wgmma", 2}, {"hopper", 2}, {"Hopper", 0}, {"mmma", 0}, {"sm80", 0}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; ++i) {
+        kva_test_env env;
+        kva_test_env_set(&env, "KVA_PREFILL_PATH", cases[i].value);
+        kva_context *ctx = NULL;
+        const kva_status st = kva_context_create(KVA_DEVICE_CUDA, 0, &ctx);
+        const bool want_ok = cases[i].ok == 1 || (cases[i].ok == 2 && sm90a);
+        if (want_ok) {
+            CHECK_MSG(st == KVA_OK && ctx, "KVA_PREFILL_PATH=%s: %s (%s)", cases[i].value, kva_status_str(st),
+                      kva_last_error());
+        } else {
+            CHECK_MSG(st == KVA_ERR_UNSUPPORTED && !ctx, "KVA_PREFILL_PATH=%s: %s, expected KVA_ERR_UNSUPPORTED",
+                      cases[i].value, kva_status_str(st));
+            CHECK_MSG(strstr(kva_last_error(), "kva_context_create: KVA_PREFILL_PATH=") != NULL,
+                      "KVA_PREFILL_PATH=%s: message '%s'", cases[i].value, kva_last_error());
+        }
+        kva_context_destroy(ctx);
+        kva_test_env_restore(&env);
+    }
 }
 
 KVA_TEST(cuda_errors_are_reported) {

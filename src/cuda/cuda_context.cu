@@ -213,18 +213,38 @@ extern "C" kva_status kva__cuda_context_init(kva_context *ctx) {
     }
     /* Hopper's warp-specialised path where the device has it (this build's sm_90a code),
      * unless KVA_PREFILL_PATH=mma or =wgmma asks for the mma.sync kernels or their wgmma
-     * version (tests and comparisons). */
+     * version (tests and comparisons); =hopper insists on the default there. A value that names
+     * no path, or a path this device and build lack, fails the context: a comparison that
+     * silently ran the default path would report the wrong kernel's numbers. */
     const char *path = getenv("KVA_PREFILL_PATH");
-    priv->prefill_path = KVA__PREFILL_MMA;
+    if (path && !*path) path = NULL;
+    bool sm90a = false;
 #ifdef KVA_HAVE_SM90A /* the build holds sm_90a code (KVA_CUDA_ARCHS has 90a) */
-    if (prop.major == 9) {
-        priv->prefill_path = KVA__PREFILL_HOPPER;
-        if (path && strcmp(path, "mma") == 0) priv->prefill_path = KVA__PREFILL_MMA;
-        if (path && strcmp(path, "wgmma") == 0) priv->prefill_path = KVA__PREFILL_WGMMA;
-    }
-#else
-    (void)path;
+    sm90a = prop.major == 9;
 #endif
+    priv->prefill_path = sm90a ? KVA__PREFILL_HOPPER : KVA__PREFILL_MMA;
+    if (st == KVA_OK && path) {
+        if (strcmp(path, "mma") == 0) {
+            priv->prefill_path = KVA__PREFILL_MMA;
+        } else if (strcmp(path, "wgmma") != 0 && strcmp(path, "hopper") != 0) {
+            st = kva__fail(KVA_ERR_UNSUPPORTED,
+                           "kva_context_create: KVA_PREFILL_PATH=%.32s: no such prefill path (mma, wgmma or hopper)",
+                           path);
+        } else if (!sm90a) {
+            st = kva__fail(KVA_ERR_UNSUPPORTED,
+                           "kva_context_create: KVA_PREFILL_PATH=%s needs an sm_90 device and a build with "
+                           "sm_90a code (this device is sm_%d%d%s)",
+                           path, prop.major, prop.minor,
+#ifdef KVA_HAVE_SM90A
+                           ""
+#else
+                           ", the build has no sm_90a code"
+#endif
+            );
+        } else if (strcmp(path, "wgmma") == 0) {
+            priv->prefill_path = KVA__PREFILL_WGMMA;
+        }
+    }
     int optin = 0;
     if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, ctx->device_id) != cudaSuccess) {
         (void)cudaGetLastError();

@@ -108,7 +108,7 @@ typedef struct kva__prefill_kernel {
  * version of the same kernel (sm_90a), or the warp-specialised TMA kernel (sm_90a; K/V whose
  * strides a tensor map cannot describe take the wgmma kernel). Chosen per device at context
  * creation; KVA_PREFILL_PATH=mma|wgmma|hopper forces one (the last two only where the device
- * has them). */
+ * and build have them: otherwise, as for any other value, kva_context_create fails). */
 typedef enum kva__prefill_path {
     KVA__PREFILL_MMA = 0,
     KVA__PREFILL_WGMMA = 1,
