@@ -166,16 +166,20 @@ SETTLE_S = 0.5  # --settle
 
 
 class SmClock:
-    """The SM clock (NVML, nvidia-ml-py) sampled every 5 ms on a thread while a timed series runs,
-    each sample with its time: stop() keeps those of the timed calls' window (the series' end back
-    by iters x the median call, i.e. not the warm-up or the GPU sleep before it) and gives their
-    median -- the clock a row ran at (long rows reach the board's power cap and slow down, and so
-    do the torch backends' rows after them). A window shorter than the interval gets the sample
-    nearest its end. Off (None) without NVML. The thread only sleeps and makes one NVML call per
-    sample (ctypes releases the GIL), so the launching thread is not held up."""
+    """The SM clock and board power (NVML, nvidia-ml-py) sampled every 5 ms on a thread while a
+    timed series runs, each sample with its time: stop() keeps those of the timed calls' window
+    (the series' end back by iters x the median call, i.e. not the warm-up or the GPU sleep
+    before it) and gives their median clock -- the clock a row ran at; between() gives the median
+    clock and power of any window. NVML's clock lags a power-limit step by a few ms and its
+    power reading (where NVML_FI_DEV_POWER_INSTANT is missing) is a 1 s average, so these say
+    which state a long window ran in, not when a step came (per-call times say that). A window
+    shorter than the interval gets the sample nearest its end. Off (None) without NVML. The
+    thread only sleeps and makes NVML calls (ctypes releases the GIL), so the launching thread is
+    not held up."""
 
     def __init__(self):
         self.nvml = self.handle = None
+        self.samples = []
         try:
             import pynvml
             pynvml.nvmlInit()
@@ -188,7 +192,23 @@ class SmClock:
         except Exception:  # no nvidia-ml-py, no PCI address from torch, or NVML refuses
             self.nvml = None
 
-    def start(self):
+    def _watts(self):
+        """Board power now (W): the instantaneous field where this NVML has it, else the
+        averaged reading; None if neither answers."""
+        fi = getattr(self.nvml, "NVML_FI_DEV_POWER_INSTANT", None)
+        if fi is not None:
+            try:
+                v = self.nvml.nvmlDeviceGetFieldValues(self.handle, [fi])[0]
+                if v.nvmlReturn == 0:
+                    return v.value.uiVal / 1000.0
+            except Exception:
+                pass
+        try:
+            return self.nvml.nvmlDeviceGetPowerUsage(self.handle) / 1000.0
+        except Exception:
+            return None
+
+    def start(self, power=False):
         import threading
         self.samples, self.stop_flag = [], threading.Event()
         if self.nvml is None:
@@ -200,7 +220,7 @@ class SmClock:
                     mhz = self.nvml.nvmlDeviceGetClockInfo(self.handle, self.nvml.NVML_CLOCK_SM)
                 except Exception:
                     return
-                self.samples.append((time.monotonic(), mhz))
+                self.samples.append((time.monotonic(), mhz, self._watts() if power else None))
                 self.stop_flag.wait(0.005)
         self.thread = threading.Thread(target=run, daemon=True)
         self.thread.start()
@@ -214,13 +234,21 @@ class SmClock:
             return None
         self.stop_flag.set()
         self.thread.join()
+        mhz, _ = self.between(end - window_s if window_s is not None else None, end)
+        return mhz
+
+    def between(self, t0, t1):
+        """(median MHz, median W) of the samples taken in [t0, t1] (host monotonic seconds; t0
+        None: from the first), or of the one nearest t1 if none is; None where unknown."""
+        import statistics
         if not self.samples:
-            return None
-        inside = [m for t, m in self.samples if window_s is None or t >= end - window_s]
+            return None, None
+        inside = [x for x in self.samples if (t0 is None or x[0] >= t0) and x[0] <= t1]
         if not inside:
-            inside = [self.samples[-1][1]]
-        v = sorted(inside)
-        return v[len(v) // 2]
+            inside = [min(self.samples, key=lambda x: abs(x[0] - t1))]
+        mhz = sorted(x[1] for x in inside)[len(inside) // 2]
+        w = [x[2] for x in inside if x[2] is not None]
+        return mhz, (statistics.median(w) if w else None)
 
 
 SM_CLOCK = None  # the SmClock, made on first use
@@ -236,23 +264,29 @@ def time_calls(fn, nsets, iters, warmup=5, burst_ms=None):
     it, the row after a long one -- e.g. 32 x 512 after 16k at the next head dim -- was timed at
     the clocks the power limit had left: ours, timed first in each row, read 10-15% low there
     while torch, timed after it, had recovered; bench/NOTES.md.)
-    burst_ms (prefill and GEMM series): one call (the last input set) is the warm-up and
-    measures a call, then only the calls that fit in burst_ms are timed (at least 3, at most
-    iters). An H200 at full load reaches its power limit ~50 ms after an idle pause and the
-    clock then drops ~18% within a call or two, so a series of 30 calls of 3-7 ms straddles the
-    step and its median lands on either side (the same row read 612 and 685 TFLOP/s, cuDNN
-    too; bench/NOTES.md, "Prefill series across the power limit"): a short series times every
-    row in one state, the state the GEMM ceiling is measured in. The power-limited state has
-    its own table (run_prefill_sustained)."""
+    burst_ms (prefill and GEMM series): the warm-up calls run before the idle pause, each timed,
+    and the fastest sets how many calls are timed after it: those that fit in burst_ms (at least
+    3, at most iters). An H200 at full load reaches its power limit 30-50 ms after an idle pause
+    and its clock then steps down ~18% within a few calls, so a series of 30 calls of 3-7 ms
+    straddled the step and its median landed on either side (the same row read 612 and 685
+    TFLOP/s, cuDNN too; bench/NOTES.md, "Prefill series across the power limit"): a short series
+    times every row in one state, the state the GEMM ceiling is measured in. The power-limited
+    state has its own table (run_prefill_sustained)."""
+    import time
+    if burst_ms:
+        n_warm = max(1, warmup)
+        ev = [torch.cuda.Event(enable_timing=True) for _ in range(n_warm + 1)]
+        ev[0].record()
+        for i in range(n_warm):
+            fn((nsets - 1 - i) % nsets)  # (the sets the timed calls reach last)
+            ev[i + 1].record()
+        torch.cuda.synchronize()
+        one = min(ev[i].elapsed_time(ev[i + 1]) for i in range(n_warm))
+        iters = min(iters, max(3, int(burst_ms / max(one, 1e-3))))
+        warmup = 0
     if SETTLE_S > 0:
-        import time
-        import torch
         torch.cuda.synchronize()
         time.sleep(SETTLE_S)
-    if burst_ms:
-        one = kb.time_calls(lambda s: fn(nsets - 1), 1, 1, warmup=0)
-        iters = max(3, min(iters, int(burst_ms / max(one, 1e-3))))
-        warmup = 0
     global SM_CLOCK, LAST_MHZ, LAST_ITERS
     if SM_CLOCK is None:
         SM_CLOCK = SmClock()
@@ -270,35 +304,12 @@ def time_calls(fn, nsets, iters, warmup=5, burst_ms=None):
 LAST_ITERS = None  # the number of calls the last series timed
 
 
-def time_sustained(fn, nsets, seconds):
-    """The power-limited state: after SETTLE_S of idle GPU, fn runs back to back for about
-    `seconds` (each call bracketed by CUDA events, all enqueued at once); returns the median ms of
-    the calls of the second half and the median SM clock (MHz) and board power (W) of that half
-    (None without NVML)."""
-    import statistics
-    import threading
+def per_call_ms(fn, nsets, n):
+    """n calls of fn back to back, each bracketed by its own pair of events, after a GPU sleep
+    (so the host has queued them all): (list of ms, host monotonic time just after they ended).
+    Call i then ended about sum(ms[i + 1:]) ms before that time."""
     import time
-    torch.cuda.synchronize()
-    if SETTLE_S > 0:
-        time.sleep(SETTLE_S)
-    one = kb.time_calls(lambda s: fn(nsets - 1), 1, 1, warmup=0)
-    n = max(20, int(seconds * 1e3 / max(one, 1e-3)))
-    clock = SmClock()
-    samples, stop = [], threading.Event()
-
-    def sample():
-        while not stop.is_set():
-            try:
-                samples.append((time.monotonic(),
-                                clock.nvml.nvmlDeviceGetClockInfo(clock.handle, clock.nvml.NVML_CLOCK_SM),
-                                clock.nvml.nvmlDeviceGetPowerUsage(clock.handle) / 1000.0))
-            except Exception:
-                return
-            stop.wait(0.005)
-    th = threading.Thread(target=sample, daemon=True) if clock.nvml is not None else None
     ev = [torch.cuda.Event(enable_timing=True) for _ in range(n + 1)]
-    if th:
-        th.start()
     torch.cuda._sleep(20_000_000)
     for i in range(n):
         ev[i].record()
@@ -306,16 +317,30 @@ def time_sustained(fn, nsets, seconds):
     ev[n].record()
     torch.cuda.synchronize()
     end = time.monotonic()
-    stop.set()
-    if th:
-        th.join()
-    ms = [ev[i].elapsed_time(ev[i + 1]) for i in range(n)]
+    return [ev[i].elapsed_time(ev[i + 1]) for i in range(n)], end
+
+
+def time_sustained(fn, nsets, seconds):
+    """The power-limited state: one call to measure it, SETTLE_S of idle GPU, then fn back to
+    back for about `seconds`; returns the median ms of the calls of the second half and the
+    median SM clock (MHz) and board power (W) over that half (None without NVML)."""
+    import statistics
+    import time
+    one = kb.time_calls(lambda s: fn(nsets - 1), 1, 2, warmup=1)
+    n = max(20, int(seconds * 1e3 / max(one, 1e-3)))
+    torch.cuda.synchronize()
+    if SETTLE_S > 0:
+        time.sleep(SETTLE_S)
+    clock = SmClock()
+    clock.start(power=True)
+    try:
+        ms, end = per_call_ms(fn, nsets, n)
+    finally:
+        if clock.nvml is not None:
+            clock.stop_flag.set()
+            clock.thread.join()
     half = ms[n // 2:]
-    mhz = watts = None
-    inside = [x for x in samples if x[0] >= end - sum(half) * 1e-3]
-    if inside:
-        mhz = statistics.median(x[1] for x in inside)
-        watts = statistics.median(x[2] for x in inside)
+    mhz, watts = clock.between(end - sum(half) * 1e-3, end)
     return statistics.median(half), mhz, watts
 
 
@@ -872,6 +897,7 @@ def run_torch_variant(tv, check, nsets, iters, o_ours, kva_ok):
                 res["error"] = "wrong output (rel err %.2e vs float32 reference)" % rel
                 return res
             res["ms"] = time_calls(tv.fn, nsets, iters, warmup=3, burst_ms=BURST_MS)
+            res["calls"] = LAST_ITERS
             res["mhz"] = LAST_MHZ
     except Exception as e:  # a backend that refuses the shape, mask or GQA
         res["error"] = (str(e).strip().splitlines() or ["?"])[0][:160]
@@ -1031,6 +1057,7 @@ def ours_check_and_time(ours, check, o, nsets, iters, dense=False):
                     except kvattn.KvattnError as e:
                         raise RuntimeError("kva_attention: " + status_text(e))
                 res["dense_ms"] = time_calls(fn_dense, nsets, iters, warmup=3, burst_ms=BURST_MS)
+                res["dense_calls"] = LAST_ITERS
             else:
                 res["dense_state"] = "WRONG"
     # leave o holding set 0's result of the planned path for the whole-tensor comparison with
@@ -1355,8 +1382,13 @@ def run_prefill_sustained(seconds, l2):
         row = {"dtype": dname, "d": d, "batch": B, "seq": S, "causal": causal, "kind": "equal"}
         ours = OurPrefill(hq, hk, d, causal, [S] * B, [S] * B, q, o, kv_sets=list(zip(k, v)))
         if ours.plan_status == KVA_OK:
-            ms, mhz, w = time_sustained(ours.run, nsets, seconds)
-            row.update({"ours_ms": ms, "ours_tflops": flops / ms * 1e-9, "ours_mhz": mhz, "ours_watts": w})
+            try:
+                ms, mhz, w = time_sustained(ours.run, nsets, seconds)
+                row.update({"ours_ms": ms, "ours_tflops": flops / ms * 1e-9, "ours_mhz": mhz, "ours_watts": w})
+            except Exception as e:  # a kvattn error (the main table already reported the row)
+                row["ours_error"] = (str(e).strip().splitlines() or ["?"])[0][:160]
+        else:
+            row["ours_error"] = ours.plan_error
         tq = [x.view(B, S, hq, d).transpose(1, 2).contiguous() for x in q]
         tk = [x.view(B, S, hk, d).transpose(1, 2).contiguous() for x in k]
         tv = [x.view(B, S, hk, d).transpose(1, 2).contiguous() for x in v]
@@ -1384,9 +1416,9 @@ def run_prefill_sustained(seconds, l2):
 def print_sustained_table(res):
     g = res["gemm_bf16_tflops"]
     print("\nPrefill in the power-limited state (%.1f s of each back to back, median call of the second "
-          "half; bf16 GEMM 8192^3 the same way: %.0f TFLOP/s%s):\n" % (
-              res["seconds"], g, (" at %d MHz, %.0f W" % (res["gemm_mhz"], res["gemm_watts"]))
-              if res.get("gemm_mhz") else ""))
+          "half; bf16 GEMM 8192^3 the same way: %.0f TFLOP/s%s%s):\n" % (
+              res["seconds"], g, (" at %d MHz" % res["gemm_mhz"]) if res.get("gemm_mhz") else "",
+              (", %.0f W" % res["gemm_watts"]) if res.get("gemm_watts") else ""))
     # (no "% GEMM": under the power limit the GEMM, which draws more power per FLOP, runs at a
     # lower clock than attention, so its rate is no ceiling for attention there)
     print("| dtype | d | batch x seq | mask | ours ms | ours TFLOP/s | cuDNN TFLOP/s | x cuDNN | SM MHz | W |")
@@ -1414,8 +1446,9 @@ def print_prefill_table(dev_name, date, res):
         dev_name, date, res["gemm_bf16_tflops"], res["gemm_f16_tflops"]))
     print("%d q / %d kv heads; TFLOP/s = 4*seq^2*heads*d*batch / time, causal counts half; "
           "%% GEMM = of the bf16 8192^3 torch.matmul rate; x flash, x best = torch time / ours; "
-          "CUDA-event medians of the calls that fit in %.0f ms after an idle pause (3..%d; 0: all %d), "
-          "inputs rotated over >= 4x L2" % (PF_HQ, PF_HK, res.get("burst_ms", 0), res["iters"], res["iters"]))
+          "%s, inputs rotated over >= 4x L2" % (PF_HQ, PF_HK,
+              ("CUDA-event medians of the calls that fit in %.0f ms after an idle pause (3..%d)" % (res["burst_ms"], res["iters"]))
+              if res.get("burst_ms") else "CUDA-event medians of %d" % res["iters"]))
     if res.get("gemm_bf16_mhz"):
         print("SM MHz: the median SM clock (NVML, every 5 ms) over ours' / cuDNN's timed calls "
               "(the bf16 GEMM ran at %d MHz)" % res["gemm_bf16_mhz"])
@@ -1521,13 +1554,13 @@ def main():
                     help="prefill / GEMM: time only the calls that fit in this many ms after an idle pause "
                          "(default %(default)s; 0: all of --quick's 10 / the default 30)")
     ap.add_argument("--sustained", type=float, default=None,
-                    help="prefill: seconds per side of the power-limited table (default 1.5, 0 with "
-                         "--quick; 0: none)")
+                    help="prefill: seconds per side of the power-limited table (default 1.5 with the "
+                         "whole default table, else 0; 0: none)")
     args = ap.parse_args()
     globals()["SETTLE_S"] = args.settle
     globals()["BURST_MS"] = args.burst_ms
-    if args.sustained is None:
-        args.sustained = 0.0 if args.quick else 1.5
+    if args.sustained is None:  # (only with the whole default table: its rows are fixed)
+        args.sustained = 0.0 if args.quick or args.prefill_sets or args.seqs else 1.5
 
     torch.manual_seed(0)
     load_kvattn(args.build)
@@ -1555,7 +1588,11 @@ def main():
         out["prefill"] = pre
         if args.sustained > 0 and not pre["aborted"]:
             print(flush=True)
-            pre["sustained"] = run_prefill_sustained(args.sustained, info["l2_bytes"])
+            try:
+                pre["sustained"] = run_prefill_sustained(args.sustained, info["l2_bytes"])
+            except Exception as e:  # keep every number measured so far (the JSON is written next)
+                pre["sustained_error"] = (str(e).strip().splitlines() or ["?"])[0][:200]
+                print("prefill, sustained: failed: %s" % pre["sustained_error"], flush=True)
     if args.json:  # (before the tables: a table that fails to print loses no number)
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1, default=str)

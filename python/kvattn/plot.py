@@ -99,7 +99,7 @@ def plot(data, out_png):
         else:
             _bars(ax, labels, series, "TFLOP/s", "prefill, %s" % dev)
     if data.get("date"):
-        fig.text(0.99, 0.01, data["date"], ha="right", fontsize=7, color="#666666")
+        fig.text(0.995, 0.995, data["date"], ha="right", va="top", fontsize=7, color="#666666")
     fig.tight_layout()
     fig.savefig(out_png, dpi=120)
     plt.close(fig)
