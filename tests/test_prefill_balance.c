@@ -70,10 +70,12 @@ KVA_TEST(prefill_balance_equal_rows) {
 }
 
 /* Pieces: whole tiles, in order, covering the item's keys once; lengths not multiples of the
- * tile, parts up to the tile count. */
+ * tile, parts up to the tile count. Tile counts that are not powers of two too (640 and 1408
+ * keys: 5 and 11 tiles), where the pieces' tile bounds round: a bound rounded one way for a
+ * piece's start and the other for the previous piece's end would leave a gap or an overlap. */
 KVA_TEST(prefill_balance_pieces) {
-    const int32_t lens[] = {1, 127, 128, 129, 1000, 4096, 16383};
-    for (int c = 0; c < 7; ++c) {
+    const int32_t lens[] = {1, 127, 128, 129, 640, 1000, 1408, 4096, 16383};
+    for (int c = 0; c < 9; ++c) {
         const int32_t keys = lens[c], tiles = (keys + 127) / 128;
         for (int32_t parts = 1; parts <= 16 && parts <= tiles; parts *= 2) {
             int32_t at = 0;
@@ -87,6 +89,11 @@ KVA_TEST(prefill_balance_pieces) {
             CHECK_MSG(at == keys, "keys %d parts %d: pieces end at %d", keys, parts, at);
         }
     }
+    /* 5 tiles in 2: the first piece takes floor(5 / 2) = 2 tiles, the second the other 3 */
+    int32_t b0, e0, b1, e1;
+    kva__balance_piece(640, 2, 128, 0, &b0, &e0);
+    kva__balance_piece(640, 2, 128, 1, &b1, &e1);
+    CHECK_MSG(b0 == 0 && e0 == 256 && b1 == 256 && e1 == 640, "640 keys in 2: [%d, %d) [%d, %d)", b0, e0, b1, e1);
 }
 
 /* Left whole: fewer pairs than blocks, one block, a single-tile longest item, no slots. And the
@@ -110,6 +117,16 @@ KVA_TEST(prefill_balance_leaves_whole) {
     k[300] = 16384 + 512; /* one longer request's item */
     const int32_t parts = kva__balance_last_wave(&p, &which);
     CHECK_MSG(parts >= 2 && which == 300, "cut %d into %d", which, parts);
+    free(k);
+    /* exactly one pair per block (132 items, 1 head, 132 blocks): every item runs alone from
+     * the start, a cut could only spread the long one over blocks that are idle anyway -- the
+     * split search's job, not this one's. The model alone would cut it (256 tiles over 16
+     * pieces), so the count's bound is what leaves it whole. */
+    p = equal_items(132, 512, &k);
+    k[5] = 32768;
+    p.num_kv_heads = 1;
+    const int32_t one_each = kva__balance_last_wave(&p, &which);
+    CHECK_MSG(one_each == 0 && which == -1, "132 pairs on 132 blocks: cut %d into %d", which, one_each);
     free(k);
 }
 
@@ -155,6 +172,15 @@ KVA_TEST(prefill_balance_model_matches_the_walk) {
     }
 }
 
+/* An item number past the items, like -1, walks the whole plan: nothing cut, no key read past
+ * the list. The list here has a long entry just past its end, so a cut of it would show. */
+KVA_TEST(prefill_balance_makespan_outside_the_items) {
+    int32_t k[6] = {300, 1000, 129, 4096, 77, 1 << 20};
+    const kva__balance_problem p = {5, k, 2, 4, 128, 16, 0};
+    const double whole = kva__balance_makespan(&p, -1, 1), past = kva__balance_makespan(&p, 5, 4);
+    CHECK_MSG(past == whole, "item 5 of 5 cut into 4: %.2f, the whole plan %.2f", past, whole);
+}
+
 /* The bounds the plan's capacity relies on, and the merge's price: pieces <= max_parts and <=
  * the item's tiles; 4-tile items whose best cut gains exactly the merge's cost stay whole. */
 KVA_TEST(prefill_balance_bounds) {
@@ -178,6 +204,95 @@ KVA_TEST(prefill_balance_bounds) {
     p.min_cut_tiles = 1;
     CHECK_MSG(kva__balance_last_wave(&p, &which) == 0, "32 x 512: cut");
     free(k);
+}
+
+/* The choice written out from prefill_balance.h and the cost model, without the .c file's
+ * shortcuts: nothing when the pairs fit the blocks (or exceed the simulation's bound) or the
+ * longest item is below the minimum; else every power of two up to the slots and the item's
+ * tiles, priced at its simulated length plus the merge, the cheapest (the fewest pieces on a
+ * tie) if it beats the whole plan by the minimum gain. The longest item is unique here (the
+ * header does not say which of equal items is cut). */
+#define MERGE_COST 3.0 /* as prefill_balance.c's cost model */
+#define MIN_GAIN 0.005
+static int32_t last_wave_by_hand(const kva__balance_problem *p, int32_t *which) {
+    *which = -1;
+    const int64_t pairs = (int64_t)p->num_items * p->num_kv_heads;
+    if (p->blocks < 2 || p->max_parts < 2 || pairs <= p->blocks || pairs > KVA__BALANCE_MAX_PAIRS) return 0;
+    int32_t w = 0;
+    for (int32_t i = 0; i < p->num_items; ++i) w = p->item_keys[i] > p->item_keys[w] ? i : w;
+    const int32_t tiles = (p->item_keys[w] + p->tile_keys - 1) / p->tile_keys;
+    if (tiles < (p->min_cut_tiles > 0 ? p->min_cut_tiles : KVA__BALANCE_MIN_CUT_TILES)) return 0;
+    int32_t arg = 0;
+    double cheapest = 0.0;
+    for (int32_t parts = 2; parts <= p->max_parts && parts <= tiles; parts *= 2) {
+        const double cost = kva__balance_makespan(p, w, parts) + MERGE_COST;
+        if (arg == 0 || cost < cheapest) {
+            arg = parts;
+            cheapest = cost;
+        }
+    }
+    if (arg == 0 || !(cheapest < kva__balance_makespan(p, -1, 1) * (1.0 - MIN_GAIN))) return 0;
+    *which = w;
+    return arg;
+}
+
+/* kva__balance_last_wave against the choice by hand, on random problems around the thresholds
+ * (equal items with one longer, slots and minimum lengths of any size), and pinned where one
+ * part of the rule decides:
+ *   - the problem's minimum length, not the default: 4 x 4096 at d128 (32-tile items) with a
+ *     minimum of 16 is cut into 16 (1042 + 3 tile-times against 1072 whole);
+ *   - cuts compared with the merge on both sides: 114 x 1152, 8 heads, 113 blocks, 64-key tiles:
+ *     8 pieces end at 160.5, 2 tile-times before 4 pieces (162.5), so 8 (with the merge on
+ *     one side only, 4 would stay);
+ *   - the minimum gain: 143 x 6656 and one of 7040, 5 heads, 6 blocks, 64-key tiles: the best
+ *     cut (8 pieces) ends 12.5 tile-times before the whole plan's 12690, less than the merge
+ *     plus 0.5% (66.45), so none. */
+KVA_TEST(prefill_balance_last_wave_is_argmin) {
+    kva_rng rng;
+    kva_rng_seed(&rng, kva_test_seed());
+    int cut = 0, whole = 0;
+    for (int c = 0; c < 1500; ++c) {
+        const int32_t n = 1 + (int32_t)(kva_rng_u64(&rng) % 300), tile = c % 2 ? 64 : 128;
+        const int32_t len = 1 + (int32_t)(kva_rng_u64(&rng) % 8192);
+        int32_t *k = (int32_t *)malloc(sizeof(int32_t) * (size_t)n);
+        for (int32_t i = 0; i < n; ++i) k[i] = c % 3 ? len : 1 + (int32_t)(kva_rng_u64(&rng) % (uint64_t)len);
+        const int32_t at = (int32_t)(kva_rng_u64(&rng) % (uint64_t)n);
+        k[at] = len + 1 + (int32_t)(kva_rng_u64(&rng) % 2048); /* the unique longest */
+        kva__balance_problem p = {n, k, 1 + (int32_t)(kva_rng_u64(&rng) % 8), 2 + (int32_t)(kva_rng_u64(&rng) % 200), tile,
+                                  1 + (int32_t)(kva_rng_u64(&rng) % 64), (int32_t)(kva_rng_u64(&rng) % 40)};
+        int32_t which, want_which;
+        const int32_t parts = kva__balance_last_wave(&p, &which), want = last_wave_by_hand(&p, &want_which);
+        CHECK_MSG(parts == want && which == want_which,
+                  "case %d (%d items of %d, item %d %d keys, %d heads, %d blocks, tile %d, max %d, min %d): cut %d into %d, "
+                  "expected %d into %d",
+                  c, n, len, at, k[at], p.num_kv_heads, p.blocks, tile, p.max_parts, p.min_cut_tiles, which, parts, want_which,
+                  want);
+        cut += want > 0;
+        whole += want == 0;
+        free(k);
+        if (kva_test_failures) return;
+    }
+    printf("    %d random problems cut, %d whole\n", cut, whole);
+    CHECK_MSG(cut > 100 && whole > 100, "%d random problems cut, %d whole", cut, whole);
+    static const struct {
+        int32_t n, keys, at, at_keys, heads, blocks, tile, max_parts, min_tiles, parts;
+    } pinned[] = {
+        {512, 4096, 0, 4096, 8, 132, 128, 16, 16, 16},
+        {114, 1152, 0, 1152, 8, 113, 64, 8, 9, 8},
+        {144, 6656, 60, 7040, 5, 6, 64, 32, 14, 0},
+    };
+    for (int c = 0; c < 3; ++c) {
+        int32_t *k = (int32_t *)malloc(sizeof(int32_t) * (size_t)pinned[c].n);
+        for (int32_t i = 0; i < pinned[c].n; ++i) k[i] = pinned[c].keys;
+        k[pinned[c].at] = pinned[c].at_keys;
+        kva__balance_problem p = {pinned[c].n, k, pinned[c].heads, pinned[c].blocks, pinned[c].tile, pinned[c].max_parts,
+                                  pinned[c].min_tiles};
+        int32_t which;
+        const int32_t parts = kva__balance_last_wave(&p, &which);
+        CHECK_MSG(parts == pinned[c].parts && (parts == 0 ? which == -1 : k[which] == pinned[c].at_keys),
+                  "pinned %d: cut %d into %d, expected %d", c, which, parts, pinned[c].parts);
+        free(k);
+    }
 }
 
 /* The plan's rewrite for a cut (kva__balance_apply_cut): the cut item's pieces first, as group
@@ -409,6 +524,22 @@ KVA_TEST(prefill_balance_causal_tail_keeps_order) {
         free(gi);
         free(scratch);
     }
+}
+
+/* A window longest first throughout, which the walk meets shortest first: three one-tile
+ * requests over 512, 256 and 128 keys (4, 2 and 1 tiles). Every neighbour descends and none
+ * ascends, so a check for "ordered already" that looked the wrong way would leave it; all three
+ * must move, fewest tiles first in the plan: requests 2, 1, 0. */
+KVA_TEST(prefill_balance_causal_tail_reverses_a_descending_window) {
+    const int32_t qlen[3] = {32, 32, 32}, klen[3] = {512, 256, 128};
+    int32_t req[3] = {0, 1, 2}, qt[3] = {0, 0, 0}, kt[3] = {0, 0, 0}, gi[4] = {0, 1, 2, 3};
+    int32_t scratch[4 * 3 + 3 * 3 + 1];
+    const kva__causal_tail t = {qlen, klen, 32, 128, 1 << 20, 512, (int64_t)1 << 30};
+    const int64_t moved = kva__balance_causal_tail(&t, 3, 3, req, qt, kt, gi, scratch);
+    CHECK_MSG(moved == 3, "%lld groups ordered, expected 3", (long long)moved);
+    CHECK_MSG(req[0] == 2 && req[1] == 1 && req[2] == 0, "order %d %d %d, expected 2 1 0", req[0], req[1], req[2]);
+    for (int32_t i = 0; i < 3; ++i) CHECK(qt[i] == 0 && kt[i] == 0 && gi[i] == i);
+    CHECK(gi[3] == 3);
 }
 
 /* What the order is for: the README's causal rows at d128 (32-token query tiles, 128-key tiles,
