@@ -5,6 +5,9 @@
  * check of the simulated length: on equal items the whole plan takes ceil(pairs / blocks) items'
  * time, which the cost model must reproduce before its cuts mean anything. And the rewrite of the
  * plan's work lists for a cut. And for causal plans, the order of the items the launch runs last.
+ * The cut chosen is checked against an argmin recomputed by hand on random problems, and the
+ * boundaries a mutation audit found untested (pieces of non-power-of-two items, one pair per
+ * block, the minimum length and gain, descending windows) are pinned.
  */
 #include "harness.h"
 #include "test_util.h"
