@@ -378,6 +378,10 @@ KVA_TEST(decode_scheduler_random_batches_bound) {
         for (int32_t j = 0; j < p.batch_size; ++j) {
             int32_t b = req[gi[j]], n = gi[j + 1] - gi[j];
             CHECK(n <= KVA__SCHED_MAX_CHUNKS_PER_REQUEST);
+            /* no request in more chunks than the grid has blocks per KV head for it */
+            CHECK_MSG(n <= (p.max_blocks / H > 1 ? p.max_blocks / H : 1),
+                      "iteration %d: %d chunks, %lld blocks / %lld heads", it, n,
+                      (long long)p.max_blocks, (long long)H);
             if (n > 1) merges_total += (double)n * KVA__SCHED_MERGE_COST_PER_STATE_KEYS * H;
             for (int32_t x = gi[j]; x < gi[j + 1]; ++x) {
                 int32_t beg, end;
@@ -441,4 +445,132 @@ KVA_TEST(decode_scheduler_plans_fit_their_workspace) {
     free(ws.device);
     free(ws.host);
     kva_context_destroy(ctx);
+}
+
+/* The order key is a request's longest item. Fixed chunks (equal = 0): a request shorter than
+ * the chunk is one item of its own length, so 300 keys go before 100 even at chunk 512. Equal
+ * parts (equal = 1): 5 keys at chunk 3 are parts of 3 + 2 (ceil(5 / 2)), 4 keys parts of 2 + 2,
+ * so request 1 goes first -- flooring would call both 2 and keep request order. */
+KVA_TEST(decode_scheduler_order_by_longest_item) {
+    int32_t lens[2] = {100, 300}, order[2] = {-1, -1};
+    int64_t keys[2];
+    kva__split_problem p = cuda_problem(lens, 2, 1);
+    kva__sched_decode_order(&p, 512, 0, keys, order);
+    CHECK_MSG(order[0] == 1 && order[1] == 0, "fixed chunk 512, {100, 300}: order {%d, %d}", order[0], order[1]);
+    lens[0] = 4;
+    lens[1] = 5;
+    order[0] = order[1] = -1;
+    kva__sched_decode_order(&p, 3, 1, keys, order);
+    CHECK_MSG(order[0] == 1 && order[1] == 0, "equal parts of 3, {4, 5}: order {%d, %d}", order[0], order[1]);
+    /* equal keys: the lower request first */
+    lens[0] = lens[1] = 5;
+    kva__sched_decode_order(&p, 3, 1, keys, order);
+    CHECK(order[0] == 0 && order[1] == 1);
+}
+
+/* kva__sched_decode_flatten refuses arrays one entry short instead of writing past them: the
+ * work arrays at exactly the work count minus one, group_indptr at batch (it needs batch + 1).
+ * Sentinels after each array's capacity must survive every call. */
+KVA_TEST(decode_scheduler_flatten_refuses_short_arrays) {
+    /* chunk 256: 2 + 1 + 4 items (the empty request still has one), N = 7 */
+    int32_t lens[3] = {300, 0, 1000}, order[3];
+    int64_t keys[3];
+    enum { N = 7, SENTINEL = 0x5a5a5a5a };
+    kva__split_problem p = cuda_problem(lens, 3, 1);
+    kva__sched_decode_order(&p, 256, 1, keys, order);
+    CHECK(order[0] == 2 && order[1] == 0 && order[2] == 1);
+    int32_t req[N + 1], kt[N + 1], gi[3 + 2];
+    for (int i = 0; i < N + 1; ++i) req[i] = kt[i] = SENTINEL;
+    for (int i = 0; i < 3 + 2; ++i) gi[i] = SENTINEL;
+    /* work arrays one short: the last item would land on the sentinel */
+    CHECK(kva__sched_decode_flatten(&p, 256, order, req, kt, N - 1, gi, 3 + 1) == -1);
+    CHECK_MSG(req[N - 1] == SENTINEL && kt[N - 1] == SENTINEL, "wrote item %d past capacity %d", N - 1, N - 1);
+    /* group_indptr of batch entries: refused before anything is written */
+    for (int i = 0; i < N + 1; ++i) req[i] = kt[i] = SENTINEL;
+    for (int i = 0; i < 3 + 2; ++i) gi[i] = SENTINEL;
+    CHECK(kva__sched_decode_flatten(&p, 256, order, req, kt, N, gi, 3) == -1);
+    CHECK_MSG(gi[3] == SENTINEL, "group_indptr[3] written with capacity 3");
+    /* exact sizes: all of it, in order, nothing past */
+    CHECK(kva__sched_decode_flatten(&p, 256, order, req, kt, N, gi, 3 + 1) == N);
+    const int32_t want_req[N] = {2, 2, 2, 2, 0, 0, 1}, want_kt[N] = {0, 1, 2, 3, 0, 1, 0}, want_gi[4] = {0, 4, 6, 7};
+    for (int i = 0; i < N; ++i)
+        CHECK_MSG(req[i] == want_req[i] && kt[i] == want_kt[i], "item %d: request %d chunk %d", i, req[i], kt[i]);
+    for (int i = 0; i < 4; ++i) CHECK_MSG(gi[i] == want_gi[i], "group_indptr[%d] = %d", i, gi[i]);
+    CHECK(req[N] == SENTINEL && kt[N] == SENTINEL && gi[4] == SENTINEL);
+}
+
+/* No request is cut into more chunks than G / H (one block per chunk and KV head), even where
+ * the merge bound allows more. 1 x 2386 keys, 9 KV heads, 33 blocks (2 per SM), min_chunk 83:
+ * sqrt(2386 / 6) = 19 chunks is clamped to 33 / 9 = 3, so the floor is ceil(2386 / 3) = 796 ->
+ * 832 (3 chunks, 27 units: 64 + 796 + 3 x 6 = 878); unclamped, 384 (7 chunks, 63 units, 2 on
+ * block 0: 64 + 341 + 128 + 341 + 7 x 6 = 916) beats the first split (1344: 1269) by 2%. */
+KVA_TEST(decode_scheduler_chunks_within_blocks_per_head) {
+    int32_t lens[1] = {2386}, order[1];
+    int64_t keys[1];
+    kva__split_problem p = cuda_problem(lens, 1, 9);
+    p.max_blocks = 33;
+    p.min_chunk = 83;
+    const int32_t chunk = kva__sched_decode_chunk(&p, keys, order);
+    CHECK_MSG(chunk == 832 && kva__sched_chunks_of(lens[0], chunk) == 3, "chunk %d, %d chunks", chunk,
+              kva__sched_chunks_of(lens[0], chunk));
+}
+
+/* Pinned choices of the cost model on the H200 problem (264 blocks, 2 per SM; a lone block
+ * streams 1.8x, or 1.4x at 70%), each with the estimates that decide it (block 0's units + the
+ * busiest merge, in key-times); see decode_scheduler.h. */
+KVA_TEST(decode_scheduler_cost_model_choices) {
+    int32_t lens[16], order[16];
+    int64_t keys[16];
+    lens[0] = 9216;
+    kva__split_problem p = cuda_problem(lens, 1, 4);
+    p.merge_run = KVA__MERGE_RUN;
+    p.lone_block_percent = 70;
+    /* 192: 48 chunks, 192 paired units, 64 + 192 + (16 + 3) x 6 = 370, beats 320's 116 lone
+     * units, (64 + 318) / 1.4 + (16 + 2) x 6 = 380.9, by 2.9% (at 90%, 320 would win: 320.2) */
+    int32_t c = kva__sched_decode_chunk(&p, keys, order);
+    CHECK_MSG(c == 192, "1 x 9216, 4 KV heads, tree, 70%%: chunk %d", c);
+    lens[0] = 20992;
+    p = cuda_problem(lens, 1, 2);
+    p.merge_run = KVA__MERGE_RUN;
+    /* 320: 66 chunks = 132 units, exactly G / 2, so lone: (64 + 319) / 1.8 + (16 + 5) x 6 = 338.8;
+     * the next candidate 192 (110 chunks, 220 paired units) costs 64 + 191 + (16 + 7) x 6 = 393 */
+    c = kva__sched_decode_chunk(&p, keys, order);
+    CHECK_MSG(c == 320, "1 x 20992, 2 KV heads, tree: chunk %d", c);
+    for (int i = 0; i < 16; ++i) lens[i] = 1536;
+    p = cuda_problem(lens, 16, 1);
+    /* 256: mean block 97 x 2 = 194 -> 256, 96 lone units, (64 + 256) / 1.8 + 6 x 6 = 213.8, from
+     * 888.9 unsplit; the next candidate (97, raised to the 128-key floor) has 192 paired units,
+     * 64 + 128 + 12 x 6 = 264 (192 would estimate 190.2, but is no candidate) */
+    c = kva__sched_decode_chunk(&p, keys, order);
+    CHECK_MSG(c == 256, "16 x 1536, 1 KV head: chunk %d", c);
+    for (int i = 0; i < 8; ++i) lens[i] = 18944;
+    p = cuda_problem(lens, 8, 8);
+    /* 576: sqrt(18944 / 6) = 56 chunks clamped to G / H = 33 (floor 575 -> 576); 2112 units, 8 on
+     * block 0: 64 + 575 + 7 x (128 + 575) + 33 x 6 = 5758, 2% better than 1152's 5 units,
+     * 64 + 1115 + 4 x (128 + 1115) + 17 x 6 = 6253, itself 2% better than 9216's 6379 + 18 */
+    c = kva__sched_decode_chunk(&p, keys, order);
+    CHECK_MSG(c == 576, "8 x 18944, 8 KV heads: chunk %d", c);
+}
+
+/* The balance simulator by hand (the cost of a block's first unit 64, of a later one 128, a
+ * merge 6 per state): 2 items of 100 and 30 keys, 1 KV head, one block: 64 + 100 + 128 + 30.
+ * On 2 blocks each runs one item as its first unit, and the group's merge of 2 states lands on
+ * block 1, which runs the group's last unit. */
+KVA_TEST(decode_scheduler_simulate_by_hand) {
+    const int32_t item_keys[2] = {100, 30}, single[3] = {0, 1, 2}, group[2] = {0, 2};
+    double block[4];
+    double worst = kva__sched_simulate(2, item_keys, single, 2, 1, 1, block);
+    CHECK_MSG(worst == KVA__SCHED_ITEM_COST_KEYS + 100 + KVA__SCHED_NEXT_ITEM_COST_KEYS + 30 && block[0] == worst,
+              "one block: %.0f", worst);
+    CHECK(KVA__SCHED_ITEM_COST_KEYS == 64 && KVA__SCHED_NEXT_ITEM_COST_KEYS == 128); /* the figures above */
+    block[2] = block[3] = -1.0;
+    worst = kva__sched_simulate(2, item_keys, group, 1, 1, 2, block);
+    CHECK_MSG(block[0] == KVA__SCHED_ITEM_COST_KEYS + 100 &&
+                  block[1] == KVA__SCHED_ITEM_COST_KEYS + 30 + 2 * KVA__SCHED_MERGE_COST_PER_STATE_KEYS,
+              "grid 2: blocks %.0f, %.0f", block[0], block[1]);
+    CHECK(worst == KVA__SCHED_ITEM_COST_KEYS + 100);
+    /* a grid larger than the units: only the launched blocks count, the rest are zeroed */
+    block[2] = block[3] = -1.0;
+    worst = kva__sched_simulate(2, item_keys, group, 1, 1, 4, block);
+    CHECK(block[2] == 0.0 && block[3] == 0.0 && worst == KVA__SCHED_ITEM_COST_KEYS + 100);
 }

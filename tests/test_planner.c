@@ -153,6 +153,23 @@ KVA_TEST(planner_work_covers_every_key_once) {
     }
 }
 
+/* group_indptr needs at least its leading 0: a capacity of 0 is refused before anything is
+ * written, for an empty batch too (which would otherwise return 0 items). */
+KVA_TEST(planner_flatten_refuses_zero_groups) {
+    int32_t lens[2] = {10, 20}, req[4], qt[4], kt[4], gi[3] = {-7, -7, -7};
+    kva__split_problem p;
+    memset(&p, 0, sizeof p);
+    p.batch_size = 2;
+    p.kv_len = lens;
+    p.qo_tile = 1;
+    CHECK(kva__flatten_work(&p, 16, req, qt, kt, 4, gi, 0) == -1);
+    CHECK_MSG(gi[0] == -7, "group_indptr[0] written with group capacity 0");
+    p.batch_size = 0;
+    CHECK(kva__flatten_work(&p, 16, req, qt, kt, 4, gi, 0) == -1);
+    CHECK(gi[0] == -7);
+    CHECK(kva__flatten_work(&p, 16, req, qt, kt, 4, gi, 1) == 0 && gi[0] == 0);
+}
+
 /* ---- kva_decode_plan / kva_prefill_plan ------------------------------------------------------- */
 
 typedef struct table {
