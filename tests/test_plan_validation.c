@@ -7,6 +7,7 @@
 #include "harness.h"
 #include "test_util.h"
 #include "../src/reference/reference.h"
+#include "../src/plan/workspace_layout.h"
 
 #include <stdint.h>
 #include <stdlib.h>
@@ -435,5 +436,369 @@ KVA_TEST(plan_prefill_workspace_page_size_zero_is_ragged_only) {
     lim.max_total_pages = 0;
     CHECK_OK(kva_prefill_workspace_size(ctx, &lim, &rdb, &rhb));
     CHECK(db == rdb && hb == rhb);
+    kva_context_destroy(ctx);
+}
+
+/* ---- Checks a mutation audit of plan.c / workspace_layout.c found missing: each fails under
+ * the mutant named in its comment. ---- */
+
+/* A workspace for `lim` on a CPU context: decode sizing, or prefill sizing (ragged and paged). */
+static kva_status pv_ws_alloc(kva_context *ctx, const kva_plan_limits *lim, bool decode,
+                              kva_workspace *ws) {
+    memset(ws, 0, sizeof *ws);
+    kva_status st = decode ? kva_decode_workspace_size(ctx, lim, &ws->device_bytes, &ws->host_bytes)
+                           : kva_prefill_workspace_size(ctx, lim, &ws->device_bytes, &ws->host_bytes);
+    if (st == KVA_OK) st = kva_malloc(ctx, ws->device_bytes, &ws->device);
+    if (st == KVA_OK) st = kva_host_alloc(ctx, ws->host_bytes, &ws->host);
+    return st;
+}
+
+static void pv_ws_free(kva_context *ctx, kva_workspace *ws) {
+    kva_free(ctx, ws->device);
+    kva_host_free(ctx, ws->host);
+    memset(ws, 0, sizeof *ws);
+}
+
+/* An empty batch (kind: a KVA__PLAN_* value): enough for make_plan to write the header's layout
+ * fields. */
+static kva_status pv_plan_empty(kva_context *ctx, const kva_plan_limits *lim, int kind,
+                                kva_workspace ws, kva_plan *plan) {
+    static const int32_t zero[1] = {0};
+    kva_page_table empty = {0, zero, NULL, NULL};
+    if (kind == KVA__PLAN_DECODE) return kva_decode_plan(ctx, lim, &empty, 1, NULL, ws, plan);
+    if (kind == KVA__PLAN_PREFILL_PAGED)
+        return kva_prefill_plan(ctx, lim, 0, zero, NULL, &empty, 1, NULL, ws, plan);
+    return kva_prefill_plan(ctx, lim, 0, zero, zero, NULL, 0, NULL, ws, plan);
+}
+
+/* A request of (pages - 1) x page_size + last keys is refused once it passes 2^31 - 1 (kv_len is
+ * int32: 32768 x 65536 + 1 would wrap negative), by decode and paged prefill alike; one key less
+ * plans. Mutant: plan.c's `len > INT32_MAX` check removed. */
+KVA_TEST(plan_request_keys_beyond_int32_are_refused) {
+    kva_context *ctx = NULL;
+    REQUIRE_OK(kva_context_create(KVA_DEVICE_CPU, 0, &ctx));
+    enum { NP = 32769 };
+    /* max_total_kv bounds the CPU decode scratch (else heads x 2^31 keys x 4 bytes) */
+    kva_plan_limits lim = {.max_batch = 1, .max_total_pages = NP, .max_total_kv = 64,
+                           .max_total_qo = 1, .num_qo_heads = PV_HQ, .num_kv_heads = PV_HK,
+                           .head_dim = PV_D, .page_size = 65536};
+    kva_workspace dws, pws;
+    REQUIRE_OK(pv_ws_alloc(ctx, &lim, true, &dws));
+    REQUIRE_OK(pv_ws_alloc(ctx, &lim, false, &pws));
+    int32_t *idx = kva_test_alloc(sizeof(int32_t) * NP);
+    memset(idx, 0, sizeof(int32_t) * NP); /* every entry page 0 of a 1-page pool */
+    int32_t indptr[2] = {0, NP}, last[1] = {1}, qo[2] = {0, 1};
+    kva_page_table t = {1, indptr, idx, last};
+    kva_plan plan;
+    CHECK_STATUS(kva_decode_plan(ctx, &lim, &t, 1, NULL, dws, &plan), KVA_ERR_OUT_OF_RANGE);
+    CHECK_MSG(strstr(kva_last_error(), "2^31") != NULL, "message: %s", kva_last_error());
+    CHECK_STATUS(kva_prefill_plan(ctx, &lim, 1, qo, NULL, &t, 1, NULL, pws, &plan),
+                 KVA_ERR_OUT_OF_RANGE);
+    /* 32767 x 65536 + 65535 = 2^31 - 1 keys: the largest request, accepted. (Not checked for
+     * decode: its scheduler's cost estimate, decode_scheduler.c estimate_makespan, adds int
+     * item costs to a 2^31 - 1 key chunk and overflows there under UBSan.) */
+    indptr[1] = NP - 1;
+    last[0] = 65535;
+    CHECK_OK(kva_prefill_plan(ctx, &lim, 1, qo, NULL, &t, 1, NULL, pws, &plan));
+    free(idx);
+    pv_ws_free(ctx, &dws);
+    pv_ws_free(ctx, &pws);
+    kva_context_destroy(ctx);
+}
+
+/* fixed_chunk_size == limits.min_fixed_chunk is what the workspace was sized for: accepted; one
+ * below is refused. Mutant: `<` -> `<=` in plan.c's min_fixed_chunk check. */
+KVA_TEST(plan_fixed_chunk_equal_to_min_fixed_chunk_is_accepted) {
+    pv_fixture f;
+    if (!pv_open(&f, 0, 64)) {
+        CHECK_MSG(0, "fixture: %s", kva_last_error());
+        pv_close(&f);
+        return;
+    }
+    pv_table pt;
+    pv_table_make(&pt, 2, 8, 0, PV_PS); /* 2 x 128 keys */
+    kva_plan_options opt = {0, 63, KVA_DECODE_PARTIAL_ROWMAX};
+    kva_plan plan;
+    CHECK_STATUS(kva_decode_plan(f.ctx, &f.lim, &pt.t, PV_POOL, &opt, f.ws, &plan),
+                 KVA_ERR_INVALID_ARG);
+    opt.fixed_chunk_size = 64;
+    kva_status st = kva_decode_plan(f.ctx, &f.lim, &pt.t, PV_POOL, &opt, f.ws, &plan);
+    CHECK_MSG(st == KVA_OK, "chunk 64: %s (%s)", kva_status_str(st), kva_last_error());
+    if (st == KVA_OK) {
+        CHECK(plan.kv_chunk_size == 64 && plan.num_work == 4);
+        CHECK_OK(pv_run(&f, &plan));
+        CHECK(pv_check(&f, &pt.t) == 0);
+    }
+    pv_close(&f);
+}
+
+/* Global-rowmax decode keeps scores for limits.max_total_kv keys: a batch of exactly that many
+ * plans and runs, one more key is refused. Mutant: `>` -> `>=` in plan.c's max_total_kv check. */
+KVA_TEST(plan_global_rowmax_max_total_kv_boundary) {
+    pv_fixture f;
+    if (!pv_open(&f, 0, 0)) {
+        CHECK_MSG(0, "fixture: %s", kva_last_error());
+        pv_close(&f);
+        return;
+    }
+    kva_plan_limits lim = f.lim;
+    lim.max_total_kv = 63;
+    kva_workspace ws;
+    if (pv_ws_alloc(f.ctx, &lim, true, &ws) != KVA_OK) {
+        CHECK_MSG(0, "workspace: %s", kva_last_error());
+        pv_ws_free(f.ctx, &ws);
+        pv_close(&f);
+        return;
+    }
+    pv_table pt;
+    pv_table_make(&pt, 2, 2, 0, PV_PS); /* 2 x 32 = 64 keys */
+    kva_plan_options opt = {0, 0, KVA_DECODE_GLOBAL_ROWMAX};
+    kva_plan plan;
+    CHECK_STATUS(kva_decode_plan(f.ctx, &lim, &pt.t, PV_POOL, &opt, ws, &plan),
+                 KVA_ERR_WORKSPACE_TOO_SMALL);
+    CHECK_MSG(strstr(kva_last_error(), "max_total_kv") != NULL, "message: %s", kva_last_error());
+    pt.last[1] = PV_PS - 1; /* 63 keys */
+    kva_status st = kva_decode_plan(f.ctx, &lim, &pt.t, PV_POOL, &opt, ws, &plan);
+    CHECK_MSG(st == KVA_OK, "63 keys: %s (%s)", kva_status_str(st), kva_last_error());
+    if (st == KVA_OK) {
+        CHECK_OK(pv_run(&f, &plan));
+        CHECK(pv_check(&f, &pt.t) == 0);
+    }
+    pv_ws_free(f.ctx, &ws);
+    pv_close(&f);
+}
+
+/* The unit records start at a multiple of 8 ints (32-byte records, the int section 64-byte
+ * aligned) and end inside the host part the sizing reported, for every max_batch (the int
+ * arrays before them have every length mod 8). Mutants: plan.c's `off = (off + 7) / 8 * 8`
+ * removed; workspace_layout.c's `8 +` padding ints removed (the records then end past
+ * host_bytes for some batches). */
+KVA_TEST(plan_unit_records_aligned_and_inside_host_part) {
+    kva_context *ctx = NULL;
+    REQUIRE_OK(kva_context_create(KVA_DEVICE_CPU, 0, &ctx));
+    const int kinds[3] = {KVA__PLAN_DECODE, KVA__PLAN_PREFILL_RAGGED, KVA__PLAN_PREFILL_PAGED};
+    for (int k = 0; k < 3; ++k) {
+        const int kind = kinds[k];
+        for (int32_t mb = 1; mb <= 64; ++mb) {
+            /* odd page / token counts, so that nothing but the padding aligns the records */
+            kva_plan_limits lim = {.max_batch = mb, .max_total_pages = 3 * mb + 1,
+                                   .max_total_kv = 5 * mb + 3, .max_total_qo = 7 * mb + 1,
+                                   .num_qo_heads = PV_HQ, .num_kv_heads = PV_HK, .head_dim = PV_D,
+                                   .page_size = kind == KVA__PLAN_PREFILL_RAGGED ? 0 : PV_PS};
+            kva_workspace ws;
+            kva_plan plan;
+            kva_status st = pv_ws_alloc(ctx, &lim, kind == KVA__PLAN_DECODE, &ws);
+            if (st == KVA_OK) st = pv_plan_empty(ctx, &lim, kind, ws, &plan);
+            CHECK_MSG(st == KVA_OK, "kind %d max_batch %d: %s", kind, mb, kva_last_error());
+            if (st == KVA_OK) {
+                const kva__plan_header *h = kva__plan_header_of(ws.host);
+                const size_t ints_at = (size_t)((unsigned char *)kva__plan_ints(ws.host) -
+                                                (unsigned char *)ws.host);
+                const size_t rec_at = ints_at + sizeof(int32_t) * (size_t)h->off_unit_records;
+                const size_t end = rec_at + sizeof(int32_t) * KVA__UNIT_RECORD_INTS * (size_t)h->cap_work;
+                CHECK_MSG(h->off_unit_records % 8 == 0 && rec_at % 32 == 0 && end <= ws.host_bytes,
+                          "kind %d max_batch %d: records at int %lld, end at byte %zu of %zu",
+                          kind, mb, (long long)h->off_unit_records, end, ws.host_bytes);
+            }
+            pv_ws_free(ctx, &ws);
+        }
+    }
+    kva_context_destroy(ctx);
+}
+
+/* A decode plan writes every field a run reads, whatever the host part held before: the query
+ * tile of each work item is 0 and merge_groups is 0 unsplit, every group split. Mutants:
+ * plan.c's `qt[i] = 0` loop removed (a reused workspace kept stale tiles); merge_groups set to
+ * the group count (or left 0) regardless of split. */
+KVA_TEST(plan_decode_fields_written_over_a_poisoned_workspace) {
+    pv_fixture f;
+    if (!pv_open(&f, 0, 0)) {
+        CHECK_MSG(0, "fixture: %s", kva_last_error());
+        pv_close(&f);
+        return;
+    }
+    pv_table pt;
+    pv_table_make(&pt, 2, 2, 0, PV_PS); /* 2 x 32 keys: searched, too short to split */
+    for (int fixed = 0; fixed <= 1; ++fixed) {
+        memset(f.ws.host, 0xff, f.ws.host_bytes);
+        kva_plan_options opt = {0, fixed ? PV_PS : 0, KVA_DECODE_PARTIAL_ROWMAX};
+        kva_plan plan;
+        kva_status st = kva_decode_plan(f.ctx, &f.lim, &pt.t, PV_POOL, &opt, f.ws, &plan);
+        CHECK_MSG(st == KVA_OK, "fixed %d: %s (%s)", fixed, kva_status_str(st), kva_last_error());
+        if (st != KVA_OK) continue;
+        const kva__plan_header *h = kva__plan_header_of(f.ws.host);
+        CHECK_MSG(plan.split_kv == fixed && plan.num_work == (fixed ? 4 : 2),
+                  "fixed %d: split_kv %d, %d work items", fixed, plan.split_kv, plan.num_work);
+        for (int32_t i = 0; i < plan.num_work; ++i)
+            CHECK_MSG(plan.qo_tile_indices[i] == 0, "fixed %d: qo_tile_indices[%d] = %d", fixed, i,
+                      plan.qo_tile_indices[i]);
+        CHECK_MSG(h->merge_groups == (fixed ? h->num_groups : 0) && h->num_groups == 2,
+                  "fixed %d: merge_groups %d of %d groups", fixed, h->merge_groups, h->num_groups);
+        CHECK_OK(pv_run(&f, &plan));
+        CHECK(pv_check(&f, &pt.t) == 0);
+    }
+    pv_close(&f);
+}
+
+/* min_fixed_chunk 1 over 2^30 pages of 4 keys allows 2^32 work items: refused, never sized
+ * (the int32 counts would wrap). Mutant: workspace_layout.c's `bound > INT32_MAX` guard removed
+ * (the sizing then succeeds). */
+KVA_TEST(plan_min_fixed_chunk_work_beyond_int32_is_refused) {
+    kva_context *ctx = NULL;
+    REQUIRE_OK(kva_context_create(KVA_DEVICE_CPU, 0, &ctx));
+    kva_plan_limits lim = {.max_batch = 1, .max_total_pages = (int64_t)1 << 30,
+                           .num_qo_heads = PV_HQ, .num_kv_heads = PV_HK, .head_dim = PV_D,
+                           .page_size = 4, .min_fixed_chunk = 1};
+    size_t dev = 12345, host = 54321;
+    CHECK_STATUS(kva_decode_workspace_size(ctx, &lim, &dev, &host), KVA_ERR_INVALID_ARG);
+    CHECK_MSG(strstr(kva_last_error(), "min_fixed_chunk") != NULL, "message: %s", kva_last_error());
+    CHECK(dev == 12345 && host == 54321);
+    kva_context_destroy(ctx);
+}
+
+/* A decode workspace holds at least the block budget's work items, so a fixed chunk planned
+ * without limits.min_fixed_chunk fits where the by-keys bound alone (64 keys / 128: 0 extra
+ * items, cap 1) would not: 64 keys in chunks of 16 are 4 work items. Mutant: workspace_layout.c's
+ * `cap_work < budget_items` floor removed. */
+KVA_TEST(plan_decode_fixed_chunk_fits_block_budget) {
+    kva_context *ctx = NULL;
+    REQUIRE_OK(kva_context_create(KVA_DEVICE_CPU, 0, &ctx));
+    kva_plan_limits lim = {.max_batch = 1, .max_total_pages = 4, .num_qo_heads = 1,
+                           .num_kv_heads = 1, .head_dim = PV_D, .page_size = 16};
+    kva_workspace ws;
+    if (pv_ws_alloc(ctx, &lim, true, &ws) == KVA_OK) {
+        int32_t indptr[2] = {0, 4}, idx[4] = {0, 1, 2, 3}, last[1] = {16};
+        kva_page_table t = {1, indptr, idx, last};
+        kva_plan_options opt = {0, 16, KVA_DECODE_PARTIAL_ROWMAX};
+        kva_plan plan;
+        CHECK_OK(kva_decode_plan(ctx, &lim, &t, 4, &opt, ws, &plan));
+        CHECK_MSG(plan.num_work == 4 && plan.split_kv == 1, "%d work items, split_kv %d",
+                  plan.num_work, plan.split_kv);
+    } else {
+        CHECK_MSG(0, "workspace: %s", kva_last_error());
+    }
+    pv_ws_free(ctx, &ws);
+    kva_context_destroy(ctx);
+}
+
+/* A prefill workspace keeps at least 8 partial-state slots, so a forced chunk splits a small
+ * batch (64 queries x 4096 keys in chunks of 512: 8 split work items) even where the block
+ * budget (max_blocks / kv_heads) is below 8. The CPU policy's max_blocks is 4 x cores (>= 16),
+ * fixed by the core count on purpose (kva_context_set_threads does not change it, so a
+ * workspace sized once stays valid): instead the test takes kv_heads > cores / 2, which puts
+ * the budget below 8 on any machine. Mutant: workspace_layout.c's 8-slot floor on
+ * cap_split_work removed (then only the budget counts). */
+KVA_TEST(plan_prefill_fixed_chunk_split_fits_eight_slots) {
+    kva_context *ctx = NULL;
+    REQUIRE_OK(kva_context_create(KVA_DEVICE_CPU, 0, &ctx));
+    const int64_t max_blocks = 4 * (int64_t)kva_context_threads(ctx) > 16
+                                   ? 4 * (int64_t)kva_context_threads(ctx) : 16; /* cpu_policy.c */
+    int32_t heads = 64;
+    while (max_blocks / heads >= 8) heads *= 2;
+    kva_plan_limits lim = {.max_batch = 1, .max_total_kv = 4096, .max_total_qo = 4096,
+                           .num_qo_heads = heads, .num_kv_heads = heads, .head_dim = PV_D};
+    kva_workspace ws;
+    if (pv_ws_alloc(ctx, &lim, false, &ws) == KVA_OK) {
+        int32_t qo[2] = {0, 64}, kv[2] = {0, 4096};
+        kva_plan_options opt = {0, 512, KVA_DECODE_PARTIAL_ROWMAX};
+        kva_plan plan;
+        CHECK_OK(kva_prefill_plan(ctx, &lim, 1, qo, kv, NULL, 0, &opt, ws, &plan));
+        CHECK_MSG(plan.num_work == 8 && plan.split_kv == 1, "%d work items, split_kv %d (%d heads)",
+                  plan.num_work, plan.split_kv, heads);
+    } else {
+        CHECK_MSG(0, "workspace: %s", kva_last_error());
+    }
+    pv_ws_free(ctx, &ws);
+    kva_context_destroy(ctx);
+}
+
+/* Decode merge counters are per (request, query head): u32 [max_batch][num_qo_heads] (the
+ * kernels count sub-groups of <= 16 query heads per KV head). Mutant: workspace_layout.c sizes
+ * them by KV heads, as prefill does. */
+KVA_TEST(plan_decode_counters_sized_per_query_head) {
+    kva_context *ctx = NULL;
+    REQUIRE_OK(kva_context_create(KVA_DEVICE_CPU, 0, &ctx));
+    const int32_t cfg[3][3] = {{16, 8, 1}, {16, 16, 2}, {5, 32, 4}}; /* max_batch, qo, kv heads */
+    for (int c = 0; c < 3; ++c) {
+        kva_plan_limits lim = {.max_batch = cfg[c][0], .max_total_pages = 64,
+                               .num_qo_heads = cfg[c][1], .num_kv_heads = cfg[c][2],
+                               .head_dim = PV_D, .page_size = PV_PS};
+        kva_workspace ws;
+        kva_plan plan;
+        kva_status st = pv_ws_alloc(ctx, &lim, true, &ws);
+        if (st == KVA_OK) st = pv_plan_empty(ctx, &lim, KVA__PLAN_DECODE, ws, &plan);
+        CHECK_MSG(st == KVA_OK, "config %d: %s", c, kva_last_error());
+        if (st == KVA_OK) {
+            const kva__plan_header *h = kva__plan_header_of(ws.host);
+            const int64_t need = 4 * (int64_t)lim.max_batch * lim.num_qo_heads;
+            CHECK_MSG(h->off_run_counters - h->off_counters >= need,
+                      "config %d: %lld counter bytes, need %lld", c,
+                      (long long)(h->off_run_counters - h->off_counters), (long long)need);
+        }
+        pv_ws_free(ctx, &ws);
+    }
+    kva_context_destroy(ctx);
+}
+
+/* Every device region starts 256-byte aligned (odd head / batch counts make the regions' sizes
+ * odd multiples of 4 bytes), and the CPU decode global-rowmax scratch holds
+ * num_qo_heads x max_total_kv floats when max_total_kv is set (0: the pool's keys, pages x
+ * page_size). Mutants: workspace_layout.c's region rounding to 4 instead of 256 bytes; the
+ * scratch sized from the pool regardless of max_total_kv. */
+KVA_TEST(plan_workspace_regions_aligned_and_scratch_bounded) {
+    kva_context *ctx = NULL;
+    REQUIRE_OK(kva_context_create(KVA_DEVICE_CPU, 0, &ctx));
+    const int kinds[3] = {KVA__PLAN_DECODE, KVA__PLAN_PREFILL_RAGGED, KVA__PLAN_PREFILL_PAGED};
+    const int32_t cfg[3][3] = {{3, 3, 1}, {5, 5, 5}, {7, 9, 3}}; /* max_batch, qo, kv heads */
+    for (int k = 0; k < 3; ++k)
+        for (int c = 0; c < 3; ++c) {
+            const int kind = kinds[k];
+            kva_plan_limits lim = {.max_batch = cfg[c][0], .max_total_pages = 37,
+                                   .max_total_kv = 1001, .max_total_qo = 37,
+                                   .num_qo_heads = cfg[c][1], .num_kv_heads = cfg[c][2],
+                                   .head_dim = PV_D,
+                                   .page_size = kind == KVA__PLAN_PREFILL_RAGGED ? 0 : PV_PS};
+            kva_workspace ws;
+            kva_plan plan;
+            kva_status st = pv_ws_alloc(ctx, &lim, kind == KVA__PLAN_DECODE, &ws);
+            if (st == KVA_OK) st = pv_plan_empty(ctx, &lim, kind, ws, &plan);
+            CHECK_MSG(st == KVA_OK, "kind %d config %d: %s", kind, c, kva_last_error());
+            if (st != KVA_OK) {
+                pv_ws_free(ctx, &ws);
+                continue;
+            }
+            const kva__plan_header *h = kva__plan_header_of(ws.host);
+            const int64_t off[7] = {h->off_partial_o, h->off_partial_lse, h->off_counters,
+                                    h->off_run_counters, h->off_run_lse, h->off_sched, h->off_scores};
+            for (int i = 0; i < 7; ++i)
+                CHECK_MSG(off[i] % 256 == 0, "kind %d config %d: region %d at byte %lld", kind, c, i,
+                          (long long)off[i]);
+            CHECK_MSG(ws.device_bytes % 256 == 0, "kind %d config %d: %zu device bytes", kind, c,
+                      ws.device_bytes);
+            pv_ws_free(ctx, &ws);
+        }
+
+    /* the scratch: 3 heads x 1000 keys x 4 bytes = 12000, rounded to 12032, not the pool's
+     * 3 x 4096 x 16 keys */
+    kva_plan_limits lim = {.max_batch = 2, .max_total_pages = 4096, .max_total_kv = 1000,
+                           .num_qo_heads = 3, .num_kv_heads = 1, .head_dim = PV_D,
+                           .page_size = PV_PS};
+    kva_workspace ws;
+    kva_plan plan;
+    size_t bounded = 0, pool = 0, pool_host = 0;
+    if (pv_ws_alloc(ctx, &lim, true, &ws) == KVA_OK &&
+        pv_plan_empty(ctx, &lim, KVA__PLAN_DECODE, ws, &plan) == KVA_OK) {
+        bounded = ws.device_bytes;
+        const int64_t off_scores = kva__plan_header_of(ws.host)->off_scores;
+        CHECK_MSG((int64_t)bounded - off_scores == 12032, "scratch of %lld bytes",
+                  (long long)((int64_t)bounded - off_scores));
+    } else {
+        CHECK_MSG(0, "workspace: %s", kva_last_error());
+    }
+    pv_ws_free(ctx, &ws);
+    lim.max_total_kv = 0;
+    CHECK_OK(kva_decode_workspace_size(ctx, &lim, &pool, &pool_host));
+    CHECK_MSG(bounded < pool && pool - bounded == (size_t)3 * 4096 * 16 * 4 - 12032,
+              "device bytes: %zu with max_total_kv 1000, %zu without", bounded, pool);
     kva_context_destroy(ctx);
 }
