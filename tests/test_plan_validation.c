@@ -494,11 +494,12 @@ KVA_TEST(plan_request_keys_beyond_int32_are_refused) {
     CHECK_MSG(strstr(kva_last_error(), "2^31") != NULL, "message: %s", kva_last_error());
     CHECK_STATUS(kva_prefill_plan(ctx, &lim, 1, qo, NULL, &t, 1, NULL, pws, &plan),
                  KVA_ERR_OUT_OF_RANGE);
-    /* 32767 x 65536 + 65535 = 2^31 - 1 keys: the largest request, accepted. (Not checked for
-     * decode: its scheduler's cost estimate, decode_scheduler.c estimate_makespan, adds int
-     * item costs to a 2^31 - 1 key chunk and overflows there under UBSan.) */
+    /* 32767 x 65536 + 65535 = 2^31 - 1 keys: the largest request, accepted by both. (Decode's
+     * cost estimate once added the int item cost to a 2^31 - 1 key item in int: UBSan's signed
+     * overflow in decode_scheduler.c, found by this test.) */
     indptr[1] = NP - 1;
     last[0] = 65535;
+    CHECK_OK(kva_decode_plan(ctx, &lim, &t, 1, NULL, dws, &plan));
     CHECK_OK(kva_prefill_plan(ctx, &lim, 1, qo, NULL, &t, 1, NULL, pws, &plan));
     free(idx);
     pv_ws_free(ctx, &dws);

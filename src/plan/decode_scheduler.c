@@ -119,7 +119,8 @@ static double estimate_makespan(const kva__split_problem *p, int32_t chunk, cons
         const int32_t len = p->kv_len[order[j]];
         const int64_t n = kva__sched_chunks_of(len, chunk);
         const int64_t mine = count_congruent(pos, pos + n * H, 0, G);
-        block0 += (double)(KVA__SCHED_NEXT_ITEM_COST_KEYS + item_keys_of(len, chunk, 1)) * (double)mine;
+        /* (in double: an item of a 2^31 - 1 key request plus the fixed cost passes int32) */
+        block0 += ((double)KVA__SCHED_NEXT_ITEM_COST_KEYS + (double)item_keys_of(len, chunk, 1)) * (double)mine;
         units0 += mine;
         const int64_t states = merged_states(n, p->merge_run);
         const double m = (double)(states * KVA__SCHED_MERGE_COST_PER_STATE_KEYS) +
@@ -211,8 +212,8 @@ double kva__sched_simulate(int64_t num_work, const int32_t *item_keys, const int
     const int64_t launched = units < grid ? units : grid;
     if (launched <= 0) return 0.0;
     for (int64_t u = 0; u < units; ++u) /* a block's first unit, then its later ones */
-        block_cost[u % launched] += (u < launched ? KVA__SCHED_ITEM_COST_KEYS : KVA__SCHED_NEXT_ITEM_COST_KEYS) +
-                                    item_keys[u / H];
+        block_cost[u % launched] += (double)(u < launched ? KVA__SCHED_ITEM_COST_KEYS : KVA__SCHED_NEXT_ITEM_COST_KEYS) +
+                                    (double)item_keys[u / H];
     for (int64_t g = 0; g < num_groups; ++g) {
         const int64_t n = group_indptr[g + 1] - group_indptr[g];
         if (n <= 1) continue;
