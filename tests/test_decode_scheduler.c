@@ -550,6 +550,33 @@ KVA_TEST(decode_scheduler_cost_model_choices) {
      * 64 + 1115 + 4 x (128 + 1115) + 17 x 6 = 6253, itself 2% better than 9216's 6379 + 18 */
     c = kva__sched_decode_chunk(&p, keys, order);
     CHECK_MSG(c == 576, "8 x 18944, 8 KV heads: chunk %d", c);
+    lens[0] = 12672;
+    p = cuda_problem(lens, 1, 4);
+    p.merge_run = KVA__MERGE_RUN;
+    /* 448: 29 chunks of 437 (its longest item, not the chunk), 116 lone units, (64 + 437) / 1.8 +
+     * (16 + 2) x 6 = 386.3; 192 (66 x 192, 264 paired units) costs 64 + 192 + (16 + 5) x 6 = 382,
+     * not 2% better (costing 448 keys, 448 would estimate 392.4 and lose to 192) */
+    c = kva__sched_decode_chunk(&p, keys, order);
+    CHECK_MSG(c == 448, "1 x 12672, 4 KV heads, tree: chunk %d", c);
+    lens[1] = 12672;
+    p = cuda_problem(lens, 2, 1);
+    p.merge_run = KVA__MERGE_RUN;
+    /* 256: mean block 2 x 12736 / 264 = 96.48, x 2 = 192.97 rounds up to 193 -> 256: 50 chunks of
+     * 254, 100 lone units, (64 + 254) / 1.8 + (16 + 4) x 6 = 296.7; the next, 128 (99 x 128, 198
+     * paired units), costs 64 + 128 + (16 + 7) x 6 = 330 (192, lone at 132 units, 268.2, is no candidate) */
+    c = kva__sched_decode_chunk(&p, keys, order);
+    CHECK_MSG(c == 256, "2 x 12672, 1 KV head, tree: chunk %d", c);
+    lens[0] = 36864;
+    lens[1] = 34816;
+    p = cuda_problem(lens, 2, 8);
+    p.max_blocks = 16; /* the CPU policy's: at least 16 blocks, 256-key chunks, no SM pairs */
+    p.sm_blocks = 0;
+    p.min_chunk = 256;
+    /* 36864 (no split): 16 units = G, 64 + 36864 = 36928, within 3% of the mean block
+     * 8 x (36864 + 34816 + 128) / 16 = 35904, so the search stops there; 18432 (2 chunks each,
+     * 2 units a block) would estimate 64 + 18432 + 128 + 17408 + 2 x 6 = 36044, 2.4% better */
+    c = kva__sched_decode_chunk(&p, keys, order);
+    CHECK_MSG(c == 36864, "36864 + 34816, 8 KV heads, 16 blocks: chunk %d", c);
 }
 
 /* The balance simulator by hand (the cost of a block's first unit 64, of a later one 128, a
