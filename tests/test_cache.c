@@ -1263,7 +1263,10 @@ KVA_TEST(cache_prefault_keeps_contents_and_commits_the_pool) {
         free(want);
     }
     kva_cache_config cfg = small_config(KVA_BF16, KVA_LAYOUT_NHD);
-    cfg.num_pages = 600; /* 2 layers x 600 pages x 2 x 4 x 3 x 128 x 2 B: several 2 MB frames */
+    /* 2 layers x 3000 pages x 2 x 4 x 3 x 128 x 2 B = 37 MB: many 2 MB frames, and above glibc's
+     * largest mmap threshold (32 MB), so the pool is fresh mmap memory even after earlier tests
+     * freed big blocks (at 600 pages, `kvattn_tests cache` got resident recycled heap memory). */
+    cfg.num_pages = 3000;
     cfg.head_dim = 128;
     kva_cache *c = NULL;
     REQUIRE_OK(kva_cache_create(ctx, &cfg, &c));
@@ -1302,6 +1305,55 @@ KVA_TEST(cache_prefault_keeps_contents_and_commits_the_pool) {
     free(vv);
     free(kb);
     free(vb);
+    kva_cache_destroy(c);
+    kva_context_destroy(ctx);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Edges a mutation audit of src/cache found unchecked                                         */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Every layer's pool alone is addressable (2^53 B) but 2048 of them are not (~2^64 B, still
+ * below 2^64 so no multiply overflows): create must refuse that itself, naming the pool, rather
+ * than hand kva_malloc a size past PTRDIFF_MAX (layer offsets would overflow ptrdiff_t). */
+KVA_TEST(cache_create_refuses_a_pool_past_ptrdiff_max_across_layers) {
+    kva_context *ctx = NULL;
+    REQUIRE_OK(kva_context_create(KVA_DEVICE_CPU, 0, &ctx));
+    kva_cache_config cfg = small_config(KVA_F16, KVA_LAYOUT_NHD);
+    cfg.num_kv_heads = 1;
+    cfg.head_dim = 16;
+    cfg.page_size = 65536;
+    cfg.num_pages = INT32_MAX;
+    cfg.num_layers = 2048;
+    kva_cache *c = (kva_cache *)&cfg; /* must be reset to NULL */
+    CHECK_STATUS(kva_cache_create(ctx, &cfg, &c), KVA_ERR_OUT_OF_MEMORY);
+    CHECK(c == NULL);
+    CHECK_MSG(strstr(kva_last_error(), "too large to address") != NULL,
+              "refused by the allocator, not by create: %s", kva_last_error());
+    kva_context_destroy(ctx);
+}
+
+/* last_page_len of a sequence without tokens is 0 (not 1: a planner would read a token of a
+ * page the sequence does not have), and a full last page reports page_size. */
+KVA_TEST(cache_page_table_of_empty_and_page_aligned_sequences) {
+    kva_context *ctx = NULL;
+    REQUIRE_OK(kva_context_create(KVA_DEVICE_CPU, 0, &ctx));
+    kva_cache_config cfg = small_config(KVA_F32, KVA_LAYOUT_NHD);
+    kva_cache *c = NULL;
+    REQUIRE_OK(kva_cache_create(ctx, &cfg, &c));
+    int32_t e, full, eight = 8;
+    REQUIRE_OK(kva_cache_add_sequence(c, &e));
+    REQUIRE_OK(kva_cache_add_sequence(c, &full));
+    REQUIRE_OK(kva_cache_reserve(c, 1, &full, &eight)); /* 2 pages of 4, both full */
+    int32_t ids[3] = {e, full, e}, indptr[4] = {-7, -7, -7, -7}, indices[4] = {-7, -7, -7, -7};
+    int32_t last[3] = {-7, -7, -7};
+    kva_page_table t = {0};
+    CHECK_OK(kva_cache_page_table(c, 3, ids, indptr, indices, 2, last, &t));
+    CHECK(indptr[0] == 0 && indptr[1] == 0 && indptr[2] == 2 && indptr[3] == 2);
+    CHECK_MSG(last[0] == 0 && last[2] == 0, "empty sequence: last_page_len %d, %d", last[0],
+              last[2]);
+    CHECK(last[1] == cfg.page_size && indices[2] == -7);
+    CHECK(t.batch_size == 3 && t.last_page_len == last && t.indices == indices);
     kva_cache_destroy(c);
     kva_context_destroy(ctx);
 }
