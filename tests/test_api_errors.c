@@ -731,3 +731,203 @@ KVA_TEST(api_errors_limits_params_and_pages_fields) {
     CHECK(strstr(kva_last_error(), "options.head_dim") != NULL && var == NULL);
     fixture_free(&f);
 }
+
+/* ---- a mutation audit of src/api (2026-11-29): each check below was the only one that failed
+ * when its line of src/api was dropped or weakened; each refused call must also leave the
+ * poisoned outputs untouched. ------------------------------------------------------------- */
+
+/* kva_attention's params and tensors, at the bounds the other tests stepped over: no qo heads,
+ * causal = -1, head_dim 0 (all 0 mod 16), a negative kv_len, q / k strides that are not
+ * multiples of the vector width or are negative. head_dim 256, the largest CPU dim, runs. */
+KVA_TEST(api_errors_attention_param_and_tensor_bounds) {
+    fixture f;
+    if (!fixture_init(&f)) {
+        kva_test_fail(__FILE__, __LINE__, "fixture: %s", kva_last_error());
+        fixture_free(&f);
+        return;
+    }
+    kva_tensor q = fq(&f), o = fo(&f), k = kva_tensor_nhd(f.pool, KVA_F32, FX_HK, FX_D), t;
+    kva_attn_params prm = f.params;
+    poison_outputs(&f);
+    prm.num_qo_heads = 0; /* 0 % num_kv_heads == 0: the ">= 1" half must catch it */
+    EXPECT_ERROR(kva_attention(f.ctx, &prm, 1, 2, q, k, k, o, f.lse), KVA_ERR_BAD_SHAPE);
+    CHECK(strstr(kva_last_error(), "kva_attention: params.num_kv_heads") != NULL);
+    prm = f.params;
+    prm.causal = -1; /* not only values above 1 */
+    EXPECT_ERROR(kva_attention(f.ctx, &prm, 1, 2, q, k, k, o, f.lse), KVA_ERR_INVALID_ARG);
+    CHECK(strstr(kva_last_error(), "kva_attention: params.causal") != NULL);
+    prm = f.params;
+    prm.head_dim = 0; /* a multiple of 16, below the smallest dim */
+    EXPECT_ERROR(kva_attention(f.ctx, &prm, 1, 2, q, k, k, o, f.lse), KVA_ERR_UNSUPPORTED);
+    CHECK(strstr(kva_last_error(), "kva_attention: params.head_dim = 0") != NULL);
+    EXPECT_ERROR(kva_attention(f.ctx, &f.params, 1, -1, q, k, k, o, f.lse), KVA_ERR_BAD_SHAPE);
+    CHECK(strstr(kva_last_error(), "kv_len -1") != NULL);
+    t = q;
+    t.stride_head = FX_D + 2; /* an input: no overlap check would catch it */
+    EXPECT_ERROR(kva_attention(f.ctx, &f.params, 1, 2, t, k, k, o, f.lse), KVA_ERR_BAD_SHAPE);
+    CHECK(strstr(kva_last_error(), "kva_attention: q.data must be 16-byte aligned") != NULL);
+    t = k;
+    t.stride_token = -t.stride_token; /* a multiple of 4, but negative */
+    EXPECT_ERROR(kva_attention(f.ctx, &f.params, 1, 2, q, t, k, o, f.lse), KVA_ERR_BAD_SHAPE);
+    CHECK(strstr(kva_last_error(), "kva_attention: k.data must be 16-byte aligned") != NULL);
+    t = k;
+    t.stride_token = (int64_t)1 << 60; /* 2 keys x 4 B overflow; bounded over the 1 query, not */
+    EXPECT_ERROR(kva_attention(f.ctx, &f.params, 1, 2, q, t, k, o, f.lse), KVA_ERR_BAD_SHAPE);
+    CHECK(strstr(kva_last_error(), "kva_attention: k strides") != NULL);
+    CHECK(outputs_untouched(&f));
+    /* head_dim 256: the top of the CPU's range is served */
+    float *buf = kva_test_alloc(4 * 256 * sizeof(float));
+    for (int i = 0; i < 3 * 256; ++i) buf[i] = 0.01f * (float)(i % 7);
+    kva_poison(buf + 3 * 256, 256 * sizeof(float));
+    kva_attn_params big = kva_attn_params_default(1, 1, 256);
+    CHECK_OK(kva_attention(f.ctx, &big, 1, 1, kva_tensor_nhd(buf, KVA_F32, 1, 256),
+                           kva_tensor_nhd(buf + 256, KVA_F32, 1, 256), kva_tensor_nhd(buf + 512, KVA_F32, 1, 256),
+                           kva_tensor_nhd(buf + 768, KVA_F32, 1, 256), NULL));
+    CHECK(buf[768] == buf[512] && buf[1023] == buf[767]); /* one key: o = v */
+    free(buf);
+    fixture_free(&f);
+}
+
+/* The page pool's fields of a decode run that no test set alone: a NULL v_data, page_size 0, a
+ * misaligned k_data, stride_page / stride_head off the vector width, a negative stride_page.
+ * And a plan struct whose magic was overwritten (its workspace still valid), and q strides whose
+ * offsets overflow over the qo heads (4) though not over the kv heads (2). */
+KVA_TEST(api_errors_decode_run_pages_plan_and_q_fields) {
+    fixture f;
+    if (!fixture_init(&f)) {
+        kva_test_fail(__FILE__, __LINE__, "fixture: %s", kva_last_error());
+        fixture_free(&f);
+        return;
+    }
+    kva_tensor q = fq(&f), o = fo(&f), t;
+    kva_kv_pages pg;
+    poison_outputs(&f);
+#define RUN(pg_) kva_decode_run(f.ctx, &f.plan, &f.params, q, pg_, o, f.lse)
+    pg = f.pages;
+    pg.v_data = NULL;
+    EXPECT_ERROR(RUN(&pg), KVA_ERR_INVALID_ARG);
+    CHECK(strstr(kva_last_error(), "kva_decode_run: pages.k_data / v_data is NULL") != NULL);
+    pg = f.pages;
+    pg.page_size = 0; /* outside 1..max, not merely another size than the plan's */
+    EXPECT_ERROR(RUN(&pg), KVA_ERR_INVALID_ARG);
+    CHECK(strstr(kva_last_error(), "kva_decode_run: pages.page_size 0 outside") != NULL);
+    pg = f.pages;
+    pg.k_data = (char *)pg.k_data + 4;
+    EXPECT_ERROR(RUN(&pg), KVA_ERR_BAD_SHAPE);
+    CHECK(strstr(kva_last_error(), "kva_decode_run: pages.k_data / v_data must be 16-byte aligned") != NULL);
+    pg = f.pages;
+    pg.stride_page += 2;
+    EXPECT_ERROR(RUN(&pg), KVA_ERR_BAD_SHAPE);
+    pg = f.pages;
+    pg.stride_head += 2;
+    EXPECT_ERROR(RUN(&pg), KVA_ERR_BAD_SHAPE);
+    pg = f.pages;
+    pg.stride_page = -pg.stride_page;
+    EXPECT_ERROR(RUN(&pg), KVA_ERR_BAD_SHAPE);
+    CHECK(strstr(kva_last_error(), "kva_decode_run: pages.k_data / v_data must be 16-byte aligned") != NULL);
+#undef RUN
+    kva_plan forged = f.plan;
+    forged.magic ^= 1u; /* the header behind it still matches every other field */
+    EXPECT_ERROR(kva_decode_run(f.ctx, &forged, &f.params, q, &f.pages, o, f.lse), KVA_ERR_BAD_STATE);
+    CHECK(strstr(kva_last_error(), "kva_decode_run: plan was not made by") != NULL);
+    t = q;
+    t.stride_head = ((int64_t)3 << 58); /* 2 heads x 4 B fit in PTRDIFF_MAX, 4 heads do not */
+    EXPECT_ERROR(kva_decode_run(f.ctx, &f.plan, &f.params, t, &f.pages, o, f.lse), KVA_ERR_BAD_SHAPE);
+    CHECK(strstr(kva_last_error(), "kva_decode_run: q strides") != NULL);
+    CHECK(outputs_untouched(&f));
+    check_plan_still_runs(&f, "the refused pages and plan");
+    fixture_free(&f);
+}
+
+/* The prefill runs' own checks: ragged v, o, lse and the k bound over the keys (2) rather than
+ * the queries (1); a params/plan kv-head mismatch that only the plan check sees (no pages); the
+ * paged run's pages and o. */
+KVA_TEST(api_errors_prefill_runs_check_every_argument) {
+    fixture f;
+    if (!fixture_init(&f)) {
+        kva_test_fail(__FILE__, __LINE__, "fixture: %s", kva_last_error());
+        fixture_free(&f);
+        return;
+    }
+    size_t db, hb;
+    kva_plan_limits lim = f.lim;
+    lim.page_size = 0;
+    lim.max_total_qo = 16;
+    lim.max_total_kv = 64;
+    REQUIRE_OK(kva_prefill_workspace_size(f.ctx, &lim, &db, &hb));
+    kva_workspace ws = {kva_test_alloc(db), db, kva_test_alloc(hb), hb};
+    const int32_t qo[2] = {0, 1}, kv[2] = {0, 2};
+    kva_plan rp, pp;
+    REQUIRE_OK(kva_prefill_plan(f.ctx, &lim, 1, qo, kv, NULL, 0, NULL, ws, &rp));
+    kva_tensor q = fq(&f), o = fo(&f), k = kva_tensor_nhd(f.pool, KVA_F32, FX_HK, FX_D), t;
+    poison_outputs(&f);
+    t = k;
+    t.data = NULL;
+    EXPECT_ERROR(kva_prefill_run_ragged(f.ctx, &rp, &f.params, q, k, t, o, f.lse), KVA_ERR_INVALID_ARG);
+    CHECK(strstr(kva_last_error(), "kva_prefill_run_ragged: v.data is NULL") != NULL);
+    t = o;
+    t.stride_head = 0;
+    EXPECT_ERROR(kva_prefill_run_ragged(f.ctx, &rp, &f.params, q, k, k, t, f.lse), KVA_ERR_BAD_SHAPE);
+    CHECK(strstr(kva_last_error(), "kva_prefill_run_ragged: o strides") != NULL);
+    EXPECT_ERROR(kva_prefill_run_ragged(f.ctx, &rp, &f.params, q, k, k, o, (float *)(void *)((char *)f.lse + 2)),
+                 KVA_ERR_BAD_SHAPE);
+    CHECK(strstr(kva_last_error(), "kva_prefill_run_ragged: lse") != NULL);
+    t = k;
+    t.stride_token = (int64_t)1 << 60; /* 2 keys x 4 B overflow; 1 key would not */
+    EXPECT_ERROR(kva_prefill_run_ragged(f.ctx, &rp, &f.params, q, t, k, o, f.lse), KVA_ERR_BAD_SHAPE);
+    CHECK(strstr(kva_last_error(), "kva_prefill_run_ragged: k strides") != NULL);
+    kva_attn_params one_kv = f.params;
+    one_kv.num_kv_heads = 1; /* valid (4 / 1), not what the plan was made for */
+    EXPECT_ERROR(kva_prefill_run_ragged(f.ctx, &rp, &one_kv, q, k, k, o, f.lse), KVA_ERR_BAD_SHAPE);
+    CHECK(strstr(kva_last_error(), "kva_prefill_run_ragged: plan was made for") != NULL);
+    CHECK(outputs_untouched(&f));
+    CHECK_OK(kva_prefill_run_ragged(f.ctx, &rp, &f.params, q, k, k, o, f.lse));
+
+    /* paged: 3 requests of one query each on the fixture's page table */
+    lim = f.lim;
+    lim.max_total_qo = 16;
+    free(ws.device);
+    free(ws.host);
+    REQUIRE_OK(kva_prefill_workspace_size(f.ctx, &lim, &db, &hb));
+    ws = (kva_workspace){kva_test_alloc(db), db, kva_test_alloc(hb), hb};
+    const int32_t qo3[4] = {0, 1, 2, 3};
+    REQUIRE_OK(kva_prefill_plan(f.ctx, &lim, FX_B, qo3, NULL, &f.table, FX_POOL, NULL, ws, &pp));
+    poison_outputs(&f);
+    kva_kv_pages pg = f.pages;
+    pg.page_size = FX_PAGE * 2;
+    EXPECT_ERROR(kva_prefill_run_paged(f.ctx, &pp, &f.params, q, &pg, o, f.lse), KVA_ERR_BAD_SHAPE);
+    CHECK(strstr(kva_last_error(), "kva_prefill_run_paged: pages.page_size") != NULL);
+    EXPECT_ERROR(kva_prefill_run_paged(f.ctx, &pp, &f.params, q, NULL, o, f.lse), KVA_ERR_INVALID_ARG);
+    CHECK(strstr(kva_last_error(), "kva_prefill_run_paged: pages is NULL") != NULL);
+    t = o;
+    t.stride_token = 0;
+    EXPECT_ERROR(kva_prefill_run_paged(f.ctx, &pp, &f.params, q, &f.pages, t, f.lse), KVA_ERR_BAD_SHAPE);
+    CHECK(strstr(kva_last_error(), "kva_prefill_run_paged: o strides") != NULL);
+    CHECK(outputs_untouched(&f));
+    CHECK_OK(kva_prefill_run_paged(f.ctx, &pp, &f.params, q, &f.pages, o, f.lse));
+    free(ws.device);
+    free(ws.host);
+    fixture_free(&f);
+}
+
+/* Variant arguments a CPU context still answers: a function name one past the 200-character
+ * bound is not an identifier (INVALID_ARG, before the device's UNSUPPORTED); a NULL stats is
+ * named "stats", not "variant" (the variant is not read when stats is NULL). */
+KVA_TEST(api_errors_variant_identifier_length_and_stats) {
+    kva_context *ctx;
+    REQUIRE_OK(kva_context_create(KVA_DEVICE_CPU, 0, &ctx));
+    char name[202];
+    memset(name, 'a', sizeof name);
+    name[201] = 0;
+    kva_variant *var = (kva_variant *)&var;
+    EXPECT_ERROR(kva_variant_create(ctx, "float aaa(float s) { return s; }", name, NULL, &var),
+                 KVA_ERR_INVALID_ARG);
+    CHECK(strstr(kva_last_error(), "kva_variant_create: function") != NULL && var == NULL);
+    name[200] = 0; /* 200 characters: an identifier; the CPU context then refuses variants */
+    EXPECT_ERROR(kva_variant_create(ctx, "float aaa(float s) { return s; }", name, NULL, &var),
+                 KVA_ERR_UNSUPPORTED);
+    int fake = 0;
+    EXPECT_ERROR(kva_variant_get_stats((const kva_variant *)(const void *)&fake, NULL), KVA_ERR_INVALID_ARG);
+    CHECK(strstr(kva_last_error(), "kva_variant_get_stats: stats is NULL") != NULL);
+    kva_context_destroy(ctx);
+}
