@@ -205,6 +205,14 @@ static void fixture_free(fixture *f) {
     kva_context_destroy(f->ctx);
 }
 
+/* fixture_init, or the test failed with the reason and the fixture freed. */
+static bool fixture_ready(fixture *f) {
+    if (fixture_init(f)) return true;
+    kva_test_fail(__FILE__, __LINE__, "fixture: %s", kva_last_error());
+    fixture_free(f);
+    return false;
+}
+
 static kva_tensor fq(const fixture *f) { return kva_tensor_nhd(f->q, KVA_F32, FX_HQ, FX_D); }
 static kva_tensor fo(const fixture *f) { return kva_tensor_nhd(f->o, KVA_F32, FX_HQ, FX_D); }
 
@@ -230,11 +238,7 @@ static void check_plan_still_runs(fixture *f, const char *after) {
 
 KVA_TEST(api_errors_decode_plan) {
     fixture f;
-    if (!fixture_init(&f)) {
-        kva_test_fail(__FILE__, __LINE__, "fixture: %s", kva_last_error());
-        fixture_free(&f);
-        return;
-    }
+    if (!fixture_ready(&f)) return;
     kva_plan p;
     size_t db, hb;
     kva_plan_limits bad = f.lim;
@@ -335,11 +339,7 @@ KVA_TEST(api_errors_decode_plan) {
 
 KVA_TEST(api_errors_decode_run) {
     fixture f;
-    if (!fixture_init(&f)) {
-        kva_test_fail(__FILE__, __LINE__, "fixture: %s", kva_last_error());
-        fixture_free(&f);
-        return;
-    }
+    if (!fixture_ready(&f)) return;
     check_plan_still_runs(&f, "setup");
     kva_attn_params prm = f.params;
     kva_kv_pages pg = f.pages;
@@ -434,11 +434,7 @@ KVA_TEST(api_errors_decode_run) {
 
 KVA_TEST(api_errors_prefill_plan_and_attention) {
     fixture f;
-    if (!fixture_init(&f)) {
-        kva_test_fail(__FILE__, __LINE__, "fixture: %s", kva_last_error());
-        fixture_free(&f);
-        return;
-    }
+    if (!fixture_ready(&f)) return;
     kva_plan_limits lim = f.lim;
     lim.max_total_qo = 16;
     lim.max_total_kv = 64;
@@ -491,11 +487,7 @@ KVA_TEST(api_errors_prefill_plan_and_attention) {
  * crash in the kernels' pointer arithmetic (UBSan: signed overflow). */
 KVA_TEST(api_errors_overflowing_strides_are_refused) {
     fixture f;
-    if (!fixture_init(&f)) {
-        kva_test_fail(__FILE__, __LINE__, "fixture: %s", kva_last_error());
-        fixture_free(&f);
-        return;
-    }
+    if (!fixture_ready(&f)) return;
     const int64_t huge = (int64_t)1 << 61; /* x 4 bytes already overflows int64 */
     kva_tensor q = fq(&f), o = fo(&f), t;
     kva_kv_pages pg = f.pages;
@@ -533,11 +525,7 @@ KVA_TEST(api_errors_overflowing_strides_are_refused) {
  * rows and the HND order are fine. */
 KVA_TEST(api_errors_overlapping_output_rows_are_refused) {
     fixture f;
-    if (!fixture_init(&f)) {
-        kva_test_fail(__FILE__, __LINE__, "fixture: %s", kva_last_error());
-        fixture_free(&f);
-        return;
-    }
+    if (!fixture_ready(&f)) return;
     kva_tensor q = fq(&f), o = fo(&f), t;
     poison_outputs(&f);
     t = o;
@@ -576,11 +564,7 @@ KVA_TEST(api_errors_overlapping_output_rows_are_refused) {
  * load / store). They are refused, and nothing is written. */
 KVA_TEST(api_errors_misaligned_element_pointers_are_refused) {
     fixture f;
-    if (!fixture_init(&f)) {
-        kva_test_fail(__FILE__, __LINE__, "fixture: %s", kva_last_error());
-        fixture_free(&f);
-        return;
-    }
+    if (!fixture_ready(&f)) return;
     unsigned char *buf = kva_test_alloc(4096);
     float *src = (float *)(void *)buf;
     for (int i = 0; i < 16; ++i) src[i] = 1.0f;
@@ -624,11 +608,7 @@ KVA_TEST(api_errors_misaligned_element_pointers_are_refused) {
  * argument, and a refused run leaves the outputs untouched. */
 KVA_TEST(api_errors_limits_params_and_pages_fields) {
     fixture f;
-    if (!fixture_init(&f)) {
-        kva_test_fail(__FILE__, __LINE__, "fixture: %s", kva_last_error());
-        fixture_free(&f);
-        return;
-    }
+    if (!fixture_ready(&f)) return;
     size_t db, hb;
     kva_plan_limits lim = f.lim;
     lim.page_size = 0; /* ragged prefill */
@@ -741,11 +721,7 @@ KVA_TEST(api_errors_limits_params_and_pages_fields) {
  * multiples of the vector width or are negative. head_dim 256, the largest CPU dim, runs. */
 KVA_TEST(api_errors_attention_param_and_tensor_bounds) {
     fixture f;
-    if (!fixture_init(&f)) {
-        kva_test_fail(__FILE__, __LINE__, "fixture: %s", kva_last_error());
-        fixture_free(&f);
-        return;
-    }
+    if (!fixture_ready(&f)) return;
     kva_tensor q = fq(&f), o = fo(&f), k = kva_tensor_nhd(f.pool, KVA_F32, FX_HK, FX_D), t;
     kva_attn_params prm = f.params;
     poison_outputs(&f);
@@ -794,11 +770,7 @@ KVA_TEST(api_errors_attention_param_and_tensor_bounds) {
  * offsets overflow over the qo heads (4) though not over the kv heads (2). */
 KVA_TEST(api_errors_decode_run_pages_plan_and_q_fields) {
     fixture f;
-    if (!fixture_init(&f)) {
-        kva_test_fail(__FILE__, __LINE__, "fixture: %s", kva_last_error());
-        fixture_free(&f);
-        return;
-    }
+    if (!fixture_ready(&f)) return;
     kva_tensor q = fq(&f), o = fo(&f), t;
     kva_kv_pages pg;
     poison_outputs(&f);
@@ -844,11 +816,7 @@ KVA_TEST(api_errors_decode_run_pages_plan_and_q_fields) {
  * paged run's pages and o. */
 KVA_TEST(api_errors_prefill_runs_check_every_argument) {
     fixture f;
-    if (!fixture_init(&f)) {
-        kva_test_fail(__FILE__, __LINE__, "fixture: %s", kva_last_error());
-        fixture_free(&f);
-        return;
-    }
+    if (!fixture_ready(&f)) return;
     size_t db, hb;
     kva_plan_limits lim = f.lim;
     lim.page_size = 0;
