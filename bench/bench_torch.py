@@ -1075,27 +1075,58 @@ def backends_list():
             ("cudnn", "cudnn", SDPBackend.CUDNN_ATTENTION)]
 
 
+class EqualRow:
+    """The inputs of an equal-length row (B requests of S tokens, PF_HQ / PF_HK heads): `sets`
+    rotated input sets (enough to exceed L2 4x) of q [T, HQ, d], k / v [T, HK, d] in the dtype,
+    one output o, and torch's contiguous [B, heads, S, d] copies tq / tk / tv (made on demand)."""
+
+    def __init__(self, dname, d, B, S, l2):
+        tdt = PF_DTYPES[dname]
+        self.B, self.S, self.d, T = B, S, d, B * S
+        self.sets = rotation_sets(T * (PF_HQ + 2 * PF_HK) * d * 2, l2)
+        self.q = [torch.randn(T, PF_HQ, d, device="cuda", dtype=tdt) for _ in range(self.sets)]
+        self.k = [torch.randn(T, PF_HK, d, device="cuda", dtype=tdt) for _ in range(self.sets)]
+        self.v = [torch.randn(T, PF_HK, d, device="cuda", dtype=tdt) for _ in range(self.sets)]
+        self.o = torch.empty(T, PF_HQ, d, device="cuda", dtype=tdt)
+        self.tq = self.tk = self.tv = None
+
+    def torch_layout(self):
+        """(tq, tk, tv): the sets as [B, heads, S, d] contiguous copies."""
+        if self.tq is None:
+            B, S, d = self.B, self.S, self.d
+            self.tq = [x.view(B, S, PF_HQ, d).transpose(1, 2).contiguous() for x in self.q]
+            self.tk = [x.view(B, S, PF_HK, d).transpose(1, 2).contiguous() for x in self.k]
+            self.tv = [x.view(B, S, PF_HK, d).transpose(1, 2).contiguous() for x in self.v]
+        return self.tq, self.tk, self.tv
+
+    def ours(self, causal):
+        return OurPrefill(PF_HQ, PF_HK, self.d, causal, [self.S] * self.B, [self.S] * self.B, self.q, self.o,
+                          kv_sets=list(zip(self.k, self.v)))
+
+    def cudnn(self, causal):
+        """fn(set): SDPA on cuDNN (enable_gqa) over the torch-layout sets."""
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        tq, tk, tv = self.torch_layout()
+
+        def fn(s):
+            with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+                F.scaled_dot_product_attention(tq[s], tk[s], tv[s], is_causal=causal, enable_gqa=True)
+        return fn
+
+
 def case_equal(F, dname, d, B, S, causal, l2, iters, gemm):
     """One row of the main table: B requests of S tokens each (q_len = kv_len = S)."""
-    tdt = PF_DTYPES[dname]
     hq, hk, g = PF_HQ, PF_HK, PF_HQ // PF_HK
-    T = B * S
-    set_bytes = T * (hq + 2 * hk) * d * 2
-    nsets = rotation_sets(set_bytes, l2)
+    x = EqualRow(dname, d, B, S, l2)
+    nsets, q, k, v, o = x.sets, x.q, x.k, x.v, x.o
     row = {"kind": "equal", "dtype": dname, "d": d, "batch": B, "seq": S,
            "causal": bool(causal), "sets": nsets}
-    q = [torch.randn(T, hq, d, device="cuda", dtype=tdt) for _ in range(nsets)]
-    k = [torch.randn(T, hk, d, device="cuda", dtype=tdt) for _ in range(nsets)]
-    v = [torch.randn(T, hk, d, device="cuda", dtype=tdt) for _ in range(nsets)]
-    o = torch.empty(T, hq, d, device="cuda", dtype=tdt)
     lens = [S] * B
     check = Check(q[0], k[0], v[0], lens, lens, causal, g, sorted({0, B - 1}))
-    ours = OurPrefill(hq, hk, d, causal, lens, lens, q, o, kv_sets=list(zip(k, v)))
+    ours = x.ours(causal)
     ours_res = ours_check_and_time(ours, check, o, nsets, iters, dense=(B == 1))
     # torch: contiguous [B, heads, S, d] copies of the same sets
-    tq = [x.view(B, S, hq, d).transpose(1, 2).contiguous() for x in q]
-    tk = [x.view(B, S, hk, d).transpose(1, 2).contiguous() for x in k]
-    tv = [x.view(B, S, hk, d).transpose(1, 2).contiguous() for x in v]
+    tq, tk, tv = x.torch_layout()
     per_req = lambda out, b: out[b].transpose(0, 1)
     kw = {"is_causal": bool(causal)}
     variants = make_gqa_variants(F, backends_list(), tq, tk, tv, kw, per_req,
@@ -1104,7 +1135,7 @@ def case_equal(F, dname, d, B, S, causal, l2, iters, gemm):
     torch_res = time_torch(F, variants, rep, check, nsets, iters, o, ours_res.get("ours_state") == "ok")
     row = finish_case(row, ours_res, torch_res, attn_flops(lens, lens, causal, hq, d), gemm)
     ours.free()
-    del q, k, v, o, tq, tk, tv, ours, check
+    del q, k, v, o, tq, tk, tv, ours, check, x
     torch.cuda.empty_cache()
     return row
 
@@ -1359,7 +1390,6 @@ def run_prefill_sustained(seconds, l2):
     8192^3 GEMM, then ours and cuDNN (SDPA, enable_gqa) per row, each run back to back for
     `seconds` (time_sustained: the median call of the second half, its SM clock and power).
     The rows' outputs were checked in the main table (same shapes and code); not re-checked."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
     n = 8192
     a = [torch.randn(n, n, device="cuda", dtype=torch.bfloat16) for _ in range(2)]
     b = [torch.randn(n, n, device="cuda", dtype=torch.bfloat16) for _ in range(2)]
@@ -1371,33 +1401,20 @@ def run_prefill_sustained(seconds, l2):
     print("prefill, sustained (%.1f s back to back, second half): bf16 GEMM 8192^3 %.0f TFLOP/s%s" % (
         seconds, res["gemm_bf16_tflops"], (" at %d MHz, %.0f W" % (gmhz, gw)) if gmhz else ""), flush=True)
     for dname, d, B, S, causal in SUSTAINED_ROWS:
-        tdt = PF_DTYPES[dname]
-        hq, hk, T = PF_HQ, PF_HK, B * S
-        nsets = rotation_sets(T * (hq + 2 * hk) * d * 2, l2)
-        q = [torch.randn(T, hq, d, device="cuda", dtype=tdt) for _ in range(nsets)]
-        k = [torch.randn(T, hk, d, device="cuda", dtype=tdt) for _ in range(nsets)]
-        v = [torch.randn(T, hk, d, device="cuda", dtype=tdt) for _ in range(nsets)]
-        o = torch.empty(T, hq, d, device="cuda", dtype=tdt)
-        flops = attn_flops([S] * B, [S] * B, causal, hq, d)
+        x = EqualRow(dname, d, B, S, l2)
+        flops = attn_flops([S] * B, [S] * B, causal, PF_HQ, d)
         row = {"dtype": dname, "d": d, "batch": B, "seq": S, "causal": causal, "kind": "equal"}
-        ours = OurPrefill(hq, hk, d, causal, [S] * B, [S] * B, q, o, kv_sets=list(zip(k, v)))
+        ours = x.ours(causal)
         if ours.plan_status == KVA_OK:
             try:
-                ms, mhz, w = time_sustained(ours.run, nsets, seconds)
+                ms, mhz, w = time_sustained(ours.run, x.sets, seconds)
                 row.update({"ours_ms": ms, "ours_tflops": flops / ms * 1e-9, "ours_mhz": mhz, "ours_watts": w})
             except Exception as e:  # a kvattn error (the main table already reported the row)
                 row["ours_error"] = (str(e).strip().splitlines() or ["?"])[0][:160]
         else:
             row["ours_error"] = ours.plan_error
-        tq = [x.view(B, S, hq, d).transpose(1, 2).contiguous() for x in q]
-        tk = [x.view(B, S, hk, d).transpose(1, 2).contiguous() for x in k]
-        tv = [x.view(B, S, hk, d).transpose(1, 2).contiguous() for x in v]
-
-        def cudnn(s):
-            with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
-                F.scaled_dot_product_attention(tq[s], tk[s], tv[s], is_causal=causal, enable_gqa=True)
         try:
-            ms, mhz, w = time_sustained(cudnn, nsets, seconds)
+            ms, mhz, w = time_sustained(x.cudnn(causal), x.sets, seconds)
             row.update({"cudnn_ms": ms, "cudnn_tflops": flops / ms * 1e-9, "cudnn_mhz": mhz, "cudnn_watts": w})
         except Exception as e:  # cuDNN refuses the shape
             row["cudnn_error"] = (str(e).strip().splitlines() or ["?"])[0][:160]
@@ -1408,7 +1425,7 @@ def run_prefill_sustained(seconds, l2):
             "%.3f ms %.0f TFLOP/s" % (row["cudnn_ms"], row["cudnn_tflops"]) if "cudnn_ms" in row else "-"),
             flush=True)
         ours.free()
-        del q, k, v, o, tq, tk, tv, ours
+        del x, ours
         torch.cuda.empty_cache()
     return res
 

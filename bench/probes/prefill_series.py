@@ -26,7 +26,6 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import bench_torch as bt  # noqa: E402
 import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
 
 
 def fmt(mhz, w):
@@ -60,7 +59,6 @@ def main():
                     default=["bf16:128:2:8192:full", "bf16:128:1:16384:full", "bf16:256:2:8192:full"])
     a = ap.parse_args()
     bt.load_kvattn(a.build)
-    from torch.nn.attention import SDPBackend, sdpa_kernel
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     clock = bt.SmClock()
     print("device: %s, %s UTC, NVML %s" % (torch.cuda.get_device_name(0), time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
@@ -68,24 +66,12 @@ def main():
     for spec in a.rows:
         dname, d, B, S, mask = spec.split(":")
         d, B, S, causal = int(d), int(B), int(S), mask == "causal"
-        tdt = bt.PF_DTYPES[dname]
-        hq, hk = bt.PF_HQ, bt.PF_HK
-        T = B * S
-        nsets = bt.rotation_sets(T * (hq + 2 * hk) * d * 2, l2)
-        q = [torch.randn(T, hq, d, device="cuda", dtype=tdt) for _ in range(nsets)]
-        k = [torch.randn(T, hk, d, device="cuda", dtype=tdt) for _ in range(nsets)]
-        v = [torch.randn(T, hk, d, device="cuda", dtype=tdt) for _ in range(nsets)]
-        o = torch.empty(T, hq, d, device="cuda", dtype=tdt)
-        ours = bt.OurPrefill(hq, hk, d, causal, [S] * B, [S] * B, q, o, kv_sets=list(zip(k, v)))
+        inputs = bt.EqualRow(dname, d, B, S, l2)
+        nsets = inputs.sets
+        ours = inputs.ours(causal)
         assert ours.plan_status == bt.KVA_OK, ours.plan_error
-        tq = [x.view(B, S, hq, d).transpose(1, 2).contiguous() for x in q]
-        tk = [x.view(B, S, hk, d).transpose(1, 2).contiguous() for x in k]
-        tv = [x.view(B, S, hk, d).transpose(1, 2).contiguous() for x in v]
-
-        def cudnn(s):
-            with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
-                F.scaled_dot_product_attention(tq[s], tk[s], tv[s], is_causal=causal, enable_gqa=True)
-        flops = bt.attn_flops([S] * B, [S] * B, causal, hq, d)
+        cudnn = inputs.cudnn(causal)
+        flops = bt.attn_flops([S] * B, [S] * B, causal, bt.PF_HQ, d)
         print("\n%s: %d sets, plan %s" % (spec, nsets, ours.plan_info()), flush=True)
         sides = [("ours", ours.run), ("cudnn", cudnn)]
         for r in range(a.rounds):
@@ -124,7 +110,7 @@ def main():
                       % (name, n, "; ".join(line), m, flops / m * 1e-9, fmt(mhz, w),
                          "%.3f" % (w * m * 1e-3) if w else "-"), flush=True)
         ours.free()
-        del q, k, v, o, tq, tk, tv, ours
+        del inputs, ours, cudnn
         torch.cuda.empty_cache()
 
 
