@@ -1,5 +1,6 @@
 /* harness.c -- registration and the main() of kvattn_tests; see harness.h. */
 #include "harness.h"
+#include "test_util.h"
 
 #include <stdarg.h>
 #include <stdlib.h>
@@ -13,6 +14,13 @@ static int num_tests;
 int kva_test_failures;
 int kva_test_skipped;
 
+/* The first failure of each failed test, repeated above the summary line: a CI log shown only
+ * by its tail still names what failed, where, and the seed that reproduces it. */
+#define MAX_RECAP 16
+static char recap[MAX_RECAP][256];
+static int num_recap;
+static char first_failure[200];
+
 void kva_test_register(const char *name, kva_test_fn fn) {
     if (num_tests < MAX_TESTS) {
         tests[num_tests].name = name;
@@ -22,6 +30,14 @@ void kva_test_register(const char *name, kva_test_fn fn) {
 }
 
 void kva_test_fail(const char *file, int line, const char *fmt, ...) {
+    if (kva_test_failures == 0) {
+        va_list ap;
+        va_start(ap, fmt);
+        int n = snprintf(first_failure, sizeof first_failure, "%s:%d: ", file, line);
+        if (n > 0 && (size_t)n < sizeof first_failure)
+            vsnprintf(first_failure + n, sizeof first_failure - (size_t)n, fmt, ap);
+        va_end(ap);
+    }
     if (kva_test_failures < 20) {
         va_list ap;
         va_start(ap, fmt);
@@ -98,6 +114,8 @@ int main(int argc, char **argv) {
         double ms = (t1.tv_sec - t0.tv_sec) * 1e3 + (t1.tv_nsec - t0.tv_nsec) * 1e-6;
         if (kva_test_failures) {
             printf("[ FAIL ] %s (%d failures, %.0f ms)\n", tests[i].name, kva_test_failures, ms);
+            if (num_recap < MAX_RECAP)
+                snprintf(recap[num_recap++], sizeof recap[0], "%s -- %s", tests[i].name, first_failure);
             ++failed;
         } else if (kva_test_skipped) {
             printf("[ SKIP ] %s\n", tests[i].name);
@@ -107,6 +125,11 @@ int main(int argc, char **argv) {
             ++passed;
         }
         fflush(stdout);
+    }
+    if (failed) {
+        printf("failed (first failure of each; %s):\n", kva_test_seed_note());
+        for (int i = 0; i < num_recap; ++i) printf("    %s\n", recap[i]);
+        if (failed > num_recap) printf("    ... and %d more\n", failed - num_recap);
     }
     printf("%d passed, %d failed, %d skipped\n", passed, failed, skipped);
     return failed ? 1 : 0;

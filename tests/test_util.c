@@ -9,6 +9,18 @@
 #include <string.h>
 #include <time.h>
 
+static uint64_t first_seed;
+static int seeded;
+
+const char *kva_test_seed_note(void) {
+    static char note[64];
+    if (seeded)
+        snprintf(note, sizeof note, "KVA_TEST_SEED=%llu", (unsigned long long)first_seed);
+    else
+        snprintf(note, sizeof note, "no random seed drawn");
+    return note;
+}
+
 uint64_t kva_test_seed(void) {
     static uint64_t seed;
     static int init;
@@ -16,7 +28,8 @@ uint64_t kva_test_seed(void) {
         const char *e = getenv("KVA_TEST_SEED");
         seed = e ? strtoull(e, NULL, 0) : ((uint64_t)time(NULL) * 2654435761u) ^ (uint64_t)clock();
         printf("    (KVA_TEST_SEED=%llu)\n", (unsigned long long)seed);
-        init = 1;
+        first_seed = seed;
+        seeded = init = 1;
     }
     return seed++;
 }

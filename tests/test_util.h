@@ -15,6 +15,8 @@
  * random inputs) but a failure prints the seed to reproduce it (KVA_TEST_SEED=...). */
 typedef struct { uint64_t s; } kva_rng;
 uint64_t kva_test_seed(void);
+/* "KVA_TEST_SEED=<the run's first seed>" (the whole run, unfiltered, replays with it). */
+const char *kva_test_seed_note(void);
 void kva_rng_seed(kva_rng *r, uint64_t seed);
 uint64_t kva_rng_u64(kva_rng *r);
 int32_t kva_rng_int(kva_rng *r, int32_t lo, int32_t hi); /* inclusive */
