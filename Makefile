@@ -73,16 +73,14 @@ fuzz: fuzz-build
 fuzz-ci:
 	$(MAKE) fuzz FUZZ_TIME=60
 
-# A ThreadSanitizer build (CPU) that runs the threads test: several contexts, several threads.
-# clang + LLVM's OpenMP with its Archer tool, so TSan sees OpenMP's barriers (libgomp is not
-# instrumented and would report its own thread-pool handoffs as races).
-ARCHER ?= $(firstword $(wildcard /usr/lib/llvm-*/lib/libarcher.so))
+# A ThreadSanitizer build (CPU) that runs the threads test (several contexts, several threads)
+# and the worker pool's tests (src/common/thread_pool.c: C11 atomics and pthreads, which TSan
+# sees natively).
 test-tsan:
 	@command -v clang >/dev/null 2>&1 || bash scripts/install-deps.sh
 	CC=clang cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVA_TSAN=ON -DKVA_CUDA=OFF >/dev/null
 	cmake --build build-tsan -j $(JOBS) --target kvattn_tests
-	OMP_TOOL_LIBRARIES=$(ARCHER) TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 ignore_noninstrumented_modules=1" \
-	    ./build-tsan/kvattn_tests threads_
+	TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" ./build-tsan/kvattn_tests threads_ thread_pool
 
 run: build
 	./$(BUILD)/kvattn run

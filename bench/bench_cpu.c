@@ -33,7 +33,7 @@
 #include "../tools/cli.h"
 
 #include <math.h>
-#include <omp.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -144,33 +144,82 @@ static const kva_ceiling_probe *probe_named(const char *name) {
 
 static double thread_cpu_seconds(void);
 
+/* The probes' threads: fn(arg, t, T) once on each of T threads at the same time (the caller is
+ * thread 0). A ceiling is what the cores do together, so every thread streams its own slice,
+ * unlike the library's pool, where the others take a late worker's tasks. A thread that cannot
+ * be started has its slice run by the caller afterwards. */
+typedef void (*team_fn)(void *arg, int t, int T);
+typedef struct team_member {
+    team_fn fn;
+    void *arg;
+    int t, T;
+    pthread_t tid;
+} team_member;
+
+static void *team_member_main(void *p) {
+    team_member *m = (team_member *)p;
+    m->fn(m->arg, m->t, m->T);
+    return NULL;
+}
+
+static void team_run(int T, team_fn fn, void *arg) {
+    team_member m[256];
+    if (T > 256) T = 256;
+    if (T < 1) T = 1;
+    int started = 1;
+    for (int t = 1; t < T; ++t) {
+        m[t] = (team_member){fn, arg, t, T, 0};
+        if (pthread_create(&m[t].tid, NULL, team_member_main, &m[t]) != 0) break;
+        started = t + 1;
+    }
+    fn(arg, 0, T);
+    for (int t = 1; t < started; ++t) pthread_join(m[t].tid, NULL);
+    for (int t = started; t < T; ++t) fn(arg, t, T);
+}
+
 /* One pass of the probe's read loop by T threads, each over its slice of buf (granules of
  * READ_GRANULE floats); returns the wall seconds and adds to *rate_sum each thread's slice bytes
  * over its own CPU time. */
 #define READ_GRANULE (16 * 64) /* floats: whole probe iterations at every width */
+typedef struct read_pass_arg {
+    const kva_ceiling_probe *probe;
+    const float *buf;
+    size_t granules;
+    float partial[256];
+    double rate[256];
+} read_pass_arg;
+
+static void read_slice(void *arg, int t, int T) {
+    read_pass_arg *a = (read_pass_arg *)arg;
+    size_t lo = a->granules * (size_t)t / (size_t)T * READ_GRANULE;
+    size_t hi = a->granules * (size_t)(t + 1) / (size_t)T * READ_GRANULE;
+    double c0 = thread_cpu_seconds();
+    a->partial[t & 255] = a->probe->read(a->buf + lo, hi - lo);
+    double c = thread_cpu_seconds() - c0;
+    a->rate[t & 255] = c > 0 ? (double)((hi - lo) * sizeof(float)) / c : 0;
+}
+
 static double read_pass(const kva_ceiling_probe *probe, const float *buf, size_t granules, int T,
                         double *rate_sum) {
-    float partial[256] = {0};
-    double rate[256] = {0};
+    read_pass_arg a = {probe, buf, granules, {0}, {0}};
     double t0 = cli_now();
-#pragma omp parallel num_threads(T)
-    {
-        int t = omp_get_thread_num();
-        size_t lo = granules * (size_t)t / (size_t)T * READ_GRANULE;
-        size_t hi = granules * (size_t)(t + 1) / (size_t)T * READ_GRANULE;
-        double c0 = thread_cpu_seconds();
-        partial[t & 255] = probe->read(buf + lo, hi - lo);
-        double c = thread_cpu_seconds() - c0;
-        rate[t & 255] = c > 0 ? (double)((hi - lo) * sizeof(float)) / c : 0;
-    }
+    team_run(T, read_slice, &a);
     double dt = cli_now() - t0;
     volatile float sink = 0;
     for (int t = 0; t < T && t < 256; ++t) {
-        sink += partial[t];
-        *rate_sum += rate[t];
+        sink += a.partial[t];
+        *rate_sum += a.rate[t];
     }
     (void)sink;
     return dt;
+}
+
+static void first_touch_slice(void *arg, int t, int T) {
+    read_pass_arg *a = (read_pass_arg *)arg;
+    float *buf = (float *)a->buf;
+    size_t lo = a->granules * (size_t)t / (size_t)T * READ_GRANULE;
+    size_t hi = a->granules * (size_t)(t + 1) / (size_t)T * READ_GRANULE;
+    for (size_t i = lo; i < hi; ++i) buf[i] = (float)(i & 255) * 0.25f;
 }
 
 /* Every thread sums its contiguous slice of a buffer with the probe's loop; GB/s of the fastest
@@ -189,13 +238,8 @@ static double measure_read_bandwidth(bench_state *b, const kva_ceiling_probe *pr
     const int T = b->threads;
     const size_t granules = n / chunk;
     /* First touch by the thread that will read it (page placement, and no zero pages). */
-#pragma omp parallel num_threads(T)
-    {
-        int t = omp_get_thread_num();
-        size_t lo = granules * (size_t)t / (size_t)T * chunk;
-        size_t hi = granules * (size_t)(t + 1) / (size_t)T * chunk;
-        for (size_t i = lo; i < hi; ++i) buf[i] = (float)(i & 255) * 0.25f;
-    }
+    read_pass_arg a = {probe, buf, granules, {0}, {0}};
+    team_run(T, first_touch_slice, &a);
     double times[64];
     if (reps > 64) reps = 64;
     *per_core_sum = 0;
@@ -206,6 +250,39 @@ static double measure_read_bandwidth(bench_state *b, const kva_ceiling_probe *pr
     }
     free_big(b, buf);
     return (double)(n * sizeof(float)) / min_of(times, reps) / 1e9;
+}
+
+typedef struct paged_arg {
+    const kva_ceiling_probe *probe;
+    float *buf;
+    const uint32_t *order;
+    size_t pages, page_floats, slice;
+    float partial[256];
+} paged_arg;
+
+static void paged_first_touch(void *arg, int t, int T) {
+    paged_arg *a = (paged_arg *)arg;
+    for (size_t i = a->pages * (size_t)t / (size_t)T; i < a->pages * (size_t)(t + 1) / (size_t)T; ++i)
+        for (size_t e = 0; e < a->page_floats; ++e)
+            a->buf[(size_t)a->order[i] * a->page_floats + e] = (float)(e & 255) * 0.25f;
+}
+
+static void paged_read_slice(void *arg, int t, int T) {
+    paged_arg *a = (paged_arg *)arg;
+    const size_t page_floats = a->page_floats, slice = a->slice;
+    size_t lo = a->pages * (size_t)t / (size_t)T, hi = a->pages * (size_t)(t + 1) / (size_t)T;
+    float acc = 0;
+    for (size_t i = lo; i < hi; ++i) {
+        const float *page = a->buf + (size_t)a->order[i] * page_floats;
+        const char *next = i + 1 < hi ? (const char *)(a->buf + (size_t)a->order[i + 1] * page_floats) : NULL;
+        for (size_t q = 0; q < 8; ++q) {
+            if (next)
+                for (size_t line = 0; line < slice * sizeof(float); line += 64)
+                    __builtin_prefetch(next + q * slice * sizeof(float) + line, 0, 2);
+            acc += a->probe->read(page + q * slice, slice);
+        }
+    }
+    a->partial[t & 255] = acc;
 }
 
 /* Decode's access pattern without its arithmetic: the threads read a buffer as pages of one
@@ -240,38 +317,15 @@ static double measure_paged_read(bench_state *b, const kva_ceiling_probe *probe,
         order[j] = t;
     }
     const int T = b->threads;
-#pragma omp parallel num_threads(T)
-    {
-        int t = omp_get_thread_num();
-        for (size_t i = pages * (size_t)t / (size_t)T; i < pages * (size_t)(t + 1) / (size_t)T; ++i)
-            for (size_t e = 0; e < page_floats; ++e)
-                buf[(size_t)order[i] * page_floats + e] = (float)(e & 255) * 0.25f;
-    }
+    paged_arg a = {probe, buf, order, pages, page_floats, slice, {0}};
+    team_run(T, paged_first_touch, &a);
     double best = 0;
     volatile float sink = 0;
     for (int r = 0; r <= reps; ++r) {
-        float partial[256] = {0};
         double t0 = cli_now();
-#pragma omp parallel num_threads(T)
-        {
-            int t = omp_get_thread_num();
-            size_t lo = pages * (size_t)t / (size_t)T, hi = pages * (size_t)(t + 1) / (size_t)T;
-            float acc = 0;
-            for (size_t i = lo; i < hi; ++i) {
-                const float *page = buf + (size_t)order[i] * page_floats;
-                const char *next = i + 1 < hi ? (const char *)(buf + (size_t)order[i + 1] * page_floats)
-                                              : NULL;
-                for (size_t q = 0; q < 8; ++q) {
-                    if (next)
-                        for (size_t line = 0; line < slice * sizeof(float); line += 64)
-                            __builtin_prefetch(next + q * slice * sizeof(float) + line, 0, 2);
-                    acc += probe->read(page + q * slice, slice);
-                }
-            }
-            partial[t & 255] = acc;
-        }
+        team_run(T, paged_read_slice, &a);
         double dt = cli_now() - t0;
-        for (int t = 0; t < T && t < 256; ++t) sink += partial[t];
+        for (int t = 0; t < T && t < 256; ++t) sink += a.partial[t];
         if (r > 0 && (double)(pages * PAGED_READ_BYTES) / dt / 1e9 > best)
             best = (double)(pages * PAGED_READ_BYTES) / dt / 1e9; /* pass 0 warms up */
     }
@@ -288,6 +342,24 @@ static double thread_cpu_seconds(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+typedef struct fma_arg {
+    const kva_ceiling_probe *probe;
+    int chains;
+    long iters;
+    double flops;
+    float partial[256];
+    double rate[256];
+} fma_arg;
+
+static void fma_chains(void *arg, int t, int T) {
+    (void)T;
+    fma_arg *a = (fma_arg *)arg;
+    double c0 = thread_cpu_seconds();
+    a->partial[t & 255] = a->probe->fma(a->iters, 1.0f + 0.001f * (float)t, a->chains);
+    double c = thread_cpu_seconds() - c0;
+    a->rate[t & 255] = c > 0 ? a->flops / c : 0;
+}
+
 /* All threads run `chains` independent FMA chains of the probe's width. The rate is the sum of
  * each thread's FLOPs over the CPU time that thread actually ran (not wall time): a compute
  * ceiling is what the cores do while they run, and on a shared machine a thread that loses its
@@ -299,21 +371,13 @@ static double measure_fma_rate(bench_state *b, const kva_ceiling_probe *probe, i
     const double flops = 2.0 * probe->lanes * chains * (double)iters;
     double best = 0;
     volatile float sink = 0;
+    fma_arg a = {probe, chains, iters, flops, {0}, {0}};
     for (int r = 0; r <= reps; ++r) {
-        float partial[256] = {0};
-        double rate[256] = {0};
-#pragma omp parallel num_threads(T)
-        {
-            int t = omp_get_thread_num();
-            double c0 = thread_cpu_seconds();
-            partial[t & 255] = probe->fma(iters, 1.0f + 0.001f * (float)t, chains);
-            double c = thread_cpu_seconds() - c0;
-            rate[t & 255] = c > 0 ? flops / c : 0;
-        }
+        team_run(T, fma_chains, &a);
         double sum = 0;
         for (int t = 0; t < T && t < 256; ++t) {
-            sink += partial[t];
-            sum += rate[t];
+            sink += a.partial[t];
+            sum += a.rate[t];
         }
         if (r > 0 && sum > best) best = sum; /* repetition 0 warms up */
     }
@@ -327,26 +391,35 @@ static double measure_fma_rate(bench_state *b, const kva_ceiling_probe *probe, i
 
 /* Random finite half-precision values of magnitude about 2^-7 .. 1, generated in parallel
  * straight as bit patterns (a gigabyte in well under a second). */
-static void fill_half_random(void *data, size_t n, kva_dtype dtype, uint64_t seed, int threads) {
-    uint16_t *p = data;
-#pragma omp parallel num_threads(threads)
-    {
-        int t = omp_get_thread_num(), T = omp_get_num_threads();
-        size_t lo = n * (size_t)t / (size_t)T, hi = n * (size_t)(t + 1) / (size_t)T;
-        uint64_t s = (seed + (uint64_t)t) * 0x9E3779B97F4A7C15ull | 1;
-        for (size_t i = lo; i < hi; ++i) {
-            s ^= s >> 12;
-            s ^= s << 25;
-            s ^= s >> 27;
-            uint64_t r = s * 0x2545F4914F6CDD1Dull;
-            uint16_t sign = (uint16_t)((r >> 63) << 15);
-            uint16_t e = (uint16_t)((r >> 32) & 7);
-            if (dtype == KVA_BF16)
-                p[i] = (uint16_t)(sign | (uint16_t)((120 + e) << 7) | (uint16_t)(r & 0x7f));
-            else
-                p[i] = (uint16_t)(sign | (uint16_t)((8 + e) << 10) | (uint16_t)(r & 0x3ff));
-        }
+typedef struct fill_arg {
+    uint16_t *p;
+    size_t n;
+    kva_dtype dtype;
+    uint64_t seed;
+} fill_arg;
+
+static void fill_slice(void *arg, int t, int T) {
+    const fill_arg *a = (const fill_arg *)arg;
+    uint16_t *p = a->p;
+    size_t lo = a->n * (size_t)t / (size_t)T, hi = a->n * (size_t)(t + 1) / (size_t)T;
+    uint64_t s = (a->seed + (uint64_t)t) * 0x9E3779B97F4A7C15ull | 1;
+    for (size_t i = lo; i < hi; ++i) {
+        s ^= s >> 12;
+        s ^= s << 25;
+        s ^= s >> 27;
+        uint64_t r = s * 0x2545F4914F6CDD1Dull;
+        uint16_t sign = (uint16_t)((r >> 63) << 15);
+        uint16_t e = (uint16_t)((r >> 32) & 7);
+        if (a->dtype == KVA_BF16)
+            p[i] = (uint16_t)(sign | (uint16_t)((120 + e) << 7) | (uint16_t)(r & 0x7f));
+        else
+            p[i] = (uint16_t)(sign | (uint16_t)((8 + e) << 10) | (uint16_t)(r & 0x3ff));
     }
+}
+
+static void fill_half_random(void *data, size_t n, kva_dtype dtype, uint64_t seed, int threads) {
+    fill_arg a = {(uint16_t *)data, n, dtype, seed};
+    team_run(threads, fill_slice, &a);
 }
 
 static kva_status alloc_workspace(kva_context *ctx, const kva_plan_limits *l, int decode,

@@ -37,9 +37,9 @@ install(FILES ${CMAKE_CURRENT_BINARY_DIR}/kvattnConfig.cmake
               ${CMAKE_CURRENT_BINARY_DIR}/kvattnConfigVersion.cmake
   DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/kvattn COMPONENT development)
 
-# pkg-config: the shared library needs nothing more; a static link needs OpenMP, threads, libm
+# pkg-config: the shared library needs nothing more; a static link needs threads, libm
 # and (CUDA builds) the static CUDA runtime and the C++ runtime its host code uses.
-set(KVA_PC_LIBS_PRIVATE "-fopenmp -lpthread -lm")
+set(KVA_PC_LIBS_PRIVATE "-lpthread -lm")
 if(KVA_HAVE_CUDA)
   string(APPEND KVA_PC_LIBS_PRIVATE " -L${CUDAToolkit_LIBRARY_DIR} -lcudart_static -ldl -lrt -lstdc++")
 endif()

@@ -50,7 +50,7 @@ cc -O2 examples/decode_step.c $(pkg-config --cflags --libs kvattn) -Wl,-rpath,"$
     -o "$WORK/decode_step_pc"
 "$WORK/decode_step_pc" >"$WORK/out3.txt"
 libdir=$(pkg-config --variable=libdir kvattn)
-# static: the archive in place of -lkvattn, then Libs.private (OpenMP, threads, libm, CUDA runtime)
+# static: the archive in place of -lkvattn, then Libs.private (threads, libm, CUDA runtime)
 # shellcheck disable=SC2046
 cc -O2 examples/decode_step.c $(pkg-config --cflags kvattn) \
     $(pkg-config --static --libs kvattn | sed "s|-lkvattn|$libdir/libkvattn.a|") -o "$WORK/decode_step_pc_static"

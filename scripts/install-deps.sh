@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Installs what kvattn needs to build and test on a Debian machine: a C compiler with OpenMP,
+# Installs what kvattn needs to build and test on a Debian machine: a C compiler,
 # make, CMake (>= 3.20) and pkg-config; for the aarch64 CI step (`make test-aarch64`) the cross
 # compiler and qemu user-mode emulation (qemu-x86_64 of the same package runs `make test-no-avx`);
-# clang with libFuzzer and OpenMP for the fuzzers (`make fuzz`) and ThreadSanitizer (`make
+# clang with libFuzzer for the fuzzers (`make fuzz`) and ThreadSanitizer (`make
 # test-tsan`); for the Python package and its tests, Python 3 with its development headers and
 # pip, then python/requirements-test.txt from PyPI (numpy, pytest, matplotlib). The CUDA backend
 # is built only if nvcc is on PATH (not installed here).
@@ -21,11 +21,10 @@ elif ! python3 -c 'import os, sysconfig; assert os.path.exists(os.path.join(sysc
     need+=(python3-dev)
 fi
 python3 -m pip --version >/dev/null 2>&1 || need+=(python3-pip)
-# The fuzzers and the TSan build need clang with libFuzzer and OpenMP; the rest builds with gcc.
+# The fuzzers and the TSan build need clang with libFuzzer; the rest builds with gcc.
 command -v clang >/dev/null 2>&1 || need+=(clang)
 ls /usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a >/dev/null 2>&1 ||
     need+=(libclang-rt-14-dev)
-ls /usr/lib/llvm-*/lib/libomp.so >/dev/null 2>&1 || need+=(libomp-dev)
 if [ ${#need[@]} -gt 0 ]; then
     SUDO=""
     [ "$(id -u)" -ne 0 ] && SUDO="sudo"

@@ -111,10 +111,9 @@ static void incremental_equals_full(kva_dtype dt, int32_t page_size) {
 
     kva_context *ctx = NULL;
     REQUIRE_OK(kva_context_create(KVA_DEVICE_CPU, 0, &ctx));
-    /* One worker: each of the ~10k calls below is microseconds of work, and on a shared,
-     * oversubscribed machine every OpenMP team barrier can cost a scheduler time slice (measured
-     * here: 0.4 s vs 11 s under load). Threaded kernels are covered by their own tests and by the
-     * simulation tests below. */
+    /* One worker: each of the ~10k calls below is microseconds of work that threads would not
+     * speed up (under OpenMP, on a shared machine, its team barriers made this 0.4 s vs 11 s).
+     * Threaded kernels are covered by their own tests and by the simulation tests below. */
     CHECK_OK(kva_context_set_threads(ctx, 1));
     int32_t cap = 0, pool = 5;
     for (int i = 0; i < NUM_SEQS; ++i) {

@@ -210,7 +210,7 @@ int kvattn_cmd_run(int argc, char **argv) {
         {"heads", CLI_INT, &cfg.num_qo_heads, "query heads", NULL, 1},
         {"kv-heads", CLI_INT, &cfg.num_kv_heads, "K/V heads (must divide --heads)", NULL, 1},
         {"head-dim", CLI_INT, &cfg.head_dim, "head dimension (CPU: multiple of 16 up to 256; "
-                                             "CUDA: 64, 128, 256)", NULL, 16},
+                                             "CUDA: multiple of 16 in 32..256)", NULL, 16},
         {"dtype", CLI_DTYPE, &cfg.dtype, "element type of Q, K, V and outputs", NULL, 0},
         {"page-size", CLI_INT, &cfg.page_size, "tokens per cache page", NULL, 1},
         {"pages", CLI_INT, &cfg.num_pages, "pages per layer; 0 = 9/10 of what max-batch "

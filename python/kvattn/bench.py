@@ -49,7 +49,7 @@ def host_overhead(device="cpu", iters=3000, ctx=16, batch=1):
     """Median host microseconds per decode run() from Python, of the bare C call, and their
     difference, for three calling styles. Returns a dict."""
     q, kp, vp, out, pages = _arrays(device, ctx=ctx, batch=batch)
-    if device == "cpu":  # one thread: the kernel runs on the calling thread, so OpenMP wake-up
+    if device == "cpu":  # one thread: the kernel runs on the calling thread, so worker wake-up
         kvattn.set_num_threads(1)  # noise does not hide (or inflate) the binding's own cost
     try:
         return _host_overhead(device, iters, ctx, batch, q, kp, vp, out, pages)

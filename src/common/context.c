@@ -89,6 +89,7 @@ kva_status kva_context_create(kva_device_type device, int device_id, kva_context
 
 static void context_free(kva_context *ctx) {
     if (ctx->device == KVA_DEVICE_CUDA) kva__cuda_context_destroy(ctx);
+    kva__pool_destroy(ctx->cpu_pool);
     free(ctx->cpu_scratch);
     free(ctx);
 }
@@ -123,6 +124,10 @@ kva_status kva_context_set_threads(kva_context *ctx, int num_threads) {
     if (ctx->device == KVA_DEVICE_CPU) {
         KVA_TRY(ensure_cpu_scratch(ctx, n, "kva_context_set_threads", "num_threads"));
         ctx->num_sms = n;
+    }
+    if (n != ctx->num_threads) { /* the next threaded run starts as many workers as it needs */
+        kva__pool_destroy(ctx->cpu_pool);
+        ctx->cpu_pool = NULL;
     }
     ctx->num_threads = n;
     return KVA_OK;

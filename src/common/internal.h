@@ -6,6 +6,7 @@
 #define KVA_INTERNAL_H
 
 #include "kvattn.h"
+#include "thread_pool.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -28,6 +29,7 @@ struct kva_context {
     size_t cpu_scratch_per_thread;
     int cpu_scratch_threads;
     const struct kva__cpu_kernels *cpu_kernels; /* the ISA variant, chosen at creation */
+    struct kva__pool *cpu_pool; /* worker threads (thread_pool.h), started by the first threaded run */
 
     /* CUDA: device facts read once at creation, and backend-private state. */
     int num_sms;

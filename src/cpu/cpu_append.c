@@ -16,30 +16,40 @@
  * (one decode step of a small batch); prefill-sized appends are split across threads. */
 #define KVA__CPU_APPEND_PARALLEL_BYTES ((int64_t)1 << 20)
 
+typedef struct append_job {
+    const kva_kv_pages *pages;
+    const int64_t *slots;
+    kva_tensor k, v;
+    size_t es, row_bytes;
+} append_job;
+
+static void append_token(void *arg, int64_t i, int thread) {
+    (void)thread;
+    const append_job *J = (const append_job *)arg;
+    const kva_kv_pages *pages = J->pages;
+    const size_t es = J->es;
+    const int64_t page = J->slots[i] / pages->page_size, offset = J->slots[i] % pages->page_size;
+    const int64_t dst_token = page * pages->stride_page + offset * pages->stride_token;
+    const unsigned char *k_src = J->k.data, *v_src = J->v.data;
+    for (int32_t h = 0; h < pages->num_kv_heads; ++h) {
+        size_t dst = (size_t)(dst_token + h * pages->stride_head) * es;
+        memcpy((unsigned char *)pages->k_data + dst,
+               k_src + (size_t)(i * J->k.stride_token + h * J->k.stride_head) * es, J->row_bytes);
+        memcpy((unsigned char *)pages->v_data + dst,
+               v_src + (size_t)(i * J->v.stride_token + h * J->v.stride_head) * es, J->row_bytes);
+    }
+}
+
 kva_status kva__cpu_append(kva_context *ctx, const kva_kv_pages *pages, int32_t num_tokens,
                            const int64_t *slots, kva_tensor k, kva_tensor v) {
     const size_t es = kva_dtype_size(pages->dtype);
     const size_t row_bytes = (size_t)pages->head_dim * es;
-    const int32_t heads = pages->num_kv_heads;
-    const int64_t page_size = pages->page_size;
-    const int64_t bytes = 2 * (int64_t)num_tokens * heads * (int64_t)row_bytes;
-    unsigned char *k_pool = pages->k_data, *v_pool = pages->v_data;
-    const unsigned char *k_src = k.data, *v_src = v.data;
-    int threads = ctx->num_threads > 0 ? ctx->num_threads : 1;
-
-#pragma omp parallel for num_threads(threads) if (bytes >= KVA__CPU_APPEND_PARALLEL_BYTES) \
-    schedule(static)
-    for (int32_t i = 0; i < num_tokens; ++i) {
-        int64_t page = slots[i] / page_size, offset = slots[i] % page_size;
-        int64_t dst_token = page * pages->stride_page + offset * pages->stride_token;
-        for (int32_t h = 0; h < heads; ++h) {
-            size_t dst = (size_t)(dst_token + h * pages->stride_head) * es;
-            memcpy(k_pool + dst, k_src + (size_t)(i * k.stride_token + h * k.stride_head) * es,
-                   row_bytes);
-            memcpy(v_pool + dst, v_src + (size_t)(i * v.stride_token + h * v.stride_head) * es,
-                   row_bytes);
-        }
-    }
+    const int64_t bytes = 2 * (int64_t)num_tokens * pages->num_kv_heads * (int64_t)row_bytes;
+    append_job J = {pages, slots, k, v, es, row_bytes};
+    const int threads = bytes >= KVA__CPU_APPEND_PARALLEL_BYTES && ctx->num_threads > 1 ? ctx->num_threads : 1;
+    /* contiguous shares of the tokens, a few per thread so that a late worker costs little */
+    kva__pool_for(&ctx->cpu_pool, threads, num_tokens, kva__ceil_div64(num_tokens, 4 * (int64_t)threads),
+                  append_token, &J);
     return KVA_OK;
 }
 
@@ -86,15 +96,25 @@ kva_status kva__cpu_copy_pages(kva_context *ctx, const kva_kv_pages *pages, int3
  * an atomic OR of 0 into one byte of every 4 KB page: a write fault from the start (a read first
  * would map the shared zero page and a later write would then have to replace it, possibly with
  * 4 KB pages), and no stored value changes. */
-void kva__cpu_prefault(kva_context *ctx, void *p, size_t bytes) {
+typedef struct prefault_job {
+    unsigned char *base;
+    size_t bytes;
+} prefault_job;
+
+static void prefault_frame(void *arg, int64_t f, int thread) {
+    (void)thread;
+    const prefault_job *J = (const prefault_job *)arg;
     const size_t frame = (size_t)2 << 20, page = 4096;
+    const size_t off = (size_t)f * frame, end = J->bytes - off < frame ? J->bytes : off + frame;
+    for (size_t b = off; b < end; b += page) (void)__atomic_fetch_or(J->base + b, (unsigned char)0, __ATOMIC_RELAXED);
+    (void)__atomic_fetch_or(J->base + end - 1, (unsigned char)0, __ATOMIC_RELAXED); /* a last partial page */
+}
+
+void kva__cpu_prefault(kva_context *ctx, void *p, size_t bytes) {
+    const size_t frame = (size_t)2 << 20;
     const int64_t frames = (int64_t)((bytes + frame - 1) / frame);
-    unsigned char *base = (unsigned char *)p;
-    int threads = ctx->num_threads > 0 ? ctx->num_threads : 1;
-#pragma omp parallel for num_threads(threads) if (frames > 1) schedule(static)
-    for (int64_t f = 0; f < frames; ++f) {
-        const size_t off = (size_t)f * frame, end = bytes - off < frame ? bytes : off + frame;
-        for (size_t b = off; b < end; b += page) (void)__atomic_fetch_or(base + b, (unsigned char)0, __ATOMIC_RELAXED);
-        (void)__atomic_fetch_or(base + end - 1, (unsigned char)0, __ATOMIC_RELAXED); /* a last partial page */
-    }
+    prefault_job J = {(unsigned char *)p, bytes};
+    const int threads = ctx->num_threads > 0 ? ctx->num_threads : 1;
+    kva__pool_for(&ctx->cpu_pool, threads, frames, kva__ceil_div64(frames, 4 * (int64_t)threads), prefault_frame,
+                  &J);
 }

@@ -9,8 +9,6 @@
 #include "../common/internal.h"
 #include "../common/softmax_state.h"
 
-#include <omp.h>
-
 /* acc[e] += w * row[e], e < D; dtype constant after inlining. */
 KVA__INLINE void accumulate_row(kva_dtype dtype, float w, const void *row, float *acc,
                                 int32_t D) {
@@ -41,20 +39,35 @@ static void merge_row(kva_dtype dtype, int32_t num_states, int32_t D, const void
     if (lse_out) *lse_out = total;
 }
 
+typedef struct merge_job {
+    int32_t num_states, head_dim;
+    kva_dtype dtype;
+    const void *v_in;
+    const float *lse_in;
+    void *v_out;
+    float *lse_out;
+} merge_job;
+
+static void merge_one_row(void *arg, int64_t r, int thread) {
+    (void)thread;
+    const merge_job *J = (const merge_job *)arg;
+    const size_t es = kva_dtype_size(J->dtype), in_row = (size_t)r * (size_t)J->num_states;
+    merge_row(J->dtype, J->num_states, J->head_dim,
+              J->v_in ? (const unsigned char *)J->v_in + in_row * (size_t)J->head_dim * es : NULL,
+              J->lse_in ? J->lse_in + in_row : NULL,
+              (unsigned char *)J->v_out + (size_t)r * (size_t)J->head_dim * es,
+              J->lse_out ? J->lse_out + r : NULL);
+}
+
 kva_status kva__cpu_merge_states(kva_context *ctx, int32_t num_rows, int32_t num_states,
                                  int32_t head_dim, kva_dtype dtype, const void *v_in,
                                  const float *lse_in, void *v_out, float *lse_out) {
-    const size_t es = kva_dtype_size(dtype);
     /* Threads pay off only past a few hundred KB of input. */
     const int64_t elems = (int64_t)num_rows * ((int64_t)num_states + 1) * head_dim;
-#pragma omp parallel for num_threads(ctx->num_threads) schedule(static) if (elems > (1 << 16))
-    for (int32_t r = 0; r < num_rows; ++r) {
-        size_t in_row = (size_t)r * (size_t)num_states;
-        merge_row(dtype, num_states, head_dim,
-                  v_in ? (const unsigned char *)v_in + in_row * (size_t)head_dim * es : NULL,
-                  lse_in ? lse_in + in_row : NULL,
-                  (unsigned char *)v_out + (size_t)r * (size_t)head_dim * es,
-                  lse_out ? lse_out + r : NULL);
-    }
+    const int threads = elems > (1 << 16) ? ctx->num_threads : 1;
+    merge_job J = {num_states, head_dim, dtype, v_in, lse_in, v_out, lse_out};
+    /* rows in contiguous shares, a few per thread so a late worker costs little */
+    kva__pool_for(&ctx->cpu_pool, threads, num_rows, kva__ceil_div64(num_rows, 4 * (int64_t)threads), merge_one_row,
+                  &J);
     return KVA_OK;
 }

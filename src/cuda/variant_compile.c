@@ -293,6 +293,24 @@ void kva__vmod_images_free(kva__vmod_image *images, int n) {
     }
 }
 
+typedef struct compile_job {
+    const char *source, *function;
+    int arch;
+    const char *cache_dir;
+    kva__vmod_image *images;
+    kva_status *st;
+    char **errs;
+} compile_job;
+
+/* Module m: compiled (and stored on disk) unless the disk cache held it. */
+static void compile_one(void *arg, int64_t m, int thread) {
+    (void)thread;
+    const compile_job *J = (const compile_job *)arg;
+    if (J->images[m].from_disk) return;
+    J->st[m] = compile_module(J->source, J->function, J->arch, &J->images[m], &J->errs[m]);
+    if (J->st[m] == KVA_OK && J->cache_dir) (void)kva__vcache_store(J->cache_dir, &J->images[m]);
+}
+
 kva_status kva__variant_build(const char *api, const char *source, const char *function,
                               const kva__vmod_id *ids, int n, int arch, const char *cache_dir,
                               kva__vmod_image *images, kva_variant_stats *stats) {
@@ -315,15 +333,11 @@ kva_status kva__variant_build(const char *api, const char *source, const char *f
         if (cache_dir && kva__vcache_load(cache_dir, &images[m])) ++hits;
     }
     /* NVRTC is thread-safe across programs: the misses compile on the process's cores. */
-#pragma omp parallel for schedule(dynamic, 1) reduction(+ : compiled)
-    for (int m = 0; m < n; ++m) {
-        if (images[m].from_disk) continue;
-        st[m] = compile_module(source, function, arch, &images[m], &errs[m]);
-        if (st[m] == KVA_OK) {
-            ++compiled;
-            if (cache_dir) (void)kva__vcache_store(cache_dir, &images[m]);
-        }
-    }
+    compile_job J = {source, function, arch, cache_dir, images, st, errs};
+    kva__pool *pool = NULL;
+    kva__pool_for(&pool, kva__cpu_count(), n, 1, compile_one, &J);
+    kva__pool_destroy(pool);
+    for (int m = 0; m < n; ++m) compiled += !images[m].from_disk && st[m] == KVA_OK;
     const double t1 = now_ms();
     kva_status result = KVA_OK;
     for (int m = 0; m < n && result == KVA_OK; ++m) {

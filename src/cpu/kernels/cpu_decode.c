@@ -41,7 +41,6 @@
 #include "../../common/softmax_state.h"
 
 #include <math.h>
-#include <omp.h>
 #include <string.h>
 
 /* Keys per block: one max / rescale of the running state per block. */
@@ -732,59 +731,97 @@ static int32_t group_of_work(key_cursor *c, const decode_job *J, int32_t w) {
 
 /* ---- the run ---------------------------------------------------------------------------------- */
 
+/* One phase of a run on the context's threads: tasks, then (split plans) merges, each phase a
+ * pool run, so a phase starts only when the one before it has finished everywhere. */
+typedef struct decode_phase {
+    const kva_context *ctx;
+    const decode_job *J;
+} decode_phase;
+
+static task_scratch thread_scratch(const decode_phase *P, int thread) {
+    return carve_scratch(P->ctx->cpu_scratch + (size_t)thread * P->ctx->cpu_scratch_per_thread, P->J->D);
+}
+
+static void online_tasks(void *arg, int thread, kva__tasks *tasks) {
+    const decode_phase *P = (const decode_phase *)arg;
+    task_scratch S = thread_scratch(P, thread);
+    int64_t b, e;
+    while (kva__tasks_claim(tasks, 1, &b, &e)) dispatch_task(TASK_ONLINE, P->J, b, 0, &S);
+}
+
+static void online_merges(void *arg, int thread, kva__tasks *tasks) {
+    const decode_phase *P = (const decode_phase *)arg;
+    const decode_job *J = P->J;
+    task_scratch S = thread_scratch(P, thread);
+    int64_t b, e;
+    while (kva__tasks_claim(tasks, 8, &b, &e))
+        for (int64_t i = b; i < e; ++i) {
+            int32_t j = (int32_t)(i / J->Hq);
+            if (group_is_split(J, j)) merge_online(J, j, (int32_t)(i % J->Hq), S.o);
+        }
+}
+
+/* Pass 1 of global rowmax: every task's scores and row maxima. (Claims come in increasing order
+ * on each thread, so its key cursor only walks forward.) */
+static void global_first(void *arg, int thread, kva__tasks *tasks) {
+    const decode_phase *P = (const decode_phase *)arg;
+    const decode_job *J = P->J;
+    task_scratch S = thread_scratch(P, thread);
+    key_cursor cur = {0, 0};
+    int64_t b, e;
+    while (kva__tasks_claim(tasks, 1, &b, &e)) {
+        int32_t j = group_of_work(&cur, J, work_of_task(J, b));
+        dispatch_task(TASK_GLOBAL_FIRST, J, b, key_offset(&cur, J, j), &S);
+    }
+}
+
+/* Pass 2 of the split requests (every R_i is written by pass 1). */
+static void global_second(void *arg, int thread, kva__tasks *tasks) {
+    const decode_phase *P = (const decode_phase *)arg;
+    const decode_job *J = P->J;
+    task_scratch S = thread_scratch(P, thread);
+    key_cursor cur = {0, 0};
+    int64_t b, e;
+    while (kva__tasks_claim(tasks, 1, &b, &e)) {
+        int32_t w = work_of_task(J, b);
+        if (!item_is_split(J, w)) continue;
+        int32_t j = group_of_work(&cur, J, w);
+        dispatch_task(TASK_GLOBAL_SECOND, J, b, key_offset(&cur, J, j), &S);
+    }
+}
+
+static void global_merges(void *arg, int thread, kva__tasks *tasks) {
+    const decode_phase *P = (const decode_phase *)arg;
+    const decode_job *J = P->J;
+    task_scratch S = thread_scratch(P, thread);
+    key_cursor cur = {0, 0};
+    int64_t b, e;
+    while (kva__tasks_claim(tasks, 8, &b, &e))
+        for (int64_t i = b; i < e; ++i) {
+            int32_t j = (int32_t)(i / J->Hq);
+            if (!group_is_split(J, j)) continue;
+            merge_global(J, j, (int32_t)(i % J->Hq), key_offset(&cur, J, j), S.o);
+        }
+}
+
 static void run_partial_rowmax(kva_context *ctx, const decode_job *J, int split) {
     const int64_t tasks = task_count(J);
+    const int threads = tasks > 1 ? ctx->num_threads : 1;
+    decode_phase P = {ctx, J};
+    kva__pool_run(&ctx->cpu_pool, threads, tasks, online_tasks, &P);
     const int64_t rows = (int64_t)J->batch * J->Hq;
-#pragma omp parallel num_threads(ctx->num_threads) if (tasks > 1)
-    {
-        unsigned char *mine = ctx->cpu_scratch + (size_t)omp_get_thread_num() * ctx->cpu_scratch_per_thread;
-        task_scratch S = carve_scratch(mine, J->D);
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t t = 0; t < tasks; ++t) dispatch_task(TASK_ONLINE, J, t, 0, &S);
-        if (split) {
-#pragma omp for schedule(dynamic, 8)
-            for (int64_t i = 0; i < rows; ++i) {
-                int32_t j = (int32_t)(i / J->Hq);
-                if (group_is_split(J, j)) merge_online(J, j, (int32_t)(i % J->Hq), S.o);
-            }
-        }
-    }
+    if (split) kva__pool_run(&ctx->cpu_pool, rows > 8 ? threads : 1, rows, online_merges, &P);
 }
 
 static void run_global_rowmax(kva_context *ctx, const decode_job *J, int split) {
     const int64_t tasks = task_count(J);
+    const int threads = tasks > 1 ? ctx->num_threads : 1;
+    decode_phase P = {ctx, J};
+    kva__pool_run(&ctx->cpu_pool, threads, tasks, global_first, &P);
+    if (!split) return;
+    kva__pool_run(&ctx->cpu_pool, threads, tasks, global_second, &P);
     const int64_t rows = (int64_t)J->batch * J->Hq;
-#pragma omp parallel num_threads(ctx->num_threads) if (tasks > 1)
-    {
-        unsigned char *mine = ctx->cpu_scratch + (size_t)omp_get_thread_num() * ctx->cpu_scratch_per_thread;
-        task_scratch S = carve_scratch(mine, J->D);
-        key_cursor cur = {0, 0};
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t t = 0; t < tasks; ++t) {
-            int32_t j = group_of_work(&cur, J, work_of_task(J, t));
-            dispatch_task(TASK_GLOBAL_FIRST, J, t, key_offset(&cur, J, j), &S);
-        }
-        if (split) {
-            /* every R_i is written: pass 2 of the split requests */
-            cur.j = 0;
-            cur.off = 0;
-#pragma omp for schedule(dynamic, 1)
-            for (int64_t t = 0; t < tasks; ++t) {
-                int32_t w = work_of_task(J, t);
-                if (!item_is_split(J, w)) continue;
-                int32_t j = group_of_work(&cur, J, w);
-                dispatch_task(TASK_GLOBAL_SECOND, J, t, key_offset(&cur, J, j), &S);
-            }
-            cur.j = 0;
-            cur.off = 0;
-#pragma omp for schedule(dynamic, 8)
-            for (int64_t i = 0; i < rows; ++i) {
-                int32_t j = (int32_t)(i / J->Hq);
-                if (!group_is_split(J, j)) continue;
-                merge_global(J, j, (int32_t)(i % J->Hq), key_offset(&cur, J, j), S.o);
-            }
-        }
-    }
+    kva__pool_run(&ctx->cpu_pool, rows > 8 ? threads : 1, rows, global_merges, &P);
 }
 
 kva_status KVA__ISA_FN(decode_run)(kva_context *ctx, const kva_plan *plan,

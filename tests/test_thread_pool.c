@@ -1,0 +1,216 @@
+/*
+ * test_thread_pool.c -- the CPU backend's worker pool (src/common/thread_pool.c): every task of a
+ * run runs exactly once, on a thread index below the run's thread count that no other thread holds
+ * at the same time (per-thread scratch depends on it); back-to-back runs with different bodies
+ * never mix (a worker late for one run must not take the next run's tasks with the old body);
+ * workers that went to sleep wake for the next run; more threads than cores; two pools at once; a
+ * forked child runs and destroys a pool inherited from its parent without hanging. `make
+ * test-tsan` runs these under ThreadSanitizer too.
+ */
+#include "harness.h"
+#include "test_util.h"
+#include "../src/common/thread_pool.h"
+
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+enum { TP_MAX_TASKS = 5000, TP_MAX_THREADS = 16 };
+
+#define TP_REQUIRE(cond)                                                                       \
+    do {                                                                                       \
+        if (!(cond)) {                                                                         \
+            kva_test_fail(__FILE__, __LINE__, "%s", #cond);                                    \
+            return;                                                                            \
+        }                                                                                      \
+    } while (0)
+
+typedef struct tp_run {
+    int id; /* which run wrote a task's mark */
+    int threads;
+    int work; /* busy iterations per task: long enough for workers to join and hold tasks */
+    _Atomic int count[TP_MAX_TASKS];
+    _Atomic int mark[TP_MAX_TASKS];
+    _Atomic int busy[TP_MAX_THREADS]; /* 1 while a thread index is inside the body */
+    _Atomic int bad_index, shared_index, out_of_order;
+    _Atomic int workers_joined; /* bodies entered by threads other than the caller */
+} tp_run;
+
+static void tp_body(void *arg, int thread, kva__tasks *tasks) {
+    tp_run *r = (tp_run *)arg;
+    if (thread < 0 || thread >= r->threads || thread >= TP_MAX_THREADS) {
+        atomic_fetch_add(&r->bad_index, 1);
+        return;
+    }
+    if (atomic_exchange(&r->busy[thread], 1) != 0) atomic_fetch_add(&r->shared_index, 1);
+    if (thread > 0) atomic_fetch_add(&r->workers_joined, 1);
+    int64_t b, e, last = -1;
+    while (kva__tasks_claim(tasks, 1 + (thread % 3), &b, &e)) {
+        if (b <= last) atomic_fetch_add(&r->out_of_order, 1);
+        last = b;
+        for (int64_t i = b; i < e; ++i) {
+            for (volatile int w = 0; w < r->work; ++w) {
+            }
+            atomic_fetch_add(&r->count[i], 1);
+            atomic_store(&r->mark[i], r->id);
+        }
+    }
+    atomic_store(&r->busy[thread], 0);
+}
+
+/* One run of n tasks on `threads` threads, checked; returns how many workers joined it. */
+static int tp_check_run(kva__pool **pool, tp_run *r, int id, int threads, int n, int work) {
+    memset(r, 0, sizeof *r);
+    r->id = id;
+    r->threads = threads;
+    r->work = work;
+    kva__pool_run(pool, threads, n, tp_body, r);
+    int bad = 0;
+    for (int i = 0; i < n; ++i)
+        if (atomic_load(&r->count[i]) != 1 || atomic_load(&r->mark[i]) != id) ++bad;
+    CHECK_MSG(bad == 0, "run %d (%d threads, %d tasks): %d tasks not run exactly once by this run", id, threads, n,
+              bad);
+    CHECK_MSG(atomic_load(&r->bad_index) == 0, "run %d: a thread index outside 0..%d", id, threads - 1);
+    CHECK_MSG(atomic_load(&r->shared_index) == 0, "run %d: two threads inside the body with one index", id);
+    CHECK_MSG(atomic_load(&r->out_of_order) == 0, "run %d: a thread's claims went backwards", id);
+    for (int t = 0; t < TP_MAX_THREADS; ++t)
+        CHECK_MSG(atomic_load(&r->busy[t]) == 0, "run %d: thread %d still inside the body after the run", id, t);
+    return atomic_load(&r->workers_joined);
+}
+
+KVA_TEST(thread_pool_runs_every_task_once) {
+    static tp_run r; /* ~60 KB */
+    kva__pool *pool = NULL;
+    const int threads[] = {1, 2, 3, 5, 16};
+    const int tasks[] = {0, 1, 2, 7, 64, 1000, TP_MAX_TASKS};
+    int id = 0, joined = 0;
+    for (int a = 0; a < 5; ++a)
+        for (int b = 0; b < 7; ++b)
+            for (int rep = 0; rep < 4; ++rep)
+                joined += tp_check_run(&pool, &r, ++id, threads[a], tasks[b], rep & 1 ? 500 : 0);
+    kva__pool_destroy(pool);
+    /* (the caller alone would pass every check above: the runs must have had workers in them) */
+    if (sysconf(_SC_NPROCESSORS_ONLN) > 1) CHECK_MSG(joined > 0, "no worker joined any of %d runs", id);
+}
+
+/* Back to back, alternating two run records: a worker that wakes late for run k must find it
+ * closed rather than work on run k+1's tasks under run k's body and record. */
+KVA_TEST(thread_pool_back_to_back_runs_do_not_mix) {
+    static tp_run r[2];
+    kva__pool *pool = NULL;
+    for (int k = 1; k <= 3000 && kva_test_failures == 0; ++k)
+        tp_check_run(&pool, &r[k & 1], k, 4, 1 + k % 9, k % 3 ? 0 : 300);
+    kva__pool_destroy(pool);
+}
+
+/* Idle past the spin: workers sleep, then must wake for the next run (which must also complete
+ * when they do not: the caller takes every task). */
+KVA_TEST(thread_pool_wakes_sleeping_workers) {
+    static tp_run r;
+    kva__pool *pool = NULL;
+    for (int k = 1; k <= 6; ++k) {
+        tp_check_run(&pool, &r, k, 3, 200, 300);
+        struct timespec ts = {0, 2000000 * k}; /* 2..12 ms: beyond the workers' 0.2 ms of polling */
+        nanosleep(&ts, NULL);
+    }
+    kva__pool_destroy(pool);
+    kva__pool_destroy(NULL);
+}
+
+typedef struct tp_thread_arg {
+    int failures;
+} tp_thread_arg;
+
+static void *tp_pool_user(void *p) {
+    tp_thread_arg *a = (tp_thread_arg *)p;
+    tp_run *r = (tp_run *)malloc(sizeof *r);
+    kva__pool *pool = NULL;
+    const int before = kva_test_failures;
+    for (int k = 1; k <= 3000 && r; ++k) tp_check_run(&pool, r, k, 6, 37, k & 1 ? 200 : 0);
+    a->failures = kva_test_failures - before; /* (the counter is shared: only a hint) */
+    kva__pool_destroy(pool);
+    free(r);
+    return NULL;
+}
+
+/* Two pools of 6 threads each, from two threads at once, on however few cores: more threads
+ * than cores, each pool's caller finishing runs its late workers never joined. */
+KVA_TEST(thread_pool_two_pools_oversubscribed) {
+    pthread_t t[2];
+    tp_thread_arg a[2] = {{0}, {0}};
+    for (int i = 0; i < 2; ++i) TP_REQUIRE(pthread_create(&t[i], NULL, tp_pool_user, &a[i]) == 0);
+    for (int i = 0; i < 2; ++i) pthread_join(t[i], NULL);
+}
+
+typedef struct tp_loop {
+    int64_t n;
+    _Atomic int count[TP_MAX_TASKS];
+} tp_loop;
+
+static void tp_item(void *arg, int64_t i, int thread) {
+    (void)thread;
+    tp_loop *L = (tp_loop *)arg;
+    if (i >= 0 && i < L->n) atomic_fetch_add(&L->count[i], 1);
+}
+
+KVA_TEST(thread_pool_for_covers_the_range_in_chunks) {
+    static tp_loop L;
+    kva__pool *pool = NULL;
+    const int64_t ns[] = {0, 1, 5, 16, 17, 999, TP_MAX_TASKS};
+    const int64_t chunks[] = {0, 1, 3, 16, 10000};
+    for (int a = 0; a < 7; ++a)
+        for (int c = 0; c < 5; ++c) {
+            memset(&L, 0, sizeof L);
+            L.n = ns[a];
+            kva__pool_for(&pool, 4, ns[a], chunks[c], tp_item, &L);
+            int bad = 0;
+            for (int64_t i = 0; i < ns[a]; ++i) bad += atomic_load(&L.count[i]) != 1;
+            CHECK_MSG(bad == 0, "n %lld, chunk %lld: %d items not run exactly once", (long long)ns[a],
+                      (long long)chunks[c], bad);
+        }
+    kva__pool_destroy(pool);
+}
+
+#if defined(__SANITIZE_THREAD__)
+#define TP_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define TP_TSAN 1
+#endif
+#endif
+
+/* A forked child inherits the pool's record but none of its threads: its runs must complete on
+ * the caller (and start its own workers), and destroying the inherited pool must not wait for the
+ * parent's threads. The child is killed after 20 s, which fails the test. */
+KVA_TEST(thread_pool_survives_fork) {
+#ifdef TP_TSAN
+    kva_test_skip("fork of a multi-threaded process under ThreadSanitizer");
+#else
+    static tp_run r;
+    kva__pool *pool = NULL;
+    tp_check_run(&pool, &r, 1, 3, 100, 300);
+    fflush(stdout);
+    pid_t pid = fork();
+    TP_REQUIRE(pid >= 0);
+    if (pid == 0) {
+        alarm(20);
+        const int before = kva_test_failures;
+        tp_check_run(&pool, &r, 2, 3, 100, 300);
+        tp_check_run(&pool, &r, 3, 3, 1000, 300);
+        kva__pool_destroy(pool);
+        _exit(kva_test_failures == before ? 0 : 1);
+    }
+    int status = 0;
+    TP_REQUIRE(waitpid(pid, &status, 0) == pid);
+    CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0, "forked child: %s %d",
+              WIFEXITED(status) ? "exit status" : "killed by signal",
+              WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
+    tp_check_run(&pool, &r, 4, 3, 100, 300); /* the parent's pool still works */
+    kva__pool_destroy(pool);
+#endif
+}
