@@ -99,7 +99,8 @@ typedef enum kva_device_type { KVA_DEVICE_CPU = 0, KVA_DEVICE_CUDA = 1 } kva_dev
 
 typedef struct kva_context kva_context;
 
-/* Creates a context on the CPU (device_id ignored; threads = number of cores) or on CUDA device
+/* Creates a context on the CPU (device_id ignored; threads = the cores the calling thread may run
+ * on: its affinity mask, e.g. taskset or a container's cpuset) or on CUDA device
  * device_id (stream = the legacy default stream until kva_context_set_stream). The CPU context
  * also owns the per-thread scratch its kernels use, so runs never allocate, and picks its CPU
  * kernel variant once: the best this CPU runs (AVX-512, AVX2, NEON or generic), or the one the
@@ -117,7 +118,11 @@ void kva_context_destroy(kva_context *ctx);
 
 kva_device_type kva_context_device(const kva_context *ctx);
 
-/* CPU: number of worker threads for later calls; 0 = number of cores. Ignored on CUDA. */
+/* CPU: number of threads for later calls (the caller and num_threads - 1 workers); 0 = the
+ * cores counted at creation. Workers start at the first call that splits work; after a call they
+ * poll for the next for 0.2 ms, then sleep; a call never waits for a worker that has not started
+ * on it (the caller and the others take its tasks). kva_context_destroy joins them. Ignored on
+ * CUDA. */
 kva_status kva_context_set_threads(kva_context *ctx, int num_threads);
 int kva_context_threads(const kva_context *ctx);
 

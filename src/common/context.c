@@ -9,9 +9,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sched.h>
 #include <unistd.h>
 
 int kva__cpu_count(void) {
+#if defined(__linux__)
+    /* the cores this thread may run on (taskset, a container's cpuset), not the machine's: more
+     * workers than those only queue behind each other */
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) >= 1) return CPU_COUNT(&set);
+#endif
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     return n < 1 ? 1 : (int)n;
 }
@@ -62,7 +69,8 @@ kva_status kva_context_create(kva_device_type device, int device_id, kva_context
     if (!ctx) return kva__fail(KVA_ERR_OUT_OF_MEMORY, "kva_context_create: out of memory");
     ctx->device = device;
     ctx->device_id = device_id;
-    ctx->num_threads = kva__cpu_count();
+    ctx->num_cores = kva__cpu_count();
+    ctx->num_threads = ctx->num_cores;
     kva_status st;
     if (device == KVA_DEVICE_CPU) {
         /* CUDA contexts never run the CPU kernels, so only CPU contexts choose a variant (and
@@ -120,7 +128,7 @@ kva_status kva_context_set_threads(kva_context *ctx, int num_threads) {
     if (num_threads < 0)
         return kva__fail(KVA_ERR_INVALID_ARG, "kva_context_set_threads: num_threads = %d < 0",
                          num_threads);
-    int n = num_threads == 0 ? kva__cpu_count() : num_threads;
+    int n = num_threads == 0 ? ctx->num_cores : num_threads;
     if (ctx->device == KVA_DEVICE_CPU) {
         KVA_TRY(ensure_cpu_scratch(ctx, n, "kva_context_set_threads", "num_threads"));
         ctx->num_sms = n;

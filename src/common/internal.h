@@ -22,6 +22,8 @@ struct kva_context {
     kva_device_type device;
     int device_id;
     int num_threads;          /* CPU workers for later calls (>= 1) */
+    int num_cores;            /* cores the creating thread could run on (kva__cpu_count), fixed:
+                                 the CPU split policy, and so workspace sizes, depend on it */
     void *stream;             /* cudaStream_t (NULL = legacy default stream) */
 
     /* CPU: per-thread scratch owned by the context so runs never allocate. */
