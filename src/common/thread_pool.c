@@ -12,7 +12,6 @@
 
 #include <pthread.h>
 #include <sched.h>
-#include <unistd.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdlib.h>
@@ -37,7 +36,7 @@ typedef struct worker {
 } worker;
 
 struct kva__pool {
-    pid_t owner; /* the process whose threads these are (a forked child has none of them) */
+    unsigned fork_epoch; /* fork_epoch at creation: a forked child has none of these threads */
     int num_workers;
     worker *workers;
     /* the run (written by the caller before it publishes a generation) */
@@ -53,6 +52,13 @@ struct kva__pool {
 };
 
 static inline uint32_t generation_of(uint64_t s) { return (uint32_t)(s >> 32); }
+
+/* Bumped in the child of every fork (pthread_atfork; a getpid per run cost as much as the run) */
+static _Atomic unsigned fork_epoch;
+static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
+static void after_fork_in_child(void) { atomic_fetch_add(&fork_epoch, 1); }
+static void register_atfork(void) { (void)pthread_atfork(NULL, NULL, after_fork_in_child); }
+static bool forked_since_creation(const kva__pool *p) { return p->fork_epoch != atomic_load(&fork_epoch); }
 
 static inline void relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
@@ -128,7 +134,7 @@ static void *worker_main(void *arg) {
 
 void kva__pool_destroy(kva__pool *p) {
     if (!p) return;
-    if (p->owner != getpid()) { /* forked: the workers exist in the parent only, nothing to join */
+    if (forked_since_creation(p)) { /* the workers exist in the parent only: nothing to join */
         free(p->workers);
         free(p);
         return;
@@ -160,7 +166,8 @@ static kva__pool *pool_create(int workers) {
         free(p);
         return NULL;
     }
-    p->owner = getpid();
+    pthread_once(&atfork_once, register_atfork);
+    p->fork_epoch = atomic_load(&fork_epoch);
     atomic_init(&p->state, 0);
     atomic_init(&p->sleepers, 0);
     atomic_init(&p->stop, 0);
@@ -179,7 +186,7 @@ static kva__pool *pool_create(int workers) {
 }
 
 void kva__pool_run(kva__pool **pool, int threads, int64_t num_tasks, kva__pool_body body, void *arg) {
-    if (*pool && (*pool)->owner != getpid()) { /* a forked child: start its own workers */
+    if (*pool && forked_since_creation(*pool)) { /* a forked child: start its own workers */
         kva__pool_destroy(*pool);
         *pool = NULL;
     }
