@@ -736,6 +736,7 @@ static int32_t group_of_work(key_cursor *c, const decode_job *J, int32_t w) {
 typedef struct decode_phase {
     const kva_context *ctx;
     const decode_job *J;
+    int kind; /* global_pass: which pass */
 } decode_phase;
 
 static task_scratch thread_scratch(const decode_phase *P, int thread) {
@@ -761,22 +762,10 @@ static void online_merges(void *arg, int thread, kva__tasks *tasks) {
         }
 }
 
-/* Pass 1 of global rowmax: every task's scores and row maxima. (Claims come in increasing order
- * on each thread, so its key cursor only walks forward.) */
-static void global_first(void *arg, int thread, kva__tasks *tasks) {
-    const decode_phase *P = (const decode_phase *)arg;
-    const decode_job *J = P->J;
-    task_scratch S = thread_scratch(P, thread);
-    key_cursor cur = {0, 0};
-    int64_t b, e;
-    while (kva__tasks_claim(tasks, 1, &b, &e)) {
-        int32_t j = group_of_work(&cur, J, work_of_task(J, b));
-        dispatch_task(TASK_GLOBAL_FIRST, J, b, key_offset(&cur, J, j), &S);
-    }
-}
-
-/* Pass 2 of the split requests (every R_i is written by pass 1). */
-static void global_second(void *arg, int thread, kva__tasks *tasks) {
+/* A pass of global rowmax over the tasks: TASK_GLOBAL_FIRST (every task's scores and row maxima)
+ * or TASK_GLOBAL_SECOND (the split requests' second pass; every R_i is written by the first).
+ * Claims come in increasing order on each thread, so its key cursor only walks forward. */
+static void global_pass(void *arg, int thread, kva__tasks *tasks) {
     const decode_phase *P = (const decode_phase *)arg;
     const decode_job *J = P->J;
     task_scratch S = thread_scratch(P, thread);
@@ -784,9 +773,9 @@ static void global_second(void *arg, int thread, kva__tasks *tasks) {
     int64_t b, e;
     while (kva__tasks_claim(tasks, 1, &b, &e)) {
         int32_t w = work_of_task(J, b);
-        if (!item_is_split(J, w)) continue;
+        if (P->kind == TASK_GLOBAL_SECOND && !item_is_split(J, w)) continue;
         int32_t j = group_of_work(&cur, J, w);
-        dispatch_task(TASK_GLOBAL_SECOND, J, b, key_offset(&cur, J, j), &S);
+        dispatch_task(P->kind, J, b, key_offset(&cur, J, j), &S);
     }
 }
 
@@ -807,7 +796,7 @@ static void global_merges(void *arg, int thread, kva__tasks *tasks) {
 static void run_partial_rowmax(kva_context *ctx, const decode_job *J, int split) {
     const int64_t tasks = task_count(J);
     const int threads = tasks > 1 ? ctx->num_threads : 1;
-    decode_phase P = {ctx, J};
+    decode_phase P = {ctx, J, TASK_ONLINE};
     kva__pool_run(&ctx->cpu_pool, threads, tasks, online_tasks, &P);
     const int64_t rows = (int64_t)J->batch * J->Hq;
     if (split) kva__pool_run(&ctx->cpu_pool, rows > 8 ? threads : 1, rows, online_merges, &P);
@@ -816,10 +805,11 @@ static void run_partial_rowmax(kva_context *ctx, const decode_job *J, int split)
 static void run_global_rowmax(kva_context *ctx, const decode_job *J, int split) {
     const int64_t tasks = task_count(J);
     const int threads = tasks > 1 ? ctx->num_threads : 1;
-    decode_phase P = {ctx, J};
-    kva__pool_run(&ctx->cpu_pool, threads, tasks, global_first, &P);
+    decode_phase P = {ctx, J, TASK_GLOBAL_FIRST};
+    kva__pool_run(&ctx->cpu_pool, threads, tasks, global_pass, &P);
     if (!split) return;
-    kva__pool_run(&ctx->cpu_pool, threads, tasks, global_second, &P);
+    P.kind = TASK_GLOBAL_SECOND;
+    kva__pool_run(&ctx->cpu_pool, threads, tasks, global_pass, &P);
     const int64_t rows = (int64_t)J->batch * J->Hq;
     kva__pool_run(&ctx->cpu_pool, rows > 8 ? threads : 1, rows, global_merges, &P);
 }
