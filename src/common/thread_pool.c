@@ -38,6 +38,7 @@ typedef struct worker {
 struct kva__pool {
     unsigned fork_epoch; /* fork_epoch at creation: a forked child has none of these threads */
     int num_workers;
+    int asked_workers; /* what creation asked for (fewer start if pthread_create fails) */
     worker *workers;
     /* the run (written by the caller before it publishes a generation) */
     kva__pool_body body;
@@ -168,6 +169,7 @@ static kva__pool *pool_create(int workers) {
     }
     pthread_once(&atfork_once, register_atfork);
     p->fork_epoch = atomic_load(&fork_epoch);
+    p->asked_workers = workers;
     atomic_init(&p->state, 0);
     atomic_init(&p->sleepers, 0);
     atomic_init(&p->stop, 0);
@@ -190,7 +192,8 @@ void kva__pool_run(kva__pool **pool, int threads, int64_t num_tasks, kva__pool_b
         kva__pool_destroy(*pool);
         *pool = NULL;
     }
-    if (threads > 1 && num_tasks > 1 && (!*pool || (*pool)->num_workers < threads - 1)) {
+    /* (a pool whose threads did not all start is not re-created for every run) */
+    if (threads > 1 && num_tasks > 1 && (!*pool || (*pool)->asked_workers < threads - 1)) {
         kva__pool_destroy(*pool);
         *pool = pool_create(threads - 1);
     }
