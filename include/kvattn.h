@@ -107,10 +107,13 @@ typedef struct kva_context kva_context;
  * environment variable KVA_CPU_ISA names (avx512 | avx2 | neon | generic | auto). A CUDA
  * context picks its prefill kernels once: the warp-specialised Hopper kernel on an sm_90 device
  * when the build holds sm_90a code, else the mma.sync kernels; the environment variable
- * KVA_PREFILL_PATH (mma | wgmma | hopper; for tests and comparisons) forces one.
+ * KVA_PREFILL_PATH (mma | wgmma | hopper; for tests and comparisons) forces one. The other test
+ * knobs a CUDA context reads (KVA_DECODE_GROUP_PATH = subgroups | prefill, KVA_PREFILL_PERSISTENT
+ * and KVA_PREFILL_BALANCE_MIN_TILES = a number, KVA_PREFILL_TMA_STRICT = 0 | 1) are checked here.
  * @return KVA_OK, KVA_ERR_NOT_BUILT (CUDA not compiled in), KVA_ERR_DEVICE (no such device),
  *         KVA_ERR_UNSUPPORTED (KVA_CPU_ISA names a variant this build or CPU cannot run, or
- *         KVA_PREFILL_PATH a path that does not exist or this build or device lacks). */
+ *         KVA_PREFILL_PATH a path that does not exist or this build or device lacks, or another
+ *         knob a value it does not know). */
 kva_status kva_context_create(kva_device_type device, int device_id, kva_context **out);
 /* NULL is a no-op. No call may use ctx afterwards, except kva_cache_destroy on caches created
  * with it: their memory is released there, and ctx itself with the last of them. */

@@ -57,6 +57,45 @@ KVA_TEST(cuda_prefill_path_env) {
     }
 }
 
+/* The other kernel-choice knobs: a CUDA context refuses a value it does not know (naming the
+ * variable) and takes the ones it does. */
+KVA_TEST(cuda_kernel_knobs_env) {
+    if (!kva_cuda_available()) {
+        kva_test_skip("no CUDA device");
+        return;
+    }
+    static const struct {
+        const char *name, *value;
+        int ok;
+    } cases[] = {
+        {"KVA_DECODE_GROUP_PATH", "subgroups", 1}, {"KVA_DECODE_GROUP_PATH", "prefill", 1},
+        {"KVA_DECODE_GROUP_PATH", "subgroup", 0},  {"KVA_PREFILL_PERSISTENT", "0", 1},
+        {"KVA_PREFILL_PERSISTENT", "7", 1},        {"KVA_PREFILL_PERSISTENT", "on", 0},
+        {"KVA_PREFILL_PERSISTENT", "-1", 0},       {"KVA_PREFILL_BALANCE_MIN_TILES", "4", 1},
+        {"KVA_PREFILL_BALANCE_MIN_TILES", "4x", 0}, {"KVA_PREFILL_TMA_STRICT", "1", 1},
+        {"KVA_PREFILL_TMA_STRICT", "yes", 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; ++i) {
+        kva_test_env env;
+        kva_test_env_set(&env, cases[i].name, cases[i].value);
+        kva_context *ctx = NULL;
+        const kva_status st = kva_context_create(KVA_DEVICE_CUDA, 0, &ctx);
+        if (cases[i].ok) {
+            CHECK_MSG(st == KVA_OK && ctx, "%s=%s: %s (%s)", cases[i].name, cases[i].value, kva_status_str(st),
+                      kva_last_error());
+        } else {
+            CHECK_MSG(st == KVA_ERR_UNSUPPORTED && !ctx, "%s=%s: %s, expected KVA_ERR_UNSUPPORTED", cases[i].name,
+                      cases[i].value, kva_status_str(st));
+            char want[96];
+            snprintf(want, sizeof want, "kva_context_create: %s=%s is not one of", cases[i].name, cases[i].value);
+            CHECK_MSG(strstr(kva_last_error(), want) != NULL, "%s=%s: message '%s'", cases[i].name, cases[i].value,
+                      kva_last_error());
+        }
+        kva_context_destroy(ctx);
+        kva_test_env_restore(&env);
+    }
+}
+
 KVA_TEST(cuda_errors_are_reported) {
     kva_context *bad = NULL;
     if (kva_cuda_available()) {

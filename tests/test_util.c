@@ -157,7 +157,10 @@ void kva_test_env_set(kva_test_env *e, const char *name, const char *value) {
     e->name = name;
     e->had = old != NULL;
     snprintf(e->saved, sizeof e->saved, "%s", old ? old : "");
-    setenv(name, value, 1);
+    if (value)
+        setenv(name, value, 1);
+    else
+        unsetenv(name);
 }
 
 void kva_test_env_restore(const kva_test_env *e) {

@@ -47,8 +47,9 @@ int64_t kva_compare_lse(const char *what, const float *got, const double *ref, s
 /* Host buffer helpers that fail the test on allocation failure. */
 void *kva_test_alloc(size_t bytes);
 
-/* An environment variable set for a stretch of a test and then put back as it was (set to its old
- * value, or unset): knobs such as KVA_PREFILL_PERSISTENT that the library reads per call. */
+/* An environment variable set (value NULL: unset) for a stretch of a test and then put back as it
+ * was (set to its old value, or unset): knobs such as KVA_PREFILL_PERSISTENT that the library
+ * reads per call. */
 typedef struct {
     const char *name;
     bool had;

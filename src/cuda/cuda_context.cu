@@ -11,6 +11,7 @@
 #include "decode_kernels.h"
 #include "prefill_kernels.h"
 #include "variant.h"
+#include "../common/env_knob.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -218,6 +219,15 @@ extern "C" kva_status kva__cuda_context_init(kva_context *ctx) {
      * silently ran the default path would report the wrong kernel's numbers. */
     const char *path = getenv("KVA_PREFILL_PATH");
     if (path && !*path) path = NULL;
+    /* the other kernel-choice knobs, read where they apply (per call), checked here likewise */
+    static const char *const group_paths[] = {"subgroups", "prefill", NULL};
+    static const char *const number[] = {"#", NULL};
+    static const char *const flag[] = {"0", "1", NULL};
+    const char *knob = NULL;
+    if (st == KVA_OK) st = kva__env_knob("kva_context_create", "KVA_DECODE_GROUP_PATH", group_paths, &knob);
+    if (st == KVA_OK) st = kva__env_knob("kva_context_create", "KVA_PREFILL_PERSISTENT", number, &knob);
+    if (st == KVA_OK) st = kva__env_knob("kva_context_create", "KVA_PREFILL_BALANCE_MIN_TILES", number, &knob);
+    if (st == KVA_OK) st = kva__env_knob("kva_context_create", "KVA_PREFILL_TMA_STRICT", flag, &knob);
     bool sm90a = false;
 #ifdef KVA_HAVE_SM90A /* the build holds sm_90a code (KVA_CUDA_ARCHS has 90a) */
     sm90a = prop.major == 9;
