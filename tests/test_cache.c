@@ -1147,10 +1147,10 @@ KVA_TEST(cache_cpu_append_and_copy_pages_views) {
     kva_rng r;
     kva_rng_seed(&r, kva_test_seed());
     for (int d = 0; d < 3; ++d)
-        for (int form = 0; form < 3; ++form) {
+        for (int form = 0; form < 4; ++form) {
             kva_dtype dt = all_dtypes[d];
             size_t es = kva_dtype_size(dt);
-            int32_t P = 9, ps = kva_rng_int(&r, 1, 7), H = kva_rng_int(&r, 1, 3),
+            int32_t P = 9, ps = kva_rng_int(&r, 1, 7), H = kva_rng_int(&r, form == 3 ? 2 : 1, 3),
                     D = vec_of(dt) * 2;
             kva_kv_pages pg;
             size_t elems; /* per pool */
@@ -1161,7 +1161,7 @@ KVA_TEST(cache_cpu_append_and_copy_pages_views) {
                 vpool = kva_test_alloc(elems * es);
                 pg = kva_kv_pages_separate(kpool, vpool, dt, P, ps, H, D,
                                            form ? KVA_LAYOUT_HND : KVA_LAYOUT_NHD);
-            } else { /* padded: token rows, heads and pages all strided with gaps */
+            } else if (form == 2) { /* padded: token rows, heads and pages all strided with gaps */
                 int64_t st_tok = (int64_t)H * D + vec_of(dt),
                         st_page = ps * st_tok + 2 * vec_of(dt);
                 elems = (size_t)(P * st_page);
@@ -1170,11 +1170,20 @@ KVA_TEST(cache_cpu_append_and_copy_pages_views) {
                 pg = kva_kv_pages_separate(kpool, vpool, dt, P, ps, H, D, KVA_LAYOUT_NHD);
                 pg.stride_token = st_tok;
                 pg.stride_page = st_page;
+            } else { /* padded HND: token rows packed, each head's rows and each page with a gap */
+                int64_t st_head = (int64_t)ps * D + vec_of(dt), st_page = H * st_head + 2 * vec_of(dt);
+                elems = (size_t)(P * st_page);
+                kpool = kva_test_alloc(elems * es);
+                vpool = kva_test_alloc(elems * es);
+                pg = kva_kv_pages_separate(kpool, vpool, dt, P, ps, H, D, KVA_LAYOUT_HND);
+                pg.stride_head = st_head;
+                pg.stride_page = st_page;
             }
             kva_poison(kpool, elems * es);
             kva_poison(vpool, elems * es);
-            /* distinct random slots in the first 6 pages */
-            int32_t nslots = 6 * ps, T = kva_rng_int(&r, 1, nslots);
+            /* distinct random slots in the first 6 pages (every slot in the padded forms, whose
+             * pages are copied row by row: the last rows of the copied pages must arrive too) */
+            int32_t nslots = 6 * ps, T = form >= 2 ? nslots : kva_rng_int(&r, 1, nslots);
             int32_t *perm = kva_test_alloc((size_t)nslots * sizeof(int32_t));
             for (int32_t i = 0; i < nslots; ++i) perm[i] = i;
             kva_rng_shuffle_i32(&r, perm, nslots);
@@ -1210,7 +1219,7 @@ KVA_TEST(cache_cpu_append_and_copy_pages_views) {
                     }
                 }
             /* The contiguous forms copy the whole page (gaps included, which are poison in
-             * both); the padded form copies rows only, so its gaps stay poison too. */
+             * both); the padded forms copy rows only, so their gaps stay poison too. */
             CHECK_MSG(memcmp(kpool, kexp, elems * es) == 0 && memcmp(vpool, vexp, elems * es) == 0,
                       "%s form %d (page_size %d, heads %d): pool differs from expectation",
                       kva_dtype_name(dt), form, ps, H);
@@ -1312,6 +1321,55 @@ KVA_TEST(cache_prefault_keeps_contents_and_commits_the_pool) {
     free(vb);
     kva_cache_destroy(c);
     kva_context_destroy(ctx);
+}
+
+/* kva__cpu_prefault on fresh memory (a private mapping, advised against huge pages so that the
+ * kernel maps 4 KB pages only) at a start that is not page aligned: every page the range touches
+ * is resident afterwards -- the last one too, which a 4 KB stride from the start does not reach --
+ * and no page past it; with one thread and several, ranges of several 2 MB frames. */
+KVA_TEST(cache_prefault_touches_every_page_of_a_range) {
+#if defined(__linux__) && defined(MADV_NOHUGEPAGE)
+    kva_context *ctx = NULL;
+    REQUIRE_OK(kva_context_create(KVA_DEVICE_CPU, 0, &ctx));
+    kva_rng r;
+    kva_rng_seed(&r, kva_test_seed());
+    const size_t page = 4096, map_bytes = (size_t)12 << 20;
+    for (int rep = 0; rep < 4; ++rep) {
+        CHECK_OK(kva_context_set_threads(ctx, rep % 2 ? 3 : 1));
+        unsigned char *map = mmap(NULL, map_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (map == MAP_FAILED) {
+            kva_test_fail(__FILE__, __LINE__, "mmap of %zu bytes failed", map_bytes);
+            break;
+        }
+        if (madvise(map, map_bytes, MADV_NOHUGEPAGE) != 0 || resident_pages(map, map_bytes) != 0) {
+            munmap(map, map_bytes);
+            kva_test_skip("no fresh, non-resident 4 KB-page mapping here");
+            break;
+        }
+        /* a start in the last 100 bytes of a page and an end just past a page start: the range's
+         * last page lies beyond every start + k * 4 KB */
+        const size_t off = page - (size_t)kva_rng_int(&r, 1, 100) * 8;
+        const size_t frames = (size_t)kva_rng_int(&r, 1, 4);
+        const size_t bytes = frames * ((size_t)2 << 20) + (size_t)kva_rng_int(&r, 1, 200) * page -
+                             off + (size_t)kva_rng_int(&r, 1, 64);
+        unsigned char *p = map + page + off; /* the page before the range stays untouched */
+        kva__cpu_prefault(ctx, p, bytes);
+        const int64_t want = (int64_t)((page + off + bytes + page - 1) / page) - 1;
+        const int64_t got = resident_pages(p, bytes);
+        CHECK_MSG(got == want, "%zu bytes at page offset %zu (%d threads): %lld of %lld pages resident", bytes, off,
+                  kva_context_threads(ctx), (long long)got, (long long)want);
+        const unsigned char *after = map + ((page + off + bytes - 1) / page + 1) * page; /* the next page */
+        CHECK_MSG(resident_pages(map, page) == 0 && resident_pages(after, page) == 0,
+                  "%zu bytes at page offset %zu: a page outside the range was touched", bytes, off);
+        size_t nonzero = 0;
+        for (size_t i = 0; i < bytes; i += 997) nonzero += p[i] != 0;
+        CHECK_MSG(nonzero == 0 && p[bytes - 1] == 0, "prefault changed fresh (zero) memory");
+        munmap(map, map_bytes);
+    }
+    kva_context_destroy(ctx);
+#else
+    kva_test_skip("no MADV_NOHUGEPAGE on this platform");
+#endif
 }
 
 /* ------------------------------------------------------------------------------------------ */

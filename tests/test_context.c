@@ -2,14 +2,22 @@
  * test_context.c -- a CPU context's thread count: the cores its creating thread may run on (its
  * affinity mask, as taskset or a container's cpuset sets it), not the machine's; set_threads(0)
  * returns to that count, which stays fixed for the context (the split policy and so workspace
- * sizes depend on it).
+ * sizes depend on it). set_threads is what threads and kva_context_info report, stops the workers
+ * of the old count, and leaves workspace sizes alone; kva_memcpy copies every kind on the CPU; the
+ * context's name is the CPU model.
  */
 #define _GNU_SOURCE
 #include "harness.h"
 #include "test_util.h"
 
+#include <dirent.h>
 #include <pthread.h>
 #include <sched.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
 
 typedef struct pinned_result {
     int pinned, threads_at_create, threads_after_reset, status;
@@ -64,4 +72,169 @@ KVA_TEST(context_threads_follow_the_affinity_mask) {
     CHECK_MSG(r.threads_at_create == 1 && r.threads_after_reset == 1,
               "pinned to one core: %d threads at creation, %d after set_threads(0)", r.threads_at_create,
               r.threads_after_reset);
+}
+
+/* set_threads(n) is what kva_context_threads and kva_context_info's num_sms report afterwards;
+ * set_threads(0) goes back to the core count the context was created with. */
+KVA_TEST(context_set_threads_is_reported_and_zero_restores_the_cores) {
+    kva_context *ctx = NULL;
+    REQUIRE_OK(kva_context_create(KVA_DEVICE_CPU, 0, &ctx));
+    const int cores = kva_context_threads(ctx);
+    const int counts[] = {cores + 2, 1, 0, 5, 3, 0};
+    for (size_t i = 0; i < sizeof counts / sizeof counts[0]; ++i) {
+        CHECK_OK(kva_context_set_threads(ctx, counts[i]));
+        const int want = counts[i] ? counts[i] : cores;
+        kva_device_info info;
+        memset(&info, 0xff, sizeof info);
+        CHECK_OK(kva_context_info(ctx, &info));
+        CHECK_MSG(kva_context_threads(ctx) == want && info.num_sms == want,
+                  "set_threads(%d) on %d cores: %d threads, info.num_sms %d (want %d)", counts[i], cores,
+                  kva_context_threads(ctx), info.num_sms, want);
+    }
+    kva_context_destroy(ctx);
+}
+
+/* Threads of this process (/proc/self/task), or -1 where that cannot be read. */
+static int process_threads(void) {
+    DIR *d = opendir("/proc/self/task");
+    if (!d) return -1;
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d)) != NULL;)
+        if (e->d_name[0] != '.') ++n;
+    closedir(d);
+    return n;
+}
+
+/* Waits (up to 5 s) for the process to have `want` threads: a joined thread leaves
+ * /proc/self/task a moment after pthread_join returns. Returns the last count seen. */
+static int await_process_threads(int want) {
+    int n = process_threads();
+    for (int i = 0; i < 5000 && n != want; ++i) {
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+        n = process_threads();
+    }
+    return n;
+}
+
+/* A threaded run starts the context's workers; changing the thread count stops them (the next
+ * threaded run starts as many as it needs) rather than leaving them idle for the context's life. */
+KVA_TEST(context_set_threads_stops_the_old_workers) {
+    if (process_threads() < 1) {
+        kva_test_skip("/proc/self/task cannot be read");
+        return;
+    }
+    kva_context *ctx = NULL;
+    REQUIRE_OK(kva_context_create(KVA_DEVICE_CPU, 0, &ctx));
+    kva_rng rng;
+    kva_rng_seed(&rng, kva_test_seed());
+    /* a merge large enough to be split across threads (cpu_merge.c) */
+    const int32_t rows = 700, states = 2, D = 64;
+    float *v = kva_test_alloc(sizeof(float) * (size_t)rows * states * D);
+    float *lse = kva_test_alloc(sizeof(float) * (size_t)rows * states);
+    float *out = kva_test_alloc(sizeof(float) * (size_t)rows * D);
+    kva_fill_random(&rng, v, KVA_F32, (size_t)rows * states * D, -1.0f, 1.0f);
+    kva_fill_random(&rng, lse, KVA_F32, (size_t)rows * states, -3.0f, 3.0f);
+    const int before = process_threads();
+    REQUIRE_OK(kva_context_set_threads(ctx, 4));
+    CHECK_OK(kva_merge_states(ctx, rows, states, D, KVA_F32, v, lse, out, NULL));
+    const int running = process_threads();
+    CHECK_MSG(running == before + 3, "%d threads before, %d after a 4-thread run (want 3 workers)", before,
+              running);
+    REQUIRE_OK(kva_context_set_threads(ctx, 1));
+    const int after = await_process_threads(before);
+    CHECK_MSG(after == before, "set_threads(1) left %d of the run's %d threads (%d before it)", after, running,
+              before);
+    /* and a later threaded run starts workers again */
+    REQUIRE_OK(kva_context_set_threads(ctx, 2));
+    CHECK_OK(kva_merge_states(ctx, rows, states, D, KVA_F32, v, lse, out, NULL));
+    CHECK_MSG(process_threads() == before + 1, "a 2-thread run: %d threads, %d before", process_threads(), before);
+    kva_context_destroy(ctx);
+    CHECK_MSG(await_process_threads(before) == before, "kva_context_destroy left workers running");
+    free(v);
+    free(lse);
+    free(out);
+}
+
+/* Workspace sizes depend on the core count the context was created with, never on
+ * kva_context_set_threads: a workspace sized once stays valid whatever the thread count. */
+KVA_TEST(context_workspace_sizes_do_not_follow_set_threads) {
+    kva_context *ctx = NULL;
+    REQUIRE_OK(kva_context_create(KVA_DEVICE_CPU, 0, &ctx));
+    kva_plan_limits lim;
+    memset(&lim, 0, sizeof lim);
+    lim.max_batch = 16;
+    lim.max_total_pages = 4096;
+    lim.max_total_kv = 65536;
+    lim.max_total_qo = 4096;
+    lim.num_qo_heads = 8;
+    lim.num_kv_heads = 2;
+    lim.head_dim = 128;
+    lim.page_size = 16;
+    size_t dd0 = 0, dh0 = 0, pd0 = 0, ph0 = 0;
+    REQUIRE_OK(kva_decode_workspace_size(ctx, &lim, &dd0, &dh0));
+    REQUIRE_OK(kva_prefill_workspace_size(ctx, &lim, &pd0, &ph0));
+    const int counts[] = {1, 7, 64, 0};
+    for (int i = 0; i < 4; ++i) {
+        REQUIRE_OK(kva_context_set_threads(ctx, counts[i]));
+        size_t dd = 0, dh = 0, pd = 0, ph = 0;
+        CHECK_OK(kva_decode_workspace_size(ctx, &lim, &dd, &dh));
+        CHECK_OK(kva_prefill_workspace_size(ctx, &lim, &pd, &ph));
+        CHECK_MSG(dd == dd0 && dh == dh0 && pd == pd0 && ph == ph0,
+                  "set_threads(%d) changed workspace sizes: decode %zu+%zu -> %zu+%zu, prefill %zu+%zu -> "
+                  "%zu+%zu",
+                  counts[i], dd0, dh0, dd, dh, pd0, ph0, pd, ph);
+    }
+    kva_context_destroy(ctx);
+}
+
+/* On the CPU every copy kind is a host copy, bytes exactly. */
+KVA_TEST(context_memcpy_copies_every_kind_on_the_cpu) {
+    kva_context *ctx = NULL;
+    REQUIRE_OK(kva_context_create(KVA_DEVICE_CPU, 0, &ctx));
+    kva_rng rng;
+    kva_rng_seed(&rng, kva_test_seed());
+    const kva_copy_kind kinds[3] = {KVA_COPY_HOST_TO_DEVICE, KVA_COPY_DEVICE_TO_HOST, KVA_COPY_DEVICE_TO_DEVICE};
+    const size_t n = 4096 + 77;
+    unsigned char *src = kva_test_alloc(n), *dst = kva_test_alloc(n + 16);
+    for (int k = 0; k < 3; ++k) {
+        for (size_t i = 0; i < n; ++i) src[i] = (unsigned char)kva_rng_int(&rng, 0, 255);
+        kva_poison(dst, n + 16);
+        CHECK_OK(kva_memcpy(ctx, dst, src, n, kinds[k]));
+        bool tail = true;
+        for (size_t i = n; i < n + 16; ++i) tail = tail && dst[i] == 0xFF;
+        CHECK_MSG(memcmp(dst, src, n) == 0 && tail, "kind %d: copy differs or wrote past its end", (int)kinds[k]);
+    }
+    free(src);
+    free(dst);
+    kva_context_destroy(ctx);
+}
+
+/* A CPU context's name is the CPU's model as /proc/cpuinfo gives it ("model name : ..."), or
+ * "CPU" where there is none. */
+KVA_TEST(context_info_names_the_cpu_model) {
+    char want[128] = "CPU";
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (f) {
+        char line[512];
+        while (fgets(line, sizeof line, f)) {
+            if (strncmp(line, "model name", 10) != 0) continue;
+            const char *v = strchr(line, ':');
+            if (v) {
+                ++v;
+                while (*v == ' ' || *v == '\t') ++v;
+                snprintf(want, sizeof want, "%.*s", (int)strcspn(v, "\n"), v);
+            }
+            break;
+        }
+        fclose(f);
+    }
+    kva_context *ctx = NULL;
+    REQUIRE_OK(kva_context_create(KVA_DEVICE_CPU, 0, &ctx));
+    kva_device_info info;
+    memset(&info, 0xff, sizeof info);
+    CHECK_OK(kva_context_info(ctx, &info));
+    CHECK_MSG(memchr(info.name, 0, sizeof info.name) != NULL && strcmp(info.name, want) == 0,
+              "context name \"%.*s\", /proc/cpuinfo model name \"%s\"", (int)sizeof info.name, info.name, want);
+    kva_context_destroy(ctx);
 }

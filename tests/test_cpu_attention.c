@@ -3,9 +3,10 @@
  * head dims (64, 128, 256 and the odd 80), GQA ratios 1/2/4/8, lengths 0, 1 and off the tile
  * sizes, causal (also with more queries than keys), sliding window, soft cap, custom sm_scale,
  * score_mod (an ALiBi-like bias and a mask that hides whole queries), NHD and HND views with
- * padded strides, one thread and all. Outputs and LSE are poisoned before each call; padding
- * between rows and past the LSE must stay poisoned. Also: causal-mask independence (changing
- * keys / values after a query's position leaves its output bit-identical).
+ * padded strides (K and V in different views too), one thread and all. Outputs and LSE are
+ * poisoned before each call; padding between rows and past the LSE must stay poisoned. Also:
+ * causal-mask independence (changing keys / values after a query's position leaves its output
+ * bit-identical).
  * KVA_TEST_QUICK=1 shrinks the sweep.
  */
 #include "harness.h"
@@ -97,6 +98,7 @@ typedef struct dense_case {
     kva_score_mod_fn mod;
     int hnd;
     int32_t pad;
+    int v_other; /* v in the other layout than k (and padded differently): strides of its own */
 } dense_case;
 
 static dense_case base_case(kva_dtype dt, int32_t hq, int32_t hk, int32_t d, int32_t qo,
@@ -115,13 +117,13 @@ static dense_case base_case(kva_dtype dt, int32_t hq, int32_t hk, int32_t d, int
 
 static void describe(const dense_case *c, char *buf, size_t n) {
     snprintf(buf, n,
-             "%s Hq=%d Hk=%d D=%d qo=%d kv=%d causal=%d window=%d cap=%g scale=%g mod=%s %s",
+             "%s Hq=%d Hk=%d D=%d qo=%d kv=%d causal=%d window=%d cap=%g scale=%g mod=%s %s%s",
              kva_dtype_name(c->dt), c->hq, c->hk, c->d, c->qo, c->kv, c->causal, c->window,
              (double)c->cap, (double)c->scale,
              c->mod == alibi_mod   ? "alibi"
              : c->mod == holes_mod ? "holes"
                                    : "none",
-             c->hnd ? "HND" : "NHD");
+             c->hnd ? "HND" : "NHD", c->v_other ? (c->hnd ? ", v NHD" : ", v HND") : "");
 }
 
 static void check_dense(kva_context *ctx, kva_rng *rng, const dense_case *c) {
@@ -130,7 +132,7 @@ static void check_dense(kva_context *ctx, kva_rng *rng, const dense_case *c) {
     view_buf q, k, v, o;
     view_alloc(&q, c->dt, c->qo, c->hq, c->d, c->hnd, c->pad);
     view_alloc(&k, c->dt, c->kv, c->hk, c->d, c->hnd, c->pad);
-    view_alloc(&v, c->dt, c->kv, c->hk, c->d, c->hnd, c->pad);
+    view_alloc(&v, c->dt, c->kv, c->hk, c->d, c->v_other ? !c->hnd : c->hnd, c->v_other ? (c->pad ? 0 : 1) : c->pad);
     view_alloc(&o, c->dt, c->qo, c->hq, c->d, c->hnd, c->pad);
     kva_fill_random(rng, q.data, c->dt, q.elems, -2.0f, 2.0f);
     kva_fill_random(rng, k.data, c->dt, k.elems, -1.0f, 1.0f);
@@ -308,6 +310,30 @@ KVA_TEST(cpu_attention_layouts_and_threads) {
                 c.causal = 1;
                 c.hnd = hnd;
                 c.pad = pad;
+                check_dense(ctx, &rng, &c);
+            }
+    }
+    kva_context_destroy(ctx);
+}
+
+/* K and V are separate views: each is read through its own strides (here V in the other layout,
+ * padded differently), one thread and all. */
+KVA_TEST_CPU_VARIANTS(cpu_attention_k_and_v_views_differ) {
+    kva_context *ctx = cpu_context();
+    if (!ctx) return;
+    kva_rng rng;
+    kva_rng_seed(&rng, kva_test_seed());
+    const kva_dtype dts[3] = {KVA_F32, KVA_F16, KVA_BF16};
+    for (int threads = 1; threads >= 0; --threads) {
+        CHECK_OK(kva_context_set_threads(ctx, threads));
+        for (int hnd = 0; hnd <= 1; ++hnd)
+            for (int32_t pad = 0; pad <= 2; pad += 2) {
+                dense_case c = base_case(dts[kva_rng_int(&rng, 0, 2)], 8, 2, 64, kva_rng_int(&rng, 1, 70),
+                                         kva_rng_int(&rng, 70, 140));
+                c.causal = kva_rng_int(&rng, 0, 1);
+                c.hnd = hnd;
+                c.pad = pad;
+                c.v_other = 1;
                 check_dense(ctx, &rng, &c);
             }
     }

@@ -1,13 +1,16 @@
 /*
  * test_cpu_dispatch.c -- the choice of CPU kernel variant (src/cpu/cpu_dispatch.c): the default
  * is the best variant this CPU runs, KVA_CPU_ISA selects any built variant the CPU runs and
- * refuses the rest without creating a context, and kva_cpu_variant reports what was chosen.
+ * refuses the rest without creating a context (a built variant exactly when the CPU cannot run
+ * it; an unknown name with the list of built ones), an empty KVA_CPU_ISA is auto, and
+ * kva_cpu_variant reports what was chosen.
  * (That every variant computes the right thing is checked by the CPU sweeps, which run under
  * each variant: KVA_TEST_CPU_VARIANTS in test_cpu_decode.c, test_cpu_prefill.c and
  * test_cpu_attention.c.)
  */
 #include "harness.h"
 
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -101,4 +104,57 @@ KVA_TEST(cpu_dispatch_override_selects_or_refuses) {
     CHECK_STATUS(create_under("avx2", got, sizeof got), KVA_ERR_UNSUPPORTED);
 #endif
     CHECK(kva_cpu_variant(NULL) == NULL);
+}
+
+/* Whether this CPU runs a variant, from the compiler's own cpuid reading (-1: not known here). */
+static int cpu_runs(const char *name) {
+    if (strcmp(name, "generic") == 0) return 1;
+#if defined(__x86_64__) && defined(__GNUC__)
+    __builtin_cpu_init();
+    const int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c();
+    if (strcmp(name, "avx2") == 0) return avx2;
+    if (strcmp(name, "avx512") == 0)
+        return avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+               __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+    return 0; /* neon */
+#elif defined(__aarch64__)
+    return strcmp(name, "neon") == 0 ? 1 : 0;
+#else
+    return -1;
+#endif
+}
+
+/* A built variant is selected exactly when this CPU runs it ("cannot run" otherwise); the
+ * refusal of an unknown name lists the built variants, best first, as "built: a, b; or auto";
+ * an empty KVA_CPU_ISA is the default, like auto. */
+KVA_TEST(cpu_dispatch_selects_exactly_what_the_cpu_runs) {
+    static const char *const names[] = {"avx512", "avx2", "neon", "generic"};
+    char built[128] = "";
+    for (int i = 0; i < 4; ++i) {
+        char got[64];
+        kva_status st = create_under(names[i], got, sizeof got);
+        const int runs = cpu_runs(names[i]);
+        const bool not_built = st == KVA_ERR_UNSUPPORTED && strstr(kva_last_error(), "no such CPU kernel variant");
+        if (!not_built) {
+            if (built[0]) strcat(built, ", ");
+            strcat(built, names[i]);
+        }
+        if (not_built || runs < 0) continue;
+        if (runs)
+            CHECK_MSG(st == KVA_OK && strcmp(got, names[i]) == 0, "KVA_CPU_ISA=%s on a CPU that runs it: %s (%s)",
+                      names[i], kva_status_str(st), st == KVA_OK ? got : kva_last_error());
+        else
+            CHECK_MSG(st == KVA_ERR_UNSUPPORTED && strstr(kva_last_error(), "cannot run") != NULL,
+                      "KVA_CPU_ISA=%s on a CPU without it: %s (%s)", names[i], kva_status_str(st),
+                      st == KVA_OK ? got : kva_last_error());
+    }
+    char got[64];
+    CHECK_STATUS(create_under("avx", got, sizeof got), KVA_ERR_UNSUPPORTED);
+    char want[200];
+    snprintf(want, sizeof want, "(built: %s; or auto)", built);
+    CHECK_MSG(strstr(kva_last_error(), want) != NULL, "\"%s\" does not list %s", kva_last_error(), want);
+    char dflt[64], empty[64];
+    CHECK_OK(create_under(NULL, dflt, sizeof dflt));
+    CHECK_OK(create_under("", empty, sizeof empty));
+    CHECK_MSG(strcmp(empty, dflt) == 0, "KVA_CPU_ISA= (empty) gave %s, default %s", empty, dflt);
 }

@@ -5,8 +5,9 @@
  * plans that must agree, chunked prefill over a cached prefix in a paged pool (page sizes
  * 1/3/16/64, shuffled physical pages, separate and interleaved pools, NHD and HND), variants
  * through split plans, a plan reused for a second layer, and causal-mask independence through
- * the split-and-merge path. Outputs, LSE and the workspace's partial-state area are poisoned
- * before each run. KVA_TEST_QUICK=1 shrinks the sweep.
+ * the split-and-merge path, K and V tensors in different layouts, and split requests of whole
+ * query tiles. Outputs, LSE and the workspace's partial-state area are poisoned before each run.
+ * KVA_TEST_QUICK=1 shrinks the sweep.
  */
 #include "harness.h"
 #include "test_util.h"
@@ -612,5 +613,82 @@ KVA_TEST(cpu_prefill_causal_independence_split) {
     free(kb);
     free(vb);
     free_batch(&b);
+    kva_context_destroy(ctx);
+}
+
+/* K and V are separate tensors, each read through its own strides: V in the other layout than K,
+ * through automatic, forced-split and unsplit plans. */
+KVA_TEST_CPU_VARIANTS(cpu_prefill_ragged_k_and_v_views_differ) {
+    kva_context *ctx = cpu_context();
+    if (!ctx) return;
+    kva_rng rng;
+    kva_rng_seed(&rng, kva_test_seed());
+    for (int k_hnd = 0; k_hnd <= 1; ++k_hnd) {
+        const kva_dtype dt = k_hnd ? KVA_BF16 : KVA_F32;
+        const int32_t hq = 4, hk = 2, D = 64;
+        batch b;
+        make_batch(&b, &rng, 5, 70, 60);
+        size_t es = kva_dtype_size(dt);
+        size_t qn = (size_t)b.total_qo * hq * D, kn = (size_t)b.total_kv * hk * D;
+        void *qb = kva_test_alloc(qn * es + 64), *kb = kva_test_alloc(kn * es + 64), *vb = kva_test_alloc(kn * es + 64);
+        kva_fill_random(&rng, qb, dt, qn, -2.0f, 2.0f);
+        kva_fill_random(&rng, kb, dt, kn, -1.0f, 1.0f);
+        kva_fill_random(&rng, vb, dt, kn, -1.0f, 1.0f);
+        kva_attn_params p = kva_attn_params_default(hq, hk, D);
+        p.causal = kva_rng_int(&rng, 0, 1);
+        char what[128];
+        snprintf(what, sizeof what, "ragged %s k %s, v %s causal=%d", kva_dtype_name(dt), k_hnd ? "HND" : "NHD",
+                 k_hnd ? "NHD" : "HND", p.causal);
+        check_plans(ctx, &rng, &p, &b, kva_tensor_nhd(qb, dt, hq, D), make_tensor(kb, dt, b.total_kv, hk, D, k_hnd),
+                    make_tensor(vb, dt, b.total_kv, hk, D, !k_hnd), NULL, what);
+        free(qb);
+        free(kb);
+        free(vb);
+        free_batch(&b);
+    }
+    kva_context_destroy(ctx);
+}
+
+/* Requests whose query counts are whole query tiles (64 tokens here: 8 query heads per KV head),
+ * every tile's keys split: the merge covers the last token of every tile, the plan's last
+ * included. */
+KVA_TEST(cpu_prefill_split_whole_query_tiles) {
+    kva_context *ctx = cpu_context();
+    if (!ctx) return;
+    kva_rng rng;
+    kva_rng_seed(&rng, kva_test_seed());
+    splits_seen = 0;
+    for (int c = 0; c < 3; ++c) {
+        const int32_t n = 1 + c;
+        batch b;
+        make_batch(&b, &rng, n, 2, 2); /* (lengths replaced below) */
+        for (int32_t i = 0; i < n; ++i) {
+            b.qo_len[i] = 64 * kva_rng_int(&rng, 1, 3);
+            b.kv_len[i] = b.qo_len[i] + kva_rng_int(&rng, 150, 300);
+            b.qo_indptr[i + 1] = b.qo_indptr[i] + b.qo_len[i];
+            b.kv_indptr[i + 1] = b.kv_indptr[i] + b.kv_len[i];
+        }
+        b.total_qo = b.qo_indptr[n];
+        b.total_kv = b.kv_indptr[n];
+        const kva_dtype dt = c == 1 ? KVA_F16 : KVA_F32;
+        const int32_t hq = 8, hk = 1, D = 64;
+        size_t es = kva_dtype_size(dt), qn = (size_t)b.total_qo * hq * D, kn = (size_t)b.total_kv * hk * D;
+        void *qb = kva_test_alloc(qn * es + 64), *kb = kva_test_alloc(kn * es + 64), *vb = kva_test_alloc(kn * es + 64);
+        kva_fill_random(&rng, qb, dt, qn, -2.0f, 2.0f);
+        kva_fill_random(&rng, kb, dt, kn, -1.0f, 1.0f);
+        kva_fill_random(&rng, vb, dt, kn, -1.0f, 1.0f);
+        kva_attn_params p = kva_attn_params_default(hq, hk, D);
+        p.causal = c != 2;
+        char what[128];
+        snprintf(what, sizeof what, "whole tiles case %d (%d requests, %s, causal=%d)", c, n, kva_dtype_name(dt),
+                 p.causal);
+        check_plans(ctx, &rng, &p, &b, kva_tensor_nhd(qb, dt, hq, D), kva_tensor_nhd(kb, dt, hk, D),
+                    kva_tensor_nhd(vb, dt, hk, D), NULL, what);
+        free(qb);
+        free(kb);
+        free(vb);
+        free_batch(&b);
+    }
+    CHECK_MSG(splits_seen == 3, "%d of 3 forced-split plans split: the merge went untested", splits_seen);
     kva_context_destroy(ctx);
 }

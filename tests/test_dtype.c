@@ -239,3 +239,16 @@ KVA_TEST(dtype_convert_matches_the_formats_definition) {
     free(tf);
     free(tb);
 }
+
+/* Each dtype's size and name, as kvattn.h lists them; unknown dtypes: 0 and "?". */
+KVA_TEST(dtype_sizes_and_names) {
+    const kva_dtype dts[3] = {KVA_F32, KVA_F16, KVA_BF16};
+    const size_t sizes[3] = {4, 2, 2};
+    const char *const names[3] = {"f32", "f16", "bf16"};
+    for (int i = 0; i < 3; ++i)
+        CHECK_MSG(kva_dtype_size(dts[i]) == sizes[i] && strcmp(kva_dtype_name(dts[i]), names[i]) == 0,
+                  "dtype %d: size %zu, name \"%s\" (want %zu, \"%s\")", (int)dts[i], kva_dtype_size(dts[i]),
+                  kva_dtype_name(dts[i]), sizes[i], names[i]);
+    CHECK(kva_dtype_size((kva_dtype)3) == 0 && strcmp(kva_dtype_name((kva_dtype)3), "?") == 0);
+    CHECK(kva_dtype_size((kva_dtype)-1) == 0 && strcmp(kva_dtype_name((kva_dtype)-1), "?") == 0);
+}

@@ -1,8 +1,11 @@
 /*
  * test_memory.c -- the memory helpers and object lifetimes: allocation sizes that cannot be
- * rounded up to the alignment, large blocks with huge-page advice, and a cache destroyed after
- * its context (run under ASan by `make test-asan`, where a use-after-free fails the test).
+ * rounded up to the alignment, large blocks with huge-page advice (on exactly the whole 2 MB
+ * frames of a block, as /proc/self/smaps records it; none with KVA_HUGE_PAGES=0), and a cache
+ * destroyed after its context (run under ASan by `make test-asan`, where a use-after-free or a
+ * leak fails the test).
  */
+#define _DEFAULT_SOURCE /* madvise, MADV_HUGEPAGE */
 #include "harness.h"
 #include "test_util.h"
 #include "../src/common/internal.h"
@@ -11,6 +14,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 
 /* Sizes near SIZE_MAX used to wrap to a 64-byte block when rounded up, and return KVA_OK. */
 KVA_TEST(memory_alloc_near_size_max_is_refused) {
@@ -114,4 +120,119 @@ KVA_TEST(memory_cache_destroyed_after_its_context) {
     kva_cache *c = small_cache(ctx);
     kva_cache_destroy(c);
     kva_context_destroy(ctx);
+}
+
+/* Whether the mapping that holds addr was advised MADV_HUGEPAGE ("hg" in its VmFlags line of
+ * /proc/self/smaps): 1 or 0, -1 where smaps cannot tell. madvise splits mappings, so this is
+ * the advice of addr's own 4 KB page. */
+static int advised_huge(uintptr_t addr) {
+    FILE *f = fopen("/proc/self/smaps", "r");
+    if (!f) return -1;
+    char line[512];
+    int inside = 0, result = -1;
+    while (fgets(line, sizeof line, f)) {
+        unsigned long lo, hi;
+        if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2 && strchr(line, '-') < strchr(line, ' ')) {
+            inside = addr >= lo && addr < hi;
+            continue;
+        }
+        if (inside && strncmp(line, "VmFlags:", 8) == 0) {
+            result = strstr(line, " hg") != NULL;
+            break;
+        }
+    }
+    fclose(f);
+    return result;
+}
+
+/* Bytes of the main heap ([heap] in /proc/self/maps), 0 where there is none or it cannot be read. */
+static size_t heap_bytes(void) {
+    FILE *f = fopen("/proc/self/maps", "r");
+    if (!f) return 0;
+    char line[512];
+    size_t n = 0;
+    while (fgets(line, sizeof line, f)) {
+        unsigned long lo, hi;
+        if (strstr(line, "[heap]") && sscanf(line, "%lx-%lx", &lo, &hi) == 2) n += hi - lo;
+    }
+    fclose(f);
+    return n;
+}
+
+/* kva__advise_huge_pages advises exactly the whole 2 MB frames inside [p, p + bytes) and reports
+ * 0; with no whole frame inside it advises nothing and reports -1. Checked on fresh mappings
+ * through the advice the kernel records (whether huge pages are then granted is the system's
+ * business and is not asserted). */
+KVA_TEST(memory_huge_page_advice_covers_whole_frames_only) {
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+    const size_t F = KVA__HUGE_PAGE_BYTES;
+    unsigned char *map = mmap(NULL, 8 * F, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (map == MAP_FAILED) {
+        kva_test_fail(__FILE__, __LINE__, "mmap of 16 MB failed");
+        return;
+    }
+    const uintptr_t B = kva__align_up((uintptr_t)map, F); /* frames B .. B + 6F lie inside */
+    if (advised_huge(B) != 0 || madvise((void *)(B + 6 * F), F, MADV_HUGEPAGE) != 0 ||
+        advised_huge(B + 6 * F) != 1) {
+        kva_test_skip("no MADV_HUGEPAGE here, or /proc/self/smaps shows no VmFlags");
+        munmap(map, 8 * F);
+        return;
+    }
+    kva_rng rng;
+    kva_rng_seed(&rng, kva_test_seed());
+    /* a block from inside frame 0 to inside frame 3: frames 1 and 2 are whole */
+    const size_t head = 4096 * (size_t)kva_rng_int(&rng, 1, 511), tail = 4096 * (size_t)kva_rng_int(&rng, 1, 511);
+    CHECK(kva__advise_huge_pages((void *)(B + head), 3 * F - head + tail) == 0);
+    CHECK_MSG(advised_huge(B + head) == 0 && advised_huge(B + F - 4096) == 0,
+              "the partial first frame was advised");
+    CHECK_MSG(advised_huge(B + F) == 1 && advised_huge(B + 2 * F) == 1 && advised_huge(B + 3 * F - 4096) == 1,
+              "a whole frame inside the block was not advised");
+    CHECK_MSG(advised_huge(B + 3 * F) == 0 && advised_huge(B + 3 * F + tail - 4096) == 0,
+              "the partial last frame was advised");
+    /* frame 4 to the very end of frame 4 (begin == end after rounding), and a block within it */
+    CHECK(kva__advise_huge_pages((void *)(B + 4 * F + 64), F - 64) == -1);
+    CHECK(kva__advise_huge_pages((void *)(B + 4 * F + head), 4096) == -1);
+    CHECK(kva__advise_huge_pages((void *)(B + 4 * F), 0) == -1);
+    CHECK_MSG(advised_huge(B + 4 * F) == 0 && advised_huge(B + 5 * F - 4096) == 0,
+              "a block without a whole frame was advised");
+    munmap(map, 8 * F);
+
+    /* kva_malloc: blocks of 2 MB and more, 2 MB exactly included, are 2 MB aligned and advised,
+     * unless KVA_HUGE_PAGES=0. The last block is larger than glibc's largest mmap threshold (32 MB)
+     * and than the whole heap, so it is a fresh mapping: advice seen on it is its own, not advice
+     * left on reused heap memory by an earlier block. */
+    kva_context *ctx = NULL;
+    REQUIRE_OK(kva_context_create(KVA_DEVICE_CPU, 0, &ctx));
+    const char *env = getenv("KVA_HUGE_PAGES");
+    char saved[16] = "";
+    if (env) snprintf(saved, sizeof saved, "%s", env);
+    const size_t heap = heap_bytes(), fresh = heap > ((size_t)33 << 20) ? heap : (size_t)33 << 20;
+    const size_t sizes[4] = {F, F + 1, 3 * F - 100, fresh + F + 64 * (size_t)kva_rng_int(&rng, 1, 1000)};
+    for (int off = 0; off < 2; ++off) {
+        if (off)
+            setenv("KVA_HUGE_PAGES", "0", 1);
+        else
+            unsetenv("KVA_HUGE_PAGES");
+        for (int i = 0; i < 4; ++i) {
+            void *p = NULL;
+            CHECK_OK(kva_malloc(ctx, sizes[i], &p));
+            if (!p) continue;
+            CHECK_MSG((uintptr_t)p % (off ? 64 : F) == 0, "kva_malloc(%zu) = %p%s: misaligned", sizes[i], p,
+                      off ? " (KVA_HUGE_PAGES=0)" : "");
+            if (!off) CHECK_MSG(advised_huge((uintptr_t)p) == 1, "kva_malloc(%zu): the block is not advised", sizes[i]);
+            if (off && i == 3)
+                CHECK_MSG(advised_huge((uintptr_t)p) == 0 && advised_huge((uintptr_t)p + sizes[i] - 1) == 0,
+                          "kva_malloc(%zu) with KVA_HUGE_PAGES=0: the block is advised", sizes[i]);
+            if (i < 3) check_usable(p, sizes[i]);
+            kva_free(ctx, p);
+        }
+    }
+    if (env)
+        setenv("KVA_HUGE_PAGES", saved, 1);
+    else
+        unsetenv("KVA_HUGE_PAGES");
+    kva_context_destroy(ctx);
+#else
+    kva_test_skip("no MADV_HUGEPAGE on this platform");
+#endif
 }

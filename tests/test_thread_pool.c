@@ -4,7 +4,8 @@
  * at the same time (per-thread scratch depends on it); back-to-back runs with different bodies
  * never mix (a worker late for one run must not take the next run's tasks with the old body);
  * workers that went to sleep wake for the next run; more threads than cores; two pools at once; a
- * forked child runs and destroys a pool inherited from its parent without hanging. `make
+ * forked child runs and destroys a pool inherited from its parent without hanging; runs with
+ * fewer threads than the pool has workers; runs when no worker thread can start. `make
  * test-tsan` runs these under ThreadSanitizer too.
  */
 #include "harness.h"
@@ -248,5 +249,113 @@ KVA_TEST(thread_pool_survives_fork) {
               WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
     tp_check_run(&pool, &r, 4, 3, 100, 300); /* the parent's pool still works */
     kva__pool_destroy(pool);
+#endif
+}
+
+/* A pool started for more threads than a later run asks for: that run's workers are thread 1 ..
+ * threads-1 only; the pool's other workers may join the run but never enter its body. The caller
+ * holds each run open (up to 20 ms after its own workers came, or until a wrong index shows) so
+ * that the extra workers, spinning or woken, come by while it is open. */
+typedef struct tp_linger {
+    tp_run *r;
+} tp_linger;
+
+static void tp_body_lingering(void *arg, int thread, kva__tasks *tasks) {
+    tp_run *r = ((tp_linger *)arg)->r;
+    if (thread == 0) {
+        const int64_t t0 = tp_now_ns();
+        while (tp_now_ns() - t0 < 20000000 && atomic_load(&r->bad_index) == 0) {
+            struct timespec ts = {0, 200000};
+            nanosleep(&ts, NULL);
+        }
+    }
+    tp_body(r, thread, tasks);
+}
+
+KVA_TEST(thread_pool_fewer_threads_than_workers) {
+    static tp_run r;
+    kva__pool *pool = NULL;
+    tp_check_run_ex(&pool, &r, 1, 6, 100, 0, 1); /* five workers */
+    const int threads[] = {2, 3, 5, 4, 2, 3};
+    for (int k = 0; k < 6 && kva_test_failures == 0; ++k) {
+        memset(&r, 0, sizeof r);
+        r.id = 2 + k;
+        r.threads = threads[k];
+        r.await_workers = 1;
+        tp_linger L = {&r};
+        kva__pool_run(&pool, threads[k], 64, tp_body_lingering, &L);
+        int bad = 0;
+        for (int i = 0; i < 64; ++i) bad += atomic_load(&r.count[i]) != 1 || atomic_load(&r.mark[i]) != r.id;
+        CHECK_MSG(bad == 0, "%d-thread run on a 6-thread pool: %d tasks not run once", threads[k], bad);
+        CHECK_MSG(atomic_load(&r.bad_index) == 0, "%d-thread run on a 6-thread pool: a worker entered the body as "
+                  "a thread index outside 0..%d", threads[k], threads[k] - 1);
+        CHECK_MSG(atomic_load(&r.await_timed_out) == 0, "%d-thread run: its workers did not all come", threads[k]);
+    }
+    kva__pool_destroy(pool);
+}
+
+#if defined(__SANITIZE_ADDRESS__) || defined(TP_TSAN)
+#define TP_NO_RLIMIT 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(memory_sanitizer)
+#define TP_NO_RLIMIT 1
+#endif
+#endif
+
+#if !defined(TP_NO_RLIMIT)
+#include <sys/resource.h>
+static int tp_block_fd = -1;
+static void *tp_blocker(void *arg) {
+    char c;
+    while (read(tp_block_fd, &c, 1) < 0) {
+    }
+    return arg;
+}
+#endif
+
+/* When no worker thread can be started, every run still completes, on the caller alone. Here: a
+ * forked child limits its address space to what it uses plus 1 MB (no room for a new thread
+ * stack), then starts blocked threads until that fails, so that no stack glibc kept from earlier
+ * threads is left either. */
+KVA_TEST(thread_pool_runs_alone_when_no_thread_starts) {
+#if defined(TP_NO_RLIMIT)
+    kva_test_skip("address space limits under a sanitizer");
+#else
+    static tp_run r;
+    fflush(stdout);
+    pid_t pid = fork();
+    TP_REQUIRE(pid >= 0);
+    if (pid == 0) {
+        alarm(30);
+        int fds[2];
+        FILE *f = fopen("/proc/self/statm", "r");
+        unsigned long pages = 0;
+        if (pipe(fds) != 0 || !f || fscanf(f, "%lu", &pages) != 1) _exit(77);
+        fclose(f);
+        tp_block_fd = fds[0];
+        struct rlimit lim = {(rlim_t)pages * (rlim_t)sysconf(_SC_PAGESIZE) + ((rlim_t)1 << 20), RLIM_INFINITY};
+        if (setrlimit(RLIMIT_AS, &lim) != 0) _exit(77);
+        enum { MAX_BLOCKERS = 64 };
+        pthread_t blockers[MAX_BLOCKERS];
+        int nb = 0;
+        while (nb < MAX_BLOCKERS && pthread_create(&blockers[nb], NULL, tp_blocker, NULL) == 0) ++nb;
+        if (nb == MAX_BLOCKERS) _exit(77); /* the limit does not stop threads here */
+        const int before = kva_test_failures;
+        kva__pool *pool = NULL;
+        for (int k = 1; k <= 3; ++k) tp_check_run(&pool, &r, k, 4, 300, 0);
+        kva__pool_destroy(pool);
+        close(fds[1]);
+        for (int i = 0; i < nb; ++i) pthread_join(blockers[i], NULL);
+        _exit(kva_test_failures == before ? 0 : 1);
+    }
+    int status = 0;
+    TP_REQUIRE(waitpid(pid, &status, 0) == pid);
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 77) {
+        kva_test_skip("could not keep threads from starting");
+        return;
+    }
+    CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child without threads: %s %d",
+              WIFEXITED(status) ? "exit status" : "killed by signal",
+              WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
 #endif
 }
