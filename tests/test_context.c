@@ -17,7 +17,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <time.h>
+#include <unistd.h>
 
 typedef struct pinned_result {
     int pinned, threads_at_create, threads_after_reset, status;
@@ -117,6 +119,22 @@ static int await_process_threads(int want) {
     return n;
 }
 
+/* Stores the thread's kernel id (its /proc/self/task entry). */
+static void *note_tid(void *arg) {
+    *(long *)arg = (long)syscall(SYS_gettid);
+    return NULL;
+}
+
+/* Waits (up to 5 s) for thread `tid` to leave /proc/self/task. */
+static void await_thread_gone(long tid) {
+    char path[64];
+    snprintf(path, sizeof path, "/proc/self/task/%ld", tid);
+    for (int i = 0; i < 5000 && access(path, F_OK) == 0; ++i) {
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
+}
+
 /* A threaded run starts the context's workers; changing the thread count stops them (the next
  * threaded run starts as many as it needs) rather than leaving them idle for the context's life. */
 KVA_TEST(context_set_threads_stops_the_old_workers) {
@@ -135,6 +153,14 @@ KVA_TEST(context_set_threads_stops_the_old_workers) {
     float *out = kva_test_alloc(sizeof(float) * (size_t)rows * D);
     kva_fill_random(&rng, v, KVA_F32, (size_t)rows * states * D, -1.0f, 1.0f);
     kva_fill_random(&rng, lse, KVA_F32, (size_t)rows * states, -3.0f, 3.0f);
+    /* a thread started and joined first: ThreadSanitizer starts a background thread of its own at
+     * the process's first pthread_create, which must not count as a worker */
+    pthread_t dummy;
+    long dummy_tid = 0;
+    if (pthread_create(&dummy, NULL, note_tid, &dummy_tid) == 0) {
+        pthread_join(dummy, NULL);
+        if (dummy_tid > 0) await_thread_gone(dummy_tid);
+    }
     const int before = process_threads();
     REQUIRE_OK(kva_context_set_threads(ctx, 4));
     CHECK_OK(kva_merge_states(ctx, rows, states, D, KVA_F32, v, lse, out, NULL));
