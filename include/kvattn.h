@@ -119,6 +119,7 @@ kva_status kva_context_create(kva_device_type device, int device_id, kva_context
  * with it: their memory is released there, and ctx itself with the last of them. */
 void kva_context_destroy(kva_context *ctx);
 
+/* The context's device (KVA_DEVICE_CPU for NULL: a query, not a call that can fail). */
 kva_device_type kva_context_device(const kva_context *ctx);
 
 /* CPU: number of threads for later calls (the caller and num_threads - 1 workers); 0 = the
@@ -127,6 +128,7 @@ kva_device_type kva_context_device(const kva_context *ctx);
  * on it (the caller and the others take its tasks). kva_context_destroy joins them. Ignored on
  * CUDA. */
 kva_status kva_context_set_threads(kva_context *ctx, int num_threads);
+/* The context's thread count (0 for NULL). */
 int kva_context_threads(const kva_context *ctx);
 
 /* The CPU kernel variant a CPU context runs: "avx512", "avx2", "neon" or "generic", chosen at

@@ -264,3 +264,18 @@ KVA_TEST(context_info_names_the_cpu_model) {
               "context name \"%.*s\", /proc/cpuinfo model name \"%s\"", (int)sizeof info.name, info.name, want);
     kva_context_destroy(ctx);
 }
+
+/* The queries on a context: its device, and for NULL the documented answers (CPU, 0 threads). */
+KVA_TEST(context_queries_and_null) {
+    kva_context *ctx = NULL;
+    REQUIRE_OK(kva_context_create(KVA_DEVICE_CPU, 0, &ctx));
+    CHECK(kva_context_device(ctx) == KVA_DEVICE_CPU);
+    CHECK(kva_context_device(NULL) == KVA_DEVICE_CPU);
+    CHECK(kva_context_threads(NULL) == 0);
+    kva_context_destroy(ctx);
+    if (kva_cuda_available()) {
+        REQUIRE_OK(kva_context_create(KVA_DEVICE_CUDA, 0, &ctx));
+        CHECK(kva_context_device(ctx) == KVA_DEVICE_CUDA);
+        kva_context_destroy(ctx);
+    }
+}
