@@ -51,7 +51,11 @@ def cuda_available():
 
 
 def set_num_threads(n):
-    """Worker threads of CPU calls (0: all cores)."""
+    """Threads of CPU calls, the calling one included (0: the cores this process may run on).
+
+    The library's own worker pool runs them (no OpenMP, so nothing to clash with PyTorch's
+    runtime): workers start at the first call that splits work, poll briefly after a call, then
+    sleep; a call never waits for a worker that has not started on it."""
     _ext.set_num_threads(int(n))
 
 

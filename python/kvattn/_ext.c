@@ -2446,7 +2446,7 @@ static PyObject *ext_set_num_threads(PyObject *m, PyObject *arg) {
     int32_t n;
     if (arg_i32(arg, "threads", &n) < 0) return NULL;
     if (n < 0) {
-        PyErr_SetString(PyExc_ValueError, "threads must be >= 0 (0: all cores)");
+        PyErr_SetString(PyExc_ValueError, "threads must be >= 0 (0: the cores this process may run on)");
         return NULL;
     }
     cpu_threads_wanted = (int)n;
