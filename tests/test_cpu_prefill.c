@@ -6,7 +6,9 @@
  * 1/3/16/64, shuffled physical pages, separate and interleaved pools, NHD and HND), variants
  * through split plans, a plan reused for a second layer, and causal-mask independence through
  * the split-and-merge path, K and V tensors in different layouts, and split requests of whole
- * query tiles. Outputs, LSE and the workspace's partial-state area are poisoned before each run.
+ * query tiles, a score modifier that ignores its input (the masks apply after it), and
+ * non-causal requests with more queries than keys under a window of INT32_MAX. Outputs, LSE
+ * and the workspace's partial-state area are poisoned before each run.
  * KVA_TEST_QUICK=1 shrinks the sweep.
  */
 #include "harness.h"
@@ -436,6 +438,15 @@ static float stripes_mod(float s, int32_t q_pos, int32_t kv_pos, int32_t head, v
     return s + 0.01f * (float)(q_pos % 5);
 }
 
+/* A modifier that ignores the score it is given (a pure position/head bias), so a masked key
+ * stays masked only if the causal / window masks are applied after it, as kvattn.h defines:
+ * an implementation (or reference) that masks first and then calls the modifier would unmask. */
+static float replace_mod(float s, int32_t q_pos, int32_t kv_pos, int32_t head, void *user) {
+    (void)s;
+    (void)user;
+    return 0.1f * (float)((q_pos * 7 + kv_pos * 3 + head * 5) % 13) - 0.6f;
+}
+
 KVA_TEST_CPU_VARIANTS(cpu_prefill_ragged_variants) {
     kva_context *ctx = cpu_context();
     if (!ctx) return;
@@ -445,6 +456,53 @@ KVA_TEST_CPU_VARIANTS(cpu_prefill_ragged_variants) {
     check_ragged_case(ctx, &rng, 7, KVA_F16, 4, 4, 64, 0, 1, 30, 0.0f, NULL);
     check_ragged_case(ctx, &rng, 7, KVA_BF16, 8, 4, 64, 1, 0, -1, 3.0f, NULL);
     check_ragged_case(ctx, &rng, 7, KVA_F32, 4, 2, 64, 1, 1, 25, 0.0f, stripes_mod);
+    check_ragged_case(ctx, &rng, 7, KVA_F32, 4, 2, 64, 1, 0, 17, 0.0f, replace_mod);
+    kva_context_destroy(ctx);
+}
+
+/* Non-causal requests with more queries than keys (negative query positions, down to -69) and
+ * the widest window, INT32_MAX: q_pos - window_left must not wrap in 32 bits, so every row sees
+ * every key; and a small window, which for negative positions masks nothing either. */
+KVA_TEST_CPU_VARIANTS(cpu_prefill_wide_window_negative_positions) {
+    kva_context *ctx = cpu_context();
+    if (!ctx) return;
+    kva_rng rng;
+    kva_rng_seed(&rng, kva_test_seed());
+    const int32_t windows[2] = {INT32_MAX, 2};
+    for (int c = 0; c < 2; ++c) {
+        batch b;
+        const int32_t n = 4;
+        make_batch(&b, &rng, n, 2, 2); /* (lengths replaced below) */
+        const int32_t qo[4] = {9, 72, 5, 3}, kv[4] = {4, 3, 5, 0};
+        b.qo_indptr[0] = b.kv_indptr[0] = 0;
+        for (int32_t i = 0; i < n; ++i) {
+            b.qo_len[i] = qo[i] + kva_rng_int(&rng, 0, 3);
+            b.kv_len[i] = kv[i];
+            b.qo_indptr[i + 1] = b.qo_indptr[i] + b.qo_len[i];
+            b.kv_indptr[i + 1] = b.kv_indptr[i] + b.kv_len[i];
+        }
+        b.total_qo = b.qo_indptr[n];
+        b.total_kv = b.kv_indptr[n];
+        const kva_dtype dt = c ? KVA_BF16 : KVA_F32;
+        const int32_t hq = 4, hk = 2, D = 64;
+        size_t es = kva_dtype_size(dt), qn = (size_t)b.total_qo * hq * D, kn = (size_t)b.total_kv * hk * D;
+        void *qb = kva_test_alloc(qn * es + 64), *kb = kva_test_alloc(kn * es + 64), *vb = kva_test_alloc(kn * es + 64);
+        kva_fill_random(&rng, qb, dt, qn, -2.0f, 2.0f);
+        kva_fill_random(&rng, kb, dt, kn, -1.0f, 1.0f);
+        kva_fill_random(&rng, vb, dt, kn, -1.0f, 1.0f);
+        kva_attn_params p = kva_attn_params_default(hq, hk, D);
+        p.causal = 0;
+        p.window_left = windows[c];
+        char what[128];
+        snprintf(what, sizeof what, "wide window case %d (window %d, %s)", c, (int)windows[c],
+                 kva_dtype_name(dt));
+        check_plans(ctx, &rng, &p, &b, kva_tensor_nhd(qb, dt, hq, D), kva_tensor_nhd(kb, dt, hk, D),
+                    kva_tensor_nhd(vb, dt, hk, D), NULL, what);
+        free(qb);
+        free(kb);
+        free(vb);
+        free_batch(&b);
+    }
     kva_context_destroy(ctx);
 }
 
