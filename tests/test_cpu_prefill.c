@@ -333,6 +333,22 @@ static kva_context *cpu_context(void) {
 /* ---- ragged -----------------------------------------------------------------------------------
  */
 
+/* check_plans over fresh random ragged q / k / v of the batch (k, v in NHD or HND as asked). */
+static void check_ragged_random(kva_context *ctx, kva_rng *rng, const kva_attn_params *p, const batch *b,
+                                kva_dtype dt, int k_hnd, int v_hnd, const char *what) {
+    const int32_t hq = p->num_qo_heads, hk = p->num_kv_heads, D = p->head_dim;
+    const size_t es = kva_dtype_size(dt), qn = (size_t)b->total_qo * hq * D, kn = (size_t)b->total_kv * hk * D;
+    void *qb = kva_test_alloc(qn * es + 64), *kb = kva_test_alloc(kn * es + 64), *vb = kva_test_alloc(kn * es + 64);
+    kva_fill_random(rng, qb, dt, qn, -2.0f, 2.0f);
+    kva_fill_random(rng, kb, dt, kn, -1.0f, 1.0f);
+    kva_fill_random(rng, vb, dt, kn, -1.0f, 1.0f);
+    check_plans(ctx, rng, p, b, kva_tensor_nhd(qb, dt, hq, D), make_tensor(kb, dt, b->total_kv, hk, D, k_hnd),
+                make_tensor(vb, dt, b->total_kv, hk, D, v_hnd), NULL, what);
+    free(qb);
+    free(kb);
+    free(vb);
+}
+
 static void check_ragged_case(kva_context *ctx, kva_rng *rng, int32_t n, kva_dtype dt, int32_t hq,
                               int32_t hk, int32_t D, int causal, int hnd, int32_t window, float cap,
                               kva_score_mod_fn mod) {
@@ -411,20 +427,11 @@ KVA_TEST_CPU_VARIANTS(cpu_prefill_causal_order) {
         b.total_kv = b.kv_indptr[n];
         const kva_dtype dt = c % 2 ? KVA_BF16 : KVA_F32;
         const int32_t hq = 4, hk = 2, D = 64;
-        size_t es = kva_dtype_size(dt), qn = (size_t)b.total_qo * hq * D, kn = (size_t)b.total_kv * hk * D;
-        void *qb = kva_test_alloc(qn * es + 64), *kb = kva_test_alloc(kn * es + 64), *vb = kva_test_alloc(kn * es + 64);
-        kva_fill_random(&rng, qb, dt, qn, -2.0f, 2.0f);
-        kva_fill_random(&rng, kb, dt, kn, -1.0f, 1.0f);
-        kva_fill_random(&rng, vb, dt, kn, -1.0f, 1.0f);
         kva_attn_params p = kva_attn_params_default(hq, hk, D);
         p.causal = 1;
         char what[128];
         snprintf(what, sizeof what, "causal order case %d (%d requests, %s)", c, n, kva_dtype_name(dt));
-        check_plans(ctx, &rng, &p, &b, kva_tensor_nhd(qb, dt, hq, D), kva_tensor_nhd(kb, dt, hk, D),
-                    kva_tensor_nhd(vb, dt, hk, D), NULL, what);
-        free(qb);
-        free(kb);
-        free(vb);
+        check_ragged_random(ctx, &rng, &p, &b, dt, 0, 0, what);
         free_batch(&b);
     }
     CHECK_MSG(reorders_seen > 0, "no automatic plan was reordered: the causal order went untested");
@@ -485,22 +492,13 @@ KVA_TEST_CPU_VARIANTS(cpu_prefill_wide_window_negative_positions) {
         b.total_kv = b.kv_indptr[n];
         const kva_dtype dt = c ? KVA_BF16 : KVA_F32;
         const int32_t hq = 4, hk = 2, D = 64;
-        size_t es = kva_dtype_size(dt), qn = (size_t)b.total_qo * hq * D, kn = (size_t)b.total_kv * hk * D;
-        void *qb = kva_test_alloc(qn * es + 64), *kb = kva_test_alloc(kn * es + 64), *vb = kva_test_alloc(kn * es + 64);
-        kva_fill_random(&rng, qb, dt, qn, -2.0f, 2.0f);
-        kva_fill_random(&rng, kb, dt, kn, -1.0f, 1.0f);
-        kva_fill_random(&rng, vb, dt, kn, -1.0f, 1.0f);
         kva_attn_params p = kva_attn_params_default(hq, hk, D);
         p.causal = 0;
         p.window_left = windows[c];
         char what[128];
         snprintf(what, sizeof what, "wide window case %d (window %d, %s)", c, (int)windows[c],
                  kva_dtype_name(dt));
-        check_plans(ctx, &rng, &p, &b, kva_tensor_nhd(qb, dt, hq, D), kva_tensor_nhd(kb, dt, hk, D),
-                    kva_tensor_nhd(vb, dt, hk, D), NULL, what);
-        free(qb);
-        free(kb);
-        free(vb);
+        check_ragged_random(ctx, &rng, &p, &b, dt, 0, 0, what);
         free_batch(&b);
     }
     kva_context_destroy(ctx);
@@ -686,22 +684,12 @@ KVA_TEST_CPU_VARIANTS(cpu_prefill_ragged_k_and_v_views_differ) {
         const int32_t hq = 4, hk = 2, D = 64;
         batch b;
         make_batch(&b, &rng, 5, 70, 60);
-        size_t es = kva_dtype_size(dt);
-        size_t qn = (size_t)b.total_qo * hq * D, kn = (size_t)b.total_kv * hk * D;
-        void *qb = kva_test_alloc(qn * es + 64), *kb = kva_test_alloc(kn * es + 64), *vb = kva_test_alloc(kn * es + 64);
-        kva_fill_random(&rng, qb, dt, qn, -2.0f, 2.0f);
-        kva_fill_random(&rng, kb, dt, kn, -1.0f, 1.0f);
-        kva_fill_random(&rng, vb, dt, kn, -1.0f, 1.0f);
         kva_attn_params p = kva_attn_params_default(hq, hk, D);
         p.causal = kva_rng_int(&rng, 0, 1);
         char what[128];
         snprintf(what, sizeof what, "ragged %s k %s, v %s causal=%d", kva_dtype_name(dt), k_hnd ? "HND" : "NHD",
                  k_hnd ? "NHD" : "HND", p.causal);
-        check_plans(ctx, &rng, &p, &b, kva_tensor_nhd(qb, dt, hq, D), make_tensor(kb, dt, b.total_kv, hk, D, k_hnd),
-                    make_tensor(vb, dt, b.total_kv, hk, D, !k_hnd), NULL, what);
-        free(qb);
-        free(kb);
-        free(vb);
+        check_ragged_random(ctx, &rng, &p, &b, dt, k_hnd, !k_hnd, what);
         free_batch(&b);
     }
     kva_context_destroy(ctx);
@@ -730,21 +718,12 @@ KVA_TEST(cpu_prefill_split_whole_query_tiles) {
         b.total_kv = b.kv_indptr[n];
         const kva_dtype dt = c == 1 ? KVA_F16 : KVA_F32;
         const int32_t hq = 8, hk = 1, D = 64;
-        size_t es = kva_dtype_size(dt), qn = (size_t)b.total_qo * hq * D, kn = (size_t)b.total_kv * hk * D;
-        void *qb = kva_test_alloc(qn * es + 64), *kb = kva_test_alloc(kn * es + 64), *vb = kva_test_alloc(kn * es + 64);
-        kva_fill_random(&rng, qb, dt, qn, -2.0f, 2.0f);
-        kva_fill_random(&rng, kb, dt, kn, -1.0f, 1.0f);
-        kva_fill_random(&rng, vb, dt, kn, -1.0f, 1.0f);
         kva_attn_params p = kva_attn_params_default(hq, hk, D);
         p.causal = c != 2;
         char what[128];
         snprintf(what, sizeof what, "whole tiles case %d (%d requests, %s, causal=%d)", c, n, kva_dtype_name(dt),
                  p.causal);
-        check_plans(ctx, &rng, &p, &b, kva_tensor_nhd(qb, dt, hq, D), kva_tensor_nhd(kb, dt, hk, D),
-                    kva_tensor_nhd(vb, dt, hk, D), NULL, what);
-        free(qb);
-        free(kb);
-        free(vb);
+        check_ragged_random(ctx, &rng, &p, &b, dt, 0, 0, what);
         free_batch(&b);
     }
     CHECK_MSG(splits_seen == 3, "%d of 3 forced-split plans split: the merge went untested", splits_seen);
