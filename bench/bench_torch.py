@@ -576,6 +576,23 @@ def run_decode_models(args, info, ceiling):
                 del h
                 print("    HND pages: %.1f us (%.1f%%)" % (row["hnd_us"], 100 * kv_bytes / (row["hnd_us"] * 1e-6) / 1e9 / ceiling),
                       flush=True)
+            if args.variants:
+                # is the plan's chunk the best one the kernel can run? (issue 8's rows below torch:
+                # batch 1 with few KV heads, the large groups, d64 / d96)
+                row["variants"] = {}
+                for vlabel, no_split, fixed in [("nosplit", True, 0), ("c128", False, 128), ("c256", False, 256),
+                                                ("c512", False, 512), ("c1024", False, 1024), ("c2048", False, 2048)]:
+                    if fixed and fixed >= L:
+                        continue
+                    try:
+                        v = kb.PagedDecode(B, L, nsets, hq=hq, hk=hk, d=d, page=PS, no_split=no_split,
+                                           fixed_chunk=fixed)
+                    except kvattn.KvattnError:  # a split the plan refuses
+                        continue
+                    row["variants"][vlabel] = (v.plan_info["num_work"], round(time_calls(v.run, nsets, iters) * 1e3, 1))
+                    v.free()
+                    del v
+                print("    other splits (work items, us):", row["variants"], flush=True)
             tk = [torch.randn(B, hk, L, d, device="cuda", dtype=torch.bfloat16) for _ in range(nsets)]
             tv = [torch.randn(B, hk, L, d, device="cuda", dtype=torch.bfloat16) for _ in range(nsets)]
             t = time_sdpa(tq, tk, tv, nsets, iters, hq != hk)

@@ -362,6 +362,51 @@ out:
     return;
 }
 
+/* Decode of groups above 16 runs on the prefill kernel's persistent grid (one block per SM), where
+ * a block's second chunk and the merge launch of a split plan cost more than streaming the keys
+ * (H200: Falcon-7B 71/1 d64, 64 x 4096 in 2 chunks of 2048 39.5 us, in 4 of 1024 45.5, no split
+ * 52.9; bench/NOTES.md). So the plans keep every block at one chunk: a batch whose requests
+ * alone fill over half of the SMs stays unsplit, a smaller one is split within one round. (Plans
+ * only; the large-group tests above run such plans against the reference.) */
+KVA_TEST(cuda_decode_large_group_plans_fill_one_round) {
+    kva_context *ctx = cuda_test_context();
+    if (!ctx) return;
+    kva_device_info info;
+    CHECK_OK(kva_context_info(ctx, &info));
+    const int32_t sms = info.num_sms, ps = 16;
+    const int32_t shapes[][2] = {{sms / 2, 4096}, {sms - 1, 1024}, {sms / 2 + 1, 2048}, {sms / 4, 3000}, {1, 8192}};
+    for (int si = 0; si < 5; ++si) {
+        const int32_t B = shapes[si][0] > 0 ? shapes[si][0] : 1, L = shapes[si][1], pages = (L + ps - 1) / ps;
+        int32_t *indptr = (int32_t *)kva_test_alloc(sizeof(int32_t) * (B + 1));
+        int32_t *indices = (int32_t *)kva_test_alloc(sizeof(int32_t) * (size_t)B * pages);
+        int32_t *last = (int32_t *)kva_test_alloc(sizeof(int32_t) * B);
+        for (int32_t b = 0; b <= B; ++b) indptr[b] = b * pages;
+        for (int64_t i = 0; i < (int64_t)B * pages; ++i) indices[i] = (int32_t)i;
+        for (int32_t b = 0; b < B; ++b) last[b] = L - (pages - 1) * ps;
+        const kva_page_table table = {B, indptr, indices, last};
+        for (int gi = 0; gi < 2; ++gi) {
+            const int32_t Hq = gi ? 48 : 71, D = gi ? 128 : 64;
+            kva_plan_limits lim = {B, (int64_t)B * pages, 0, 0, Hq, 1, D, ps, 0};
+            cuda_test_workspace w = {0};
+            if (!cuda_test_workspace_make(ctx, &lim, &w)) break;
+            kva_plan plan;
+            kva_plan_options opt = {0, 0, KVA_DECODE_PARTIAL_ROWMAX};
+            CHECK_OK(kva_decode_plan(ctx, &lim, &table, (int64_t)B * pages, &opt, w.ws, &plan));
+            const int64_t units = plan.num_work; /* one KV head: a unit per work item */
+            printf("    %d/1 d%d %d x %d on %d SMs: chunk %d, %lld work items\n", Hq, D, B, L, sms, plan.kv_chunk_size,
+                   (long long)units);
+            CHECK_MSG(units <= sms, "%d/1 %d x %d: %lld work items on %d SMs", Hq, B, L, (long long)units, sms);
+            if (2 * B > sms) CHECK_MSG(units == B, "%d/1 %d x %d split (chunk %d)", Hq, B, L, plan.kv_chunk_size);
+            else CHECK_MSG(units > B, "%d/1 %d x %d unsplit on %d SMs", Hq, B, L, sms);
+            cuda_test_workspace_free(ctx, &w);
+        }
+        free(indptr);
+        free(indices);
+        free(last);
+    }
+    kva_context_destroy(ctx);
+}
+
 /* Seed 002's global-rowmax algorithm on CUDA: pass 1 writes each chunk's row max and the last
  * block of a request reduces them; pass 2 exponentiates against the request's max and merges by
  * a plain sum. Split by the planner, unsplit, fixed small chunks; every dtype; built and padded

@@ -317,6 +317,68 @@ KVA_TEST(decode_scheduler_merge_level_cost) {
     CHECK_MSG(flat_free == flat_priced, "flat merge: chunk %d, with a level price %d", flat_free, flat_priced);
 }
 
+/* Decode on the prefill kernel (GQA groups above 16, one KV head): the CUDA policy describes
+ * its persistent grid (132 blocks, one per SM: sm_blocks 1) and prices a block's later chunk
+ * (next_item_keys 1024) and a split plan's merge launch (split_keys 768). Measured on an H200 (Falcon-7B 71/1 d64 / StarCoder-15B 48/1 d128,
+ * 64 x 4096): 2 chunks of 2048 per request 40.1 / 48.7 us, 4 of 1024 45.7 / 55.5, no split
+ * 53.1 / 53.7. With the two, 64 x 4096 takes 2048 (the old 264-block description: 1024), a batch
+ * that fits the grid unsplit stays unsplit (128 x 4096), a long request is still cut fine
+ * (1 x 8192: 256, measured best of 128 .. 2048), and the one-round candidate -- the shortest
+ * chunk whose units fit the grid -- reaches 64 x 8192's 2 chunks of 4096, which the mean-based
+ * candidates skip. Unpriced grids (the decode kernel's) never see that candidate. */
+KVA_TEST(decode_scheduler_priced_persistent_grid) {
+    int32_t lens[128];
+    int64_t keys[129];
+    int32_t order[129];
+    for (int i = 0; i < 128; ++i) lens[i] = 4096;
+    kva__split_problem p = cuda_problem(lens, 64, 1);
+    p.min_chunk = 128;
+    const int32_t old_grid = kva__sched_decode_chunk(&p, keys, order);
+    p.max_blocks = SMS;
+    p.sm_blocks = 1;
+    p.next_item_keys = 1024;
+    const int32_t c64 = kva__sched_decode_chunk(&p, keys, order);
+    printf("    71/1 on the prefill kernel, 64 x 4096: chunk %d on 264 blocks, %d on the priced 132\n", old_grid, c64);
+    CHECK_MSG(old_grid == 1024 && c64 == 2048, "64 x 4096: %d / %d", old_grid, c64);
+    p.batch_size = 128;
+    CHECK_MSG(kva__sched_decode_chunk(&p, keys, order) == 4096, "128 x 4096 split");
+    p.batch_size = 8; /* 8 x 4096: 16 chunks of 256 each fill one round either way */
+    CHECK(kva__sched_decode_chunk(&p, keys, order) == 256);
+    lens[0] = 8192;
+    p.batch_size = 1;
+    CHECK(kva__sched_decode_chunk(&p, keys, order) == 256);
+    for (int i = 0; i < 64; ++i) lens[i] = 8192;
+    p.batch_size = 64;
+    const int32_t c8k = kva__sched_decode_chunk(&p, keys, order);
+    p.next_item_keys = 0; /* unpriced: the mean-based candidates alone */
+    const int32_t c8k_unpriced = kva__sched_decode_chunk(&p, keys, order);
+    printf("    64 x 8192 on 132 blocks: chunk %d priced, %d unpriced\n", c8k, c8k_unpriced);
+    CHECK_MSG(c8k == 4096 && c8k_unpriced == 2048, "64 x 8192: %d / %d", c8k, c8k_unpriced);
+    /* a split plan's merge launch (split_keys 768, ~5 us): 64 x 1024 is faster unsplit (H200,
+     * StarCoder-15B 19.4 us against 22.3 in two chunks), 64 x 2048 still gains from two */
+    for (int i = 0; i < 64; ++i) lens[i] = 1024;
+    p.next_item_keys = 1024;
+    const int32_t c1k_free = kva__sched_decode_chunk(&p, keys, order);
+    p.split_keys = 768;
+    const int32_t c1k = kva__sched_decode_chunk(&p, keys, order);
+    CHECK_MSG(c1k_free == 512 && c1k == 1024, "64 x 1024: chunk %d without the launch's price, %d with", c1k_free, c1k);
+    for (int i = 0; i < 64; ++i) lens[i] = 2048;
+    CHECK(kva__sched_decode_chunk(&p, keys, order) == 1024);
+    /* 66 x 4096: two chunks each fill the 132 blocks exactly */
+    for (int i = 0; i < 100; ++i) lens[i] = 4096;
+    p.batch_size = 66;
+    CHECK(kva__sched_decode_chunk(&p, keys, order) == 2048);
+    /* 100 x 4096: unsplit (100 blocks) beats 5 chunks of ~820 (3-4 per block) once a later chunk
+     * is priced (H200, Falcon-7B: 53.4-53.8 against 74.1-74.2 us); at the decode kernel's 128
+     * key-times the 5 chunks win */
+    p.batch_size = 100;
+    p.split_keys = 0; /* (the launch's price alone would keep it unsplit too) */
+    const int32_t c100 = kva__sched_decode_chunk(&p, keys, order);
+    p.next_item_keys = 0;
+    const int32_t c100_cheap = kva__sched_decode_chunk(&p, keys, order);
+    CHECK_MSG(c100 == 4096 && c100_cheap < 1024, "100 x 4096: chunk %d priced, %d at the default", c100, c100_cheap);
+}
+
 /* Degenerate batches: one key, empty requests, a mix. */
 KVA_TEST(decode_scheduler_tiny_and_empty_requests) {
     int32_t lens[64];

@@ -457,6 +457,7 @@ extern "C" kva_status kva__cuda_split_policy(const kva_context *ctx, const kva_p
                                              int kind, kva__split_policy *policy) {
     const int idx = limits->head_dim <= 64 ? 0 : limits->head_dim <= 128 ? 1 : 2;
     if (kind != KVA__PLAN_DECODE) return prefill_policy(ctx, limits, idx, policy);
+    const kva__cuda_private *priv = (const kva__cuda_private *)ctx->cuda_private;
     /* The bf16 partial-rowmax kernel the chooser picks for the limits' head dim and GQA group
      * (the limits carry no dtype or algorithm; f16 is the same kernel, f32 and global rowmax
      * hold as many or fewer). */
@@ -476,6 +477,17 @@ extern "C" kva_status kva__cuda_split_policy(const kva_context *ctx, const kva_p
         /* the prefill kernel: one persistent block per SM walks the chunks; two chunks per SM
          * balance uneven ones, and a chunk is at least one 128-key tile */
         policy->max_blocks = (int64_t)(ctx->num_sms > 0 ? ctx->num_sms : 1) * 2;
+        /* ... but the split search weighs the blocks that really run at once (the persistent
+         * grid: one per SM on the TMA path), and a block's later chunk costs it ~5-8 us beyond
+         * its keys (the item's Q, epilogue and record chain): H200, Falcon-7B / StarCoder-15B at
+         * 64 x 4096, 2 chunks of 2048 per request 40.1 / 48.7 us against 4 of 1024 (two per
+         * block) 45.7 / 55.5 (bench/NOTES.md, "Decode on the prefill kernel") */
+        policy->search_blocks = (int64_t)(ctx->num_sms > 0 ? ctx->num_sms : 1) *
+                                (priv && priv->prefill_blocks_per_sm[idx] > 0 ? priv->prefill_blocks_per_sm[idx] : 1);
+        policy->next_item_keys = 1024;
+        /* and a split plan pays the merge launch after the grid (~5 us: 64 x 1024 unsplit 19.4 /
+         * 20.1 us, in two chunks of 512 22.3 / 21.5, StarCoder / Falcon) */
+        policy->split_keys = 768;
         policy->min_chunk = 128;
         policy->qo_tile = 1;
         policy->merge_tree = 0; /* the prefill merge: one warp per row reads every state */

@@ -113,6 +113,7 @@ static double estimate_makespan(const kva__split_problem *p, int32_t chunk, cons
     const int64_t H = p->num_kv_heads > 0 ? p->num_kv_heads : 1;
     const int64_t G = p->max_blocks > 0 ? p->max_blocks : 1;
     const int64_t sm_blocks = p->sm_blocks > 1 ? p->sm_blocks : 1;
+    const double next_item = p->next_item_keys > 0 ? p->next_item_keys : KVA__SCHED_NEXT_ITEM_COST_KEYS;
     double block0 = 0.0, merge = 0.0;
     int64_t pos = 0, units0 = 0;
     for (int32_t j = 0; j < p->batch_size; ++j) {
@@ -120,19 +121,36 @@ static double estimate_makespan(const kva__split_problem *p, int32_t chunk, cons
         const int64_t n = kva__sched_chunks_of(len, chunk);
         const int64_t mine = count_congruent(pos, pos + n * H, 0, G);
         /* (in double: an item of a 2^31 - 1 key request plus the fixed cost passes int32) */
-        block0 += ((double)KVA__SCHED_NEXT_ITEM_COST_KEYS + (double)item_keys_of(len, chunk, 1)) * (double)mine;
+        block0 += (next_item + (double)item_keys_of(len, chunk, 1)) * (double)mine;
         units0 += mine;
         const int64_t states = merged_states(n, p->merge_run);
         const double m = (double)(states * KVA__SCHED_MERGE_COST_PER_STATE_KEYS) +
-                         (p->merge_run > 0 && n > p->merge_run ? (double)p->merge_level_keys : 0.0);
+                         (p->merge_run > 0 && n > p->merge_run ? (double)p->merge_level_keys : 0.0) +
+                         (n > 1 ? (double)p->split_keys : 0.0);
         if (m > merge) merge = m;
         pos += n * H;
     }
     /* block 0's first unit starts with the launch, like every block's: the fixed cost of a first unit */
-    if (units0 > 0) block0 -= KVA__SCHED_NEXT_ITEM_COST_KEYS - KVA__SCHED_ITEM_COST_KEYS;
+    if (units0 > 0) block0 -= next_item - KVA__SCHED_ITEM_COST_KEYS;
     const int32_t lone = p->lone_block_percent > 0 ? p->lone_block_percent : KVA__SCHED_LONE_BLOCK_PERCENT;
     const double share = pos <= G / sm_blocks && sm_blocks > 1 ? (double)sm_blocks * lone / 100.0 : 1.0;
     return block0 / share + merge;
+}
+
+/* The shortest chunk in [lo, hi] whose units (work items x KV heads) fit in max_blocks; hi if
+ * none does (units do not increase with the chunk). */
+static int64_t one_round_chunk(const kva__split_problem *p, int64_t lo, int64_t hi) {
+    const int64_t H = p->num_kv_heads > 0 ? p->num_kv_heads : 1;
+    const int64_t G = p->max_blocks > 0 ? p->max_blocks : 1;
+    while (lo < hi) {
+        const int64_t mid = lo + (hi - lo) / 2;
+        int64_t units = 0;
+        for (int32_t b = 0; b < p->batch_size && units <= G; ++b)
+            units += (int64_t)kva__sched_chunks_of(p->kv_len[b], (int32_t)mid) * H;
+        if (units <= G) hi = mid;
+        else lo = mid + 1;
+    }
+    return hi;
 }
 
 /* The chunk before the order: see kva__sched_decode_chunk. */
@@ -178,10 +196,22 @@ static int32_t choose_chunk(const kva__split_problem *p, int64_t *keys, int32_t 
     double per_block[16];
     int ncand = 0;
     if (sm_blocks > 1) per_block[ncand++] = (double)sm_blocks;
+    /* then, where the policy prices a block's later unit (decode on the prefill kernel: one
+     * persistent block per SM), the shortest chunk whose units fit one round of the grid -- no
+     * later unit at all --, which the mean-based ones miss when a few long requests share the
+     * grid (64 x 8192 on 132 blocks: 2 chunks each; "-1" marks it). (Not for the decode kernel:
+     * its costs were fitted on the other candidates' plans, and this one would change its ragged
+     * plans unmeasured.) */
+    if (p->next_item_keys > 0) per_block[ncand++] = -1.0;
     for (int32_t rounds = 1; rounds <= KVA__SCHED_MAX_ROUNDS; rounds *= 2) per_block[ncand++] = 1.0 / rounds;
     for (int i = 0; i < ncand && best_cost > 1.03 * mean_block; ++i) {
-        double want = ceil(mean_block * per_block[i]);
-        int64_t c = want > (double)max_len ? max_len : (int64_t)want;
+        int64_t c;
+        if (per_block[i] < 0.0) {
+            c = one_round_chunk(p, floor_chunk, max_len);
+        } else {
+            double want = ceil(mean_block * per_block[i]);
+            c = want > (double)max_len ? max_len : (int64_t)want;
+        }
         if (c < floor_chunk) c = floor_chunk;
         c = (c + KVA__SCHED_CHUNK_GRANULE - 1) / KVA__SCHED_CHUNK_GRANULE * KVA__SCHED_CHUNK_GRANULE;
         if (c >= max_len || c >= best) continue;

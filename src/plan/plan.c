@@ -303,9 +303,11 @@ static kva_status make_plan(kva_context *ctx, const kva_plan_limits *limits, con
     if (in->kind == KVA__PLAN_DECODE) {
         /* blocks of one SM share its bandwidth; the CUDA policy's budget is SMs x blocks */
         p.sm_blocks = ctx->device == KVA_DEVICE_CUDA && ctx->num_sms > 0
-                          ? (int32_t)(L.policy.max_blocks / ctx->num_sms) : 1;
+                          ? (int32_t)(p.max_blocks / ctx->num_sms) : 1;
         p.lone_block_percent = L.policy.lone_block_percent;
         p.merge_level_keys = L.policy.merge_level_keys;
+        p.next_item_keys = L.policy.next_item_keys;
+        p.split_keys = L.policy.split_keys;
         /* CUDA partial-rowmax decode merges long requests as a tree (workspace_layout.h) */
         p.merge_run = L.policy.merge_tree && opt.algo == KVA_DECODE_PARTIAL_ROWMAX ? KVA__MERGE_RUN : 0;
         /* scratch for the longest-first order: the unit records, written after flattening

@@ -28,6 +28,10 @@ typedef struct kva__split_problem {
                                  * KVA__SCHED_LONE_BLOCK_PERCENT) */
     int32_t merge_level_keys; /* decode, merge tree: what a request's second merge level adds
                                * (a fence, an atomic and a dependent round trip), in key-times */
+    int32_t next_item_keys; /* decode: what a block's later unit costs beyond its keys, in
+                             * key-times (0: KVA__SCHED_NEXT_ITEM_COST_KEYS) */
+    int32_t split_keys;     /* decode: what a plan with any split request pays once (a merge
+                             * launch), in key-times (0: nothing) */
     int32_t merge_run;      /* decode: > 0: states merge as a tree of runs of this many (CUDA);
                              * 0: one block merges all of a request's states (CPU) */
     int32_t min_chunk;      /* never split into chunks shorter than this */

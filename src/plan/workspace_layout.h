@@ -39,9 +39,14 @@ typedef struct kva__split_policy {
                               (kva__split_problem; 0: the scheduler's default) */
     int32_t merge_level_keys; /* decode: the merge tree's second level, in key-times
                               (kva__split_problem; 0: free) */
-    int64_t search_blocks;    /* 0, or a smaller budget for the prefill split search than the
-                              layout's max_blocks (tests: KVA_PREFILL_PERSISTENT's capped grid;
-                              the workspace layout does not change with it) */
+    int32_t next_item_keys;   /* decode: a block's later unit's fixed cost, in key-times
+                              (kva__split_problem; 0: the scheduler's default) */
+    int32_t split_keys;       /* decode: a split plan's one-off cost, in key-times
+                              (kva__split_problem; 0: none) */
+    int64_t search_blocks;    /* 0, or a smaller budget for the split search than the layout's
+                              max_blocks (the blocks that really run at once: decode on the
+                              prefill kernel's persistent grid; tests: KVA_PREFILL_PERSISTENT's
+                              capped grid; the workspace layout does not change with it) */
     int32_t balance_blocks;   /* prefill: the persistent launch's blocks, for
                               KVA_PLAN_FULL_ATTENTION plans (prefill_balance.h); 0: none */
     int32_t balance_tile_keys; /* prefill: its keys per tile (pieces are whole tiles) */
