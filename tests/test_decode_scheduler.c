@@ -325,7 +325,7 @@ KVA_TEST(decode_scheduler_merge_level_cost) {
  * that fits the grid unsplit stays unsplit (128 x 4096), a long request is still cut fine
  * (1 x 8192: 256, measured best of 128 .. 2048), and the one-round candidate -- the shortest
  * chunk whose units fit the grid -- reaches 64 x 8192's 2 chunks of 4096, which the mean-based
- * candidates skip. Unpriced grids (the decode kernel's) never see that candidate. */
+ * candidates skip. */
 KVA_TEST(decode_scheduler_priced_persistent_grid) {
     int32_t lens[128];
     int64_t keys[129];
@@ -350,10 +350,8 @@ KVA_TEST(decode_scheduler_priced_persistent_grid) {
     for (int i = 0; i < 64; ++i) lens[i] = 8192;
     p.batch_size = 64;
     const int32_t c8k = kva__sched_decode_chunk(&p, keys, order);
-    p.next_item_keys = 0; /* unpriced: the mean-based candidates alone */
-    const int32_t c8k_unpriced = kva__sched_decode_chunk(&p, keys, order);
-    printf("    64 x 8192 on 132 blocks: chunk %d priced, %d unpriced\n", c8k, c8k_unpriced);
-    CHECK_MSG(c8k == 4096 && c8k_unpriced == 2048, "64 x 8192: %d / %d", c8k, c8k_unpriced);
+    CHECK_MSG(c8k == 4096, "64 x 8192: chunk %d", c8k);
+    p.next_item_keys = 0;
     /* a split plan's merge launch (split_keys 768, ~5 us): 64 x 1024 is faster unsplit (H200,
      * StarCoder-15B 19.4 us against 22.3 in two chunks), 64 x 2048 still gains from two */
     for (int i = 0; i < 64; ++i) lens[i] = 1024;
@@ -607,11 +605,11 @@ KVA_TEST(decode_scheduler_cost_model_choices) {
     CHECK_MSG(c == 256, "16 x 1536, 1 KV head: chunk %d", c);
     for (int i = 0; i < 8; ++i) lens[i] = 18944;
     p = cuda_problem(lens, 8, 8);
-    /* 576: sqrt(18944 / 6) = 56 chunks clamped to G / H = 33 (floor 575 -> 576); 2112 units, 8 on
-     * block 0: 64 + 575 + 7 x (128 + 575) + 33 x 6 = 5758, 2% better than 1152's 5 units,
-     * 64 + 1115 + 4 x (128 + 1115) + 17 x 6 = 6253, itself 2% better than 9216's 6379 + 18 */
+    /* 4736: the one-round candidate, 4 chunks each = 256 units <= G, one per block: 64 + 4736 +
+     * 4 x 6 = 4824, against the mean-based 576 (sqrt(18944 / 6) = 56 chunks clamped to G / H = 33;
+     * 2112 units, 8 on block 0: 64 + 575 + 7 x (128 + 575) + 33 x 6 = 5758) and 1152 (6253) */
     c = kva__sched_decode_chunk(&p, keys, order);
-    CHECK_MSG(c == 576, "8 x 18944, 8 KV heads: chunk %d", c);
+    CHECK_MSG(c == 4736, "8 x 18944, 8 KV heads: chunk %d", c);
     lens[0] = 12672;
     p = cuda_problem(lens, 1, 4);
     p.merge_run = KVA__MERGE_RUN;

@@ -196,13 +196,11 @@ static int32_t choose_chunk(const kva__split_problem *p, int64_t *keys, int32_t 
     double per_block[16];
     int ncand = 0;
     if (sm_blocks > 1) per_block[ncand++] = (double)sm_blocks;
-    /* then, where the policy prices a block's later unit (decode on the prefill kernel: one
-     * persistent block per SM), the shortest chunk whose units fit one round of the grid -- no
-     * later unit at all --, which the mean-based ones miss when a few long requests share the
-     * grid (64 x 8192 on 132 blocks: 2 chunks each; "-1" marks it). (Not for the decode kernel:
-     * its costs were fitted on the other candidates' plans, and this one would change its ragged
-     * plans unmeasured.) */
-    if (p->next_item_keys > 0) per_block[ncand++] = -1.0;
+    /* then the shortest chunk whose units fit one round of the grid (one unit per block: no later
+     * unit at all), which the mean-based ones miss when a few long requests share the grid
+     * (64 x 8192 on 132 blocks: 2 chunks each; ragged batches at few KV heads: H200, decode
+     * kernel, 16/2 d128 33 requests of up to 40k keys 212 -> 149 us; "-1" marks it) */
+    per_block[ncand++] = -1.0;
     for (int32_t rounds = 1; rounds <= KVA__SCHED_MAX_ROUNDS; rounds *= 2) per_block[ncand++] = 1.0 / rounds;
     for (int i = 0; i < ncand && best_cost > 1.03 * mean_block; ++i) {
         int64_t c;

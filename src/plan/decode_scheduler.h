@@ -25,7 +25,8 @@
  *   max block cost <= total / G + largest unit cost (+ the merges it runs).
  * Chunks: a request of L keys is cut into n = ceil(L / chunk) equal parts (so no tiny tail item
  * carries a full fixed cost). The chunk is the candidate with the smallest estimated makespan
- * among: no split, chunk = mean block cost x sm_blocks (one block per SM), and chunk = mean
+ * among: no split, chunk = mean block cost x sm_blocks (one block per SM), the shortest chunk
+ * whose units fit one round of the grid (one unit per block), and chunk = mean
  * block cost / R for R = 1, 2, 4, 8 (R units per block slot;
  * R = 8 bounds the slowest block at ~1 + 1/8 of the mean); a finer one must be 2% better, and
  * the search stops at a plan within 3% of the mean. Every candidate is at least
