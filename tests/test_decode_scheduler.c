@@ -366,6 +366,20 @@ KVA_TEST(decode_scheduler_priced_persistent_grid) {
     for (int i = 0; i < 100; ++i) lens[i] = 4096;
     p.batch_size = 66;
     CHECK(kva__sched_decode_chunk(&p, keys, order) == 2048);
+    /* the one-round candidate counts every request and KV head: 63 x 4096 and a last one of
+     * 16384 fill the 132 blocks in 2 chunks each and 6 of the long one (chunk 2752); 32 x 8192
+     * on 2 KV heads in 2 chunks each, like 64 x 8192 on one */
+    lens[63] = 16384;
+    p.batch_size = 64;
+    const int32_t c_long_last = kva__sched_decode_chunk(&p, keys, order);
+    CHECK_MSG(c_long_last == 2752, "63 x 4096 + 16384: chunk %d", c_long_last);
+    for (int i = 0; i < 32; ++i) lens[i] = 8192;
+    p.batch_size = 32;
+    p.num_kv_heads = 2;
+    const int32_t c_two_heads = kva__sched_decode_chunk(&p, keys, order);
+    CHECK_MSG(c_two_heads == 4096, "32 x 8192, 2 KV heads: chunk %d", c_two_heads);
+    p.num_kv_heads = 1;
+    for (int i = 0; i < 100; ++i) lens[i] = 4096;
     /* 100 x 4096: unsplit (100 blocks) beats 5 chunks of ~820 (3-4 per block) once a later chunk
      * is priced (H200, Falcon-7B: 53.4-53.8 against 74.1-74.2 us); at the decode kernel's 128
      * key-times the 5 chunks win */

@@ -3,18 +3,22 @@
  * listed, so that a persistent grid finishes all its blocks at about the same time (issue 8).
  * Pure host arithmetic, shared by the CPU and CUDA backends; plan.c calls it for decode plans.
  *
- * The grid it schedules for: G = max_blocks blocks, block i runs units i, i + G, i + 2G, ...,
- * where unit u is (work item u / H, KV head u % H) (src/cuda/decode_kernel.cuh). So the order of
- * the work list alone decides what each block gets.
+ * The grid it schedules for: G = max_blocks blocks (the split search's budget: the policy's
+ * search_blocks where it sets one, plan.c), block i runs units i, i + G, i + 2G, ..., where unit
+ * u is (work item u / H, KV head u % H) (src/cuda/decode_kernel.cuh). So the order of the work
+ * list alone decides what each block gets. (Decode of GQA groups above 16 runs on the Hopper
+ * prefill kernel's persistent grid, one block per SM, whose blocks draw their later units as they
+ * finish: the longest-first order serves it as well.)
  *
  * Cost model, in key-times (the time one block takes to stream one key of one KV head while the
  * whole grid streams):
  *   a unit of n keys costs KVA__SCHED_ITEM_COST_KEYS + n as a block's first unit and
- *   KVA__SCHED_NEXT_ITEM_COST_KEYS + n as a later one (the makespan estimate and the balance
- *   simulator alike);
+ *   next_item_keys + n as a later one (kva__split_problem; 0: KVA__SCHED_NEXT_ITEM_COST_KEYS,
+ *   which the balance simulator always uses);
  *   a (request, KV head) split into c chunks costs KVA__SCHED_MERGE_COST_PER_STATE_KEYS * c more,
  *   on the one block that merges it (the last to arrive) -- with CUDA's merge tree the states its
  *   busiest merger reads, plus merge_level_keys for the tree's second level (makespan estimate);
+ *   a plan with any split request pays split_keys once more (the prefill kernel's merge launch);
  *   sm_blocks blocks share an SM's bandwidth (kva__split_problem), so a grid of at most
  *   G / sm_blocks units, one block per SM, streams lone_block_percent% (default
  *   KVA__SCHED_LONE_BLOCK_PERCENT) of sm_blocks times faster.
@@ -93,7 +97,7 @@ void kva__sched_chunk_range(int32_t kv_len, int32_t chunk, int equal, int32_t c,
 /* The decode chunk size: fixed_chunk if set, the longest request if no_split, else the
  * candidate of the smallest estimated makespan (see above). Uses p->kv_len, batch_size,
  * num_kv_heads, max_blocks, sm_blocks, lone_block_percent, merge_run, merge_level_keys,
- * min_chunk. Always >= 1. On return order[batch] holds
+ * next_item_keys, split_keys, min_chunk. Always >= 1. On return order[batch] holds
  * the work order for that chunk (kva__sched_decode_order with equal = no fixed_chunk); keys
  * [batch] is scratch. */
 int32_t kva__sched_decode_chunk(const kva__split_problem *p, int64_t *keys, int32_t *order);

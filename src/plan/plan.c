@@ -301,7 +301,8 @@ static kva_status make_plan(kva_context *ctx, const kva_plan_limits *limits, con
     /* decode: searched plans cut each request into equal parts (decode_scheduler.h) */
     const int equal_chunks = opt.fixed_chunk_size == 0;
     if (in->kind == KVA__PLAN_DECODE) {
-        /* blocks of one SM share its bandwidth; the CUDA policy's budget is SMs x blocks */
+        /* blocks of one SM share its bandwidth; the CUDA policy's search budget (max_blocks, or
+         * search_blocks where it sets one) is SMs x blocks */
         p.sm_blocks = ctx->device == KVA_DEVICE_CUDA && ctx->num_sms > 0
                           ? (int32_t)(p.max_blocks / ctx->num_sms) : 1;
         p.lone_block_percent = L.policy.lone_block_percent;

@@ -90,9 +90,11 @@ kva_status kva__compute_layout(const kva_context *ctx, const kva_plan_limits *li
         L.rows_per_work = limits->num_qo_heads;
         L.cap_groups = B;
         /* One item per request, plus the chunks the scheduler adds (decode_scheduler.h): split
-         * chunks are >= KVA__SCHED_MIN_SPLIT_CHUNK keys and >= the mean block cost (>= kv_heads x
-         * total keys / max_blocks) / KVA__SCHED_MAX_ROUNDS, so the extra items are at most
-         * total keys / min split chunk and at most MAX_ROUNDS x max_blocks / kv_heads. */
+         * chunks are >= KVA__SCHED_MIN_SPLIT_CHUNK keys and either >= the mean block cost (>=
+         * kv_heads x total keys / the search's blocks, which are at most max_blocks) /
+         * KVA__SCHED_MAX_ROUNDS, or (the one-round candidate) few enough that all units fit in
+         * the search's blocks, so the extra items are at most total keys / min split chunk and
+         * at most MAX_ROUNDS x max_blocks / kv_heads. */
         const int64_t H = limits->num_kv_heads;
         const int64_t by_rounds = (KVA__SCHED_MAX_ROUNDS * L.policy.max_blocks + H - 1) / H;
         const int64_t by_keys = limits->max_total_pages * (int64_t)limits->page_size /

@@ -28,7 +28,8 @@ enum kva__plan_kind {
 
 /* How a backend wants work split (see planner.h). */
 typedef struct kva__split_policy {
-    int64_t max_blocks;    /* concurrent (work item x KV head) blocks */
+    int64_t max_blocks;    /* concurrent (work item x KV head) blocks: the workspace layout's
+                              budget, and the split search's unless search_blocks is smaller */
     int32_t min_chunk;     /* shortest key chunk worth a work item */
     int32_t qo_tile;       /* prefill query tokens per work item (the largest tile) */
     int32_t qo_tile_min;   /* 0, or a smaller tile a plan may pick for batches of short query
