@@ -317,15 +317,19 @@ KVA_TEST(decode_scheduler_merge_level_cost) {
     CHECK_MSG(flat_free == flat_priced, "flat merge: chunk %d, with a level price %d", flat_free, flat_priced);
 }
 
+/* One case of the priced grid: `batch` requests of `len` keys (the last one `last` keys if > 0)
+ * on `heads` KV heads, the two prices, and the chunk the search must pick. */
+typedef struct priced_case {
+    const char *why;
+    int32_t batch, len, last, heads, next_item_keys, split_keys, want;
+} priced_case;
+
 /* Decode on the prefill kernel (GQA groups above 16, one KV head): the CUDA policy describes
  * its persistent grid (132 blocks, one per SM: sm_blocks 1) and prices a block's later chunk
- * (next_item_keys 1024) and a split plan's merge launch (split_keys 768). Measured on an H200 (Falcon-7B 71/1 d64 / StarCoder-15B 48/1 d128,
- * 64 x 4096): 2 chunks of 2048 per request 40.1 / 48.7 us, 4 of 1024 45.7 / 55.5, no split
- * 53.1 / 53.7. With the two, 64 x 4096 takes 2048 (the old 264-block description: 1024), a batch
- * that fits the grid unsplit stays unsplit (128 x 4096), a long request is still cut fine
- * (1 x 8192: 256, measured best of 128 .. 2048), and the one-round candidate -- the shortest
- * chunk whose units fit the grid -- reaches 64 x 8192's 2 chunks of 4096, which the mean-based
- * candidates skip. */
+ * (next_item_keys 1024) and a split plan's merge launch (split_keys 768). Measured on an H200
+ * (Falcon-7B 71/1 d64 / StarCoder-15B 48/1 d128, 64 x 4096): 2 chunks of 2048 per request
+ * 40.1 / 48.7 us, 4 of 1024 45.7 / 55.5, no split 53.1 / 53.7; the cases below hold the choices
+ * that follow (the old 264-block description took 1024 there). */
 KVA_TEST(decode_scheduler_priced_persistent_grid) {
     int32_t lens[128];
     int64_t keys[129];
@@ -334,61 +338,36 @@ KVA_TEST(decode_scheduler_priced_persistent_grid) {
     kva__split_problem p = cuda_problem(lens, 64, 1);
     p.min_chunk = 128;
     const int32_t old_grid = kva__sched_decode_chunk(&p, keys, order);
+    CHECK_MSG(old_grid == 1024, "64 x 4096 on the old 264-block description: chunk %d", old_grid);
+    static const priced_case cases[] = {
+        {"64 x 4096: 2 chunks each, one per block", 64, 4096, 0, 1, 1024, 768, 2048},
+        {"128 x 4096: the batch alone fills the grid", 128, 4096, 0, 1, 1024, 768, 4096},
+        {"8 x 4096: 16 chunks of 256 fill one round either way", 8, 4096, 0, 1, 1024, 768, 256},
+        {"1 x 8192: still cut fine (measured best of 128 .. 2048)", 1, 8192, 0, 1, 1024, 768, 256},
+        {"64 x 8192: the one-round candidate", 64, 8192, 0, 1, 1024, 768, 4096},
+        {"64 x 1024: without the merge launch's price, split", 64, 1024, 0, 1, 1024, 0, 512},
+        {"64 x 1024: with it, unsplit (19.4 against 22.3 us)", 64, 1024, 0, 1, 1024, 768, 1024},
+        {"64 x 2048: two chunks still pay", 64, 2048, 0, 1, 1024, 768, 1024},
+        {"66 x 4096: two chunks each fill the 132 blocks exactly", 66, 4096, 0, 1, 1024, 768, 2048},
+        {"63 x 4096 + 16384: every request counted (6 chunks of the long one)", 64, 4096, 16384, 1, 1024, 768, 2752},
+        {"32 x 8192 on 2 KV heads: every head counted", 32, 8192, 0, 2, 1024, 768, 4096},
+        {"100 x 4096, later chunks priced: unsplit (53.6 against 74.2 us)", 100, 4096, 0, 1, 1024, 0, 4096},
+        {"100 x 4096 at the decode kernel's 128: 5 chunks of 832", 100, 4096, 0, 1, 0, 0, 832},
+    };
     p.max_blocks = SMS;
     p.sm_blocks = 1;
-    p.next_item_keys = 1024;
-    const int32_t c64 = kva__sched_decode_chunk(&p, keys, order);
-    printf("    71/1 on the prefill kernel, 64 x 4096: chunk %d on 264 blocks, %d on the priced 132\n", old_grid, c64);
-    CHECK_MSG(old_grid == 1024 && c64 == 2048, "64 x 4096: %d / %d", old_grid, c64);
-    p.batch_size = 128;
-    CHECK_MSG(kva__sched_decode_chunk(&p, keys, order) == 4096, "128 x 4096 split");
-    p.batch_size = 8; /* 8 x 4096: 16 chunks of 256 each fill one round either way */
-    CHECK(kva__sched_decode_chunk(&p, keys, order) == 256);
-    lens[0] = 8192;
-    p.batch_size = 1;
-    CHECK(kva__sched_decode_chunk(&p, keys, order) == 256);
-    for (int i = 0; i < 64; ++i) lens[i] = 8192;
-    p.batch_size = 64;
-    const int32_t c8k = kva__sched_decode_chunk(&p, keys, order);
-    CHECK_MSG(c8k == 4096, "64 x 8192: chunk %d", c8k);
-    p.next_item_keys = 0;
-    /* a split plan's merge launch (split_keys 768, ~5 us): 64 x 1024 is faster unsplit (H200,
-     * StarCoder-15B 19.4 us against 22.3 in two chunks), 64 x 2048 still gains from two */
-    for (int i = 0; i < 64; ++i) lens[i] = 1024;
-    p.next_item_keys = 1024;
-    const int32_t c1k_free = kva__sched_decode_chunk(&p, keys, order);
-    p.split_keys = 768;
-    const int32_t c1k = kva__sched_decode_chunk(&p, keys, order);
-    CHECK_MSG(c1k_free == 512 && c1k == 1024, "64 x 1024: chunk %d without the launch's price, %d with", c1k_free, c1k);
-    for (int i = 0; i < 64; ++i) lens[i] = 2048;
-    CHECK(kva__sched_decode_chunk(&p, keys, order) == 1024);
-    /* 66 x 4096: two chunks each fill the 132 blocks exactly */
-    for (int i = 0; i < 100; ++i) lens[i] = 4096;
-    p.batch_size = 66;
-    CHECK(kva__sched_decode_chunk(&p, keys, order) == 2048);
-    /* the one-round candidate counts every request and KV head: 63 x 4096 and a last one of
-     * 16384 fill the 132 blocks in 2 chunks each and 6 of the long one (chunk 2752); 32 x 8192
-     * on 2 KV heads in 2 chunks each, like 64 x 8192 on one */
-    lens[63] = 16384;
-    p.batch_size = 64;
-    const int32_t c_long_last = kva__sched_decode_chunk(&p, keys, order);
-    CHECK_MSG(c_long_last == 2752, "63 x 4096 + 16384: chunk %d", c_long_last);
-    for (int i = 0; i < 32; ++i) lens[i] = 8192;
-    p.batch_size = 32;
-    p.num_kv_heads = 2;
-    const int32_t c_two_heads = kva__sched_decode_chunk(&p, keys, order);
-    CHECK_MSG(c_two_heads == 4096, "32 x 8192, 2 KV heads: chunk %d", c_two_heads);
-    p.num_kv_heads = 1;
-    for (int i = 0; i < 100; ++i) lens[i] = 4096;
-    /* 100 x 4096: unsplit (100 blocks) beats 5 chunks of ~820 (3-4 per block) once a later chunk
-     * is priced (H200, Falcon-7B: 53.4-53.8 against 74.1-74.2 us); at the decode kernel's 128
-     * key-times the 5 chunks win */
-    p.batch_size = 100;
-    p.split_keys = 0; /* (the launch's price alone would keep it unsplit too) */
-    const int32_t c100 = kva__sched_decode_chunk(&p, keys, order);
-    p.next_item_keys = 0;
-    const int32_t c100_cheap = kva__sched_decode_chunk(&p, keys, order);
-    CHECK_MSG(c100 == 4096 && c100_cheap < 1024, "100 x 4096: chunk %d priced, %d at the default", c100, c100_cheap);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; ++i) {
+        const priced_case *c = &cases[i];
+        for (int r = 0; r < c->batch; ++r) lens[r] = c->len;
+        if (c->last > 0) lens[c->batch - 1] = c->last;
+        p.batch_size = c->batch;
+        p.num_kv_heads = c->heads;
+        p.next_item_keys = c->next_item_keys;
+        p.split_keys = c->split_keys;
+        const int32_t got = kva__sched_decode_chunk(&p, keys, order);
+        printf("    %s: chunk %d\n", c->why, got);
+        CHECK_MSG(got == c->want, "%s: chunk %d, want %d", c->why, got, c->want);
+    }
 }
 
 /* Degenerate batches: one key, empty requests, a mix. */
