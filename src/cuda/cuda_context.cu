@@ -482,11 +482,11 @@ extern "C" kva_status kva__cuda_split_policy(const kva_context *ctx, const kva_p
          * its keys (the item's Q, epilogue and record chain): H200, Falcon-7B / StarCoder-15B at
          * 64 x 4096, 2 chunks of 2048 per request 40.1 / 48.7 us against 4 of 1024 (two per
          * block) 45.7 / 55.5 (bench/NOTES.md, "Decode on the prefill kernel") */
-        policy->search_blocks = (int64_t)(ctx->num_sms > 0 ? ctx->num_sms : 1) *
-                                (priv && priv->prefill_blocks_per_sm[idx] > 0 ? priv->prefill_blocks_per_sm[idx] : 1);
+        const int prefill_per_sm = priv && priv->prefill_blocks_per_sm[idx] > 0 ? priv->prefill_blocks_per_sm[idx] : 1;
+        policy->search_blocks = (int64_t)(ctx->num_sms > 0 ? ctx->num_sms : 1) * prefill_per_sm;
         policy->next_item_keys = 1024;
         /* and a split plan pays the merge launch after the grid (~5 us: 64 x 1024 unsplit 19.4 /
-         * 20.1 us, in two chunks of 512 22.3 / 21.5, StarCoder / Falcon) */
+         * 20.1 us, in two chunks of 512 22.8 / 21.5-22.3, StarCoder / Falcon) */
         policy->split_keys = 768;
         policy->min_chunk = 128;
         policy->qo_tile = 1;
