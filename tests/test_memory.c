@@ -74,19 +74,15 @@ KVA_TEST(memory_large_blocks_get_huge_page_advice) {
         check_usable(p, small);
         kva_free(ctx, p);
     }
-    char saved[16] = "";
-    if (env) snprintf(saved, sizeof saved, "%s", env);
-    setenv("KVA_HUGE_PAGES", "0", 1);
+    kva_test_env knob;
+    kva_test_env_set(&knob, "KVA_HUGE_PAGES", "0");
     CHECK_OK(kva_malloc(ctx, big, &p));
     if (p) {
         CHECK(((uintptr_t)p % 64) == 0);
         check_usable(p, big);
         kva_free(ctx, p);
     }
-    if (env)
-        setenv("KVA_HUGE_PAGES", saved, 1);
-    else
-        unsetenv("KVA_HUGE_PAGES");
+    kva_test_env_restore(&knob);
     kva_context_destroy(ctx);
 }
 
@@ -203,16 +199,12 @@ KVA_TEST(memory_huge_page_advice_covers_whole_frames_only) {
      * left on reused heap memory by an earlier block. */
     kva_context *ctx = NULL;
     REQUIRE_OK(kva_context_create(KVA_DEVICE_CPU, 0, &ctx));
-    const char *env = getenv("KVA_HUGE_PAGES");
-    char saved[16] = "";
-    if (env) snprintf(saved, sizeof saved, "%s", env);
+    kva_test_env knob;
+    kva_test_env_set(&knob, "KVA_HUGE_PAGES", NULL);
     const size_t heap = heap_bytes(), fresh = heap > ((size_t)33 << 20) ? heap : (size_t)33 << 20;
     const size_t sizes[4] = {F, F + 1, 3 * F - 100, fresh + F + 64 * (size_t)kva_rng_int(&rng, 1, 1000)};
     for (int off = 0; off < 2; ++off) {
-        if (off)
-            setenv("KVA_HUGE_PAGES", "0", 1);
-        else
-            unsetenv("KVA_HUGE_PAGES");
+        if (off) setenv("KVA_HUGE_PAGES", "0", 1);
         for (int i = 0; i < 4; ++i) {
             void *p = NULL;
             CHECK_OK(kva_malloc(ctx, sizes[i], &p));
@@ -227,10 +219,7 @@ KVA_TEST(memory_huge_page_advice_covers_whole_frames_only) {
             kva_free(ctx, p);
         }
     }
-    if (env)
-        setenv("KVA_HUGE_PAGES", saved, 1);
-    else
-        unsetenv("KVA_HUGE_PAGES");
+    kva_test_env_restore(&knob);
     kva_context_destroy(ctx);
 #else
     kva_test_skip("no MADV_HUGEPAGE on this platform");
