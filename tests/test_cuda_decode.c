@@ -420,6 +420,59 @@ KVA_TEST(cuda_decode_large_group_plans_fill_one_round) {
     kva_context_destroy(ctx);
 }
 
+/* Global rowmax of groups above 16 runs on the sub-group decode kernel, not the prefill one that
+ * partial rowmax takes there, so its plans search that kernel's grid at its own costs, a split
+ * request's units at 1.85x their keys (pass 1 repeats the Q K^T): batches of half and of three
+ * quarters the SMs' count at 4096 keys stay unsplit (H200, StarCoder-15B 48/1 64 x 4096: unsplit
+ * 108.9 us, the prefill policy's two chunks 202.0; 100 x 4096 at a 1.5x price: 640-key chunks,
+ * 310 us against 197 unsplit), a lone request still splits to fill the grid. */
+KVA_TEST(cuda_decode_large_group_global_rowmax_plans) {
+    kva_context *ctx = cuda_test_context();
+    if (!ctx) return;
+    const kva_plan_limits probe = {1, 1, 0, 0, 71, 1, 64, 16, 0};
+    kva__workspace_layout layout;
+    const kva_status st = kva__compute_layout(ctx, &probe, KVA__PLAN_DECODE, &layout);
+    CHECK_OK(st);
+    if (st != KVA_OK || layout.policy.merge_tree) {
+        if (st == KVA_OK) kva_test_skip("GQA groups above 16 run on the sub-group decode kernel here");
+        kva_context_destroy(ctx);
+        return;
+    }
+    CHECK_MSG(layout.policy.global_search_blocks > 0, "no global-rowmax budget in the prefill-path policy");
+    kva_device_info info;
+    CHECK_OK(kva_context_info(ctx, &info));
+    const int32_t sms = info.num_sms, ps = 16;
+    const int32_t shapes[][2] = {{sms / 2, 4096}, {sms * 3 / 4, 4096}, {1, 8192}};
+    for (int si = 0; si < 3; ++si) {
+        const int32_t B = shapes[si][0] > 0 ? shapes[si][0] : 1, L = shapes[si][1], pages = (L + ps - 1) / ps;
+        int32_t *indptr = (int32_t *)kva_test_alloc(sizeof(int32_t) * (B + 1));
+        int32_t *indices = (int32_t *)kva_test_alloc(sizeof(int32_t) * (size_t)B * pages);
+        int32_t *last = (int32_t *)kva_test_alloc(sizeof(int32_t) * B);
+        for (int32_t b = 0; b <= B; ++b) indptr[b] = b * pages;
+        for (int64_t i = 0; i < (int64_t)B * pages; ++i) indices[i] = (int32_t)i;
+        for (int32_t b = 0; b < B; ++b) last[b] = L - (pages - 1) * ps;
+        const kva_page_table table = {B, indptr, indices, last};
+        for (int gi = 0; gi < 2; ++gi) {
+            const int32_t Hq = gi ? 48 : 71, D = gi ? 128 : 64;
+            kva_plan_limits lim = {B, (int64_t)B * pages, 0, 0, Hq, 1, D, ps, 0};
+            cuda_test_workspace w = {0};
+            if (!cuda_test_workspace_make(ctx, &lim, &w)) break;
+            kva_plan plan;
+            kva_plan_options opt = {0, 0, KVA_DECODE_GLOBAL_ROWMAX};
+            CHECK_OK(kva_decode_plan(ctx, &lim, &table, (int64_t)B * pages, &opt, w.ws, &plan));
+            printf("    global rowmax %d/1 d%d %d x %d on %d SMs: chunk %d, %lld work items\n", Hq, D, B, L, sms,
+                   plan.kv_chunk_size, (long long)plan.num_work);
+            if (B > 1) CHECK_MSG(plan.num_work == B, "%d/1 %d x %d split (chunk %d)", Hq, B, L, plan.kv_chunk_size);
+            else CHECK_MSG(plan.num_work > 1, "%d/1 1 x %d unsplit", Hq, L);
+            cuda_test_workspace_free(ctx, &w);
+        }
+        free(indptr);
+        free(indices);
+        free(last);
+    }
+    kva_context_destroy(ctx);
+}
+
 /* Seed 002's global-rowmax algorithm on CUDA: pass 1 writes each chunk's row max and the last
  * block of a request reduces them; pass 2 exponentiates against the request's max and merges by
  * a plain sum. Split by the planner, unsplit, fixed small chunks; every dtype; built and padded

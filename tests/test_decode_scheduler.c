@@ -370,6 +370,41 @@ KVA_TEST(decode_scheduler_priced_persistent_grid) {
     }
 }
 
+/* Global rowmax on CUDA streams a split request's K twice (pass 1: K for the row max; pass 2: K
+ * and V), so its split units cost 1.5x their keys (split_key_percent 150, set by the CUDA policy
+ * for that algorithm): 16 x 8192 at 8 KV heads then stays unsplit (128 lone blocks) instead of two
+ * chunks each (H200: global rowmax 197.5 us split against partial rowmax's 128.1), while batches
+ * that cannot fill the grid unsplit still split (1 x 8192, 8 x 4096). */
+KVA_TEST(decode_scheduler_global_rowmax_split_price) {
+    int32_t lens[128];
+    int64_t keys[129];
+    int32_t order[129];
+    /* Each case plans at two prices (0: 100%). The last cases: StarCoder-15B's 48 / 1 on the
+     * sub-group kernel, 3 units per work item, so the CUDA policy's global-rowmax budget is 132
+     * SMs x 2 / 3, and a split unit costs 185% there (at 150%, 100 x 4096 split into 640-key
+     * chunks: 310 us on the H200 against 197 unsplit). */
+    static const struct {
+        int32_t batch, len, heads, blocks, percent_a, want_a, percent_b, want_b;
+    } cases[] = {{16, 8192, 8, GRID, 0, 8064, 150, 8192}, {1, 8192, 8, GRID, 0, 512, 150, 512},
+                 {8, 4096, 8, GRID, 0, 1024, 150, 1024},   {64, 4096, 1, 88, 0, 768, 185, 4096},
+                 {100, 4096, 1, 88, 150, 640, 185, 4096},  {8, 4096, 1, 88, 0, 384, 185, 384}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; ++i) {
+        for (int r = 0; r < cases[i].batch; ++r) lens[r] = cases[i].len;
+        kva__split_problem p = cuda_problem(lens, cases[i].batch, cases[i].heads);
+        p.max_blocks = cases[i].blocks;
+        p.sm_blocks = cases[i].blocks >= 2 * SMS ? 2 : 1;
+        p.lone_block_percent = kva__cuda_decode_lone_block_percent(128);
+        p.split_key_percent = cases[i].percent_a;
+        const int32_t a = kva__sched_decode_chunk(&p, keys, order);
+        p.split_key_percent = cases[i].percent_b;
+        const int32_t b = kva__sched_decode_chunk(&p, keys, order);
+        printf("    %d x %d, %d KV heads, %d blocks: chunk %d at %d%%, %d at %d%%\n", cases[i].batch, cases[i].len,
+               cases[i].heads, cases[i].blocks, a, cases[i].percent_a, b, cases[i].percent_b);
+        CHECK_MSG(a == cases[i].want_a && b == cases[i].want_b, "%d x %d: %d / %d", cases[i].batch, cases[i].len, a,
+                  b);
+    }
+}
+
 /* Degenerate batches: one key, empty requests, a mix. */
 KVA_TEST(decode_scheduler_tiny_and_empty_requests) {
     int32_t lens[64];

@@ -2,7 +2,8 @@
 48/1 d128), which run on the Hopper prefill kernel's persistent grid (one block per SM), timed at
 the plan's chunk and at other fixed chunks in one process: whether the decode scheduler's choice
 for that grid is the best one the kernel can run (bench/NOTES.md, "Decode on the prefill kernel:
-the scheduler's grid"). Prints one table line per shape:
+the scheduler's grid"). With --algorithm global_rowmax the same shapes run seed 002's two-pass
+algorithm, which these groups run on the sub-group decode kernel. Prints one table line per shape:
 
     | model | batch x ctx | plan chunk / work items | plan us | c512 | c1024 | c2048 | c4096 | nosplit |
 
@@ -29,6 +30,8 @@ def main():
     ap.add_argument("--build", default="build-gpu")
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--no-fixed", action="store_true", help="only the plan's chunk")
+    ap.add_argument("--algorithm", default="partial_rowmax", choices=["partial_rowmax", "global_rowmax"],
+                    help="global_rowmax runs these groups on the sub-group decode kernel (two passes)")
     args = ap.parse_args()
     bt.load_kvattn(args.build)
     bt.SETTLE_S = 0.1
@@ -38,7 +41,7 @@ def main():
     for (name, hq, hk, d) in GROUPS:
         for (B, L) in SHAPES:
             nsets = bt.decode_sets(B * L * hk * d * 4, l2)
-            ours = bt.kb.PagedDecode(B, L, nsets, hq=hq, hk=hk, d=d, page=16)
+            ours = bt.kb.PagedDecode(B, L, nsets, hq=hq, hk=hk, d=d, page=16, algorithm=args.algorithm)
             info = ours.plan_info
             us = bt.time_calls(ours.run, nsets, args.iters) * 1e3
             ours.free()
@@ -47,7 +50,8 @@ def main():
                 if fixed and fixed >= L:
                     cells.append("-")
                     continue
-                v = bt.kb.PagedDecode(B, L, nsets, hq=hq, hk=hk, d=d, page=16, no_split=no_split, fixed_chunk=fixed)
+                v = bt.kb.PagedDecode(B, L, nsets, hq=hq, hk=hk, d=d, page=16, no_split=no_split, fixed_chunk=fixed,
+                                      algorithm=args.algorithm)
                 cells.append("%.1f" % (bt.time_calls(v.run, nsets, args.iters) * 1e3))
                 v.free()
             torch.cuda.empty_cache()

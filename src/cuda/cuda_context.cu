@@ -468,6 +468,11 @@ extern "C" kva_status kva__cuda_split_policy(const kva_context *ctx, const kva_p
                          "plan limits: decode on CUDA supports head_dim multiples of 16 in 32..256 (got %d)",
                          limits->head_dim);
     int per_sm = ch.blocks_per_sm;
+    /* Global rowmax: a split request's chunks stream K in pass 1 and K and V in pass 2, 1.5x the
+     * bytes of one pass (H200: split batches 1.5-1.8x partial rowmax's time, unsplit ones
+     * +0.4-8%). Groups above 16 run it on the sub-group decode kernel, not the prefill one, at
+     * their own price (below). */
+    policy->global_split_key_percent = 150;
     /* Split requests into at most 2 blocks per SM: one SM streams at about its share of the
      * memory bandwidth with 1 to 2 blocks (bench/NOTES.md), and more chunks only add merge work.
      * Residency beyond that still helps unsplit batches, whose next blocks start while others
@@ -491,6 +496,23 @@ extern "C" kva_status kva__cuda_split_policy(const kva_context *ctx, const kva_p
         policy->min_chunk = 128;
         policy->qo_tile = 1;
         policy->merge_tree = 0; /* the prefill merge: one warp per row reads every state */
+        /* Global rowmax of these groups runs on the sub-group decode kernel (its two passes are
+         * not built on the prefill one): nsub units per work item on that kernel's blocks, at its
+         * costs -- planned at the prefill kernel's, StarCoder-15B 64 x 4096 split and ran 19%
+         * slower (bench/NOTES.md, "Decode on the prefill kernel") */
+        kva__decode_choice gch;
+        if (kva__decode_kernel_for(ctx, KVA_BF16, limits->head_dim, group, 1, &gch) && !gch.via_prefill) {
+            const int gper = gch.blocks_per_sm < 1 ? 1 : gch.blocks_per_sm > 2 ? 2 : gch.blocks_per_sm;
+            const int64_t gb = (int64_t)(ctx->num_sms > 0 ? ctx->num_sms : 1) * gper / gch.nsub;
+            policy->global_search_blocks = gb > 0 ? gb : 1;
+            policy->global_min_chunk = 16 * KVA__DECODE_WARPS;
+            policy->global_lone_block_percent = kva__cuda_decode_lone_block_percent(limits->head_dim);
+            /* and there a split unit costs ~1.85x its keys, not 1.5x: with 48-71 query rows per
+             * key these groups are compute-heavy, and pass 1 repeats their Q K^T (H200, global
+             * rowmax 64 x 4096 in two chunks of 2048 against unsplit: 71/1 d64 181.2 / 98.5 us,
+             * 48/1 d128 202.0 / 108.9) */
+            policy->global_split_key_percent = 185;
+        }
         return KVA_OK;
     }
     policy->merge_tree = 1;

@@ -114,6 +114,7 @@ static double estimate_makespan(const kva__split_problem *p, int32_t chunk, cons
     const int64_t G = p->max_blocks > 0 ? p->max_blocks : 1;
     const int64_t sm_blocks = p->sm_blocks > 1 ? p->sm_blocks : 1;
     const double next_item = p->next_item_keys > 0 ? p->next_item_keys : KVA__SCHED_NEXT_ITEM_COST_KEYS;
+    const double split_scale = p->split_key_percent > 0 ? p->split_key_percent / 100.0 : 1.0;
     double block0 = 0.0, merge = 0.0;
     int64_t pos = 0, units0 = 0;
     for (int32_t j = 0; j < p->batch_size; ++j) {
@@ -121,7 +122,7 @@ static double estimate_makespan(const kva__split_problem *p, int32_t chunk, cons
         const int64_t n = kva__sched_chunks_of(len, chunk);
         const int64_t mine = count_congruent(pos, pos + n * H, 0, G);
         /* (in double: an item of a 2^31 - 1 key request plus the fixed cost passes int32) */
-        block0 += (next_item + (double)item_keys_of(len, chunk, 1)) * (double)mine;
+        block0 += (next_item + (double)item_keys_of(len, chunk, 1) * (n > 1 ? split_scale : 1.0)) * (double)mine;
         units0 += mine;
         const int64_t states = merged_states(n, p->merge_run);
         const double m = (double)(states * KVA__SCHED_MERGE_COST_PER_STATE_KEYS) +

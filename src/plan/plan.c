@@ -309,6 +309,17 @@ static kva_status make_plan(kva_context *ctx, const kva_plan_limits *limits, con
         p.merge_level_keys = L.policy.merge_level_keys;
         p.next_item_keys = L.policy.next_item_keys;
         p.split_keys = L.policy.split_keys;
+        p.split_key_percent = opt.algo == KVA_DECODE_GLOBAL_ROWMAX ? L.policy.global_split_key_percent : 0;
+        if (opt.algo == KVA_DECODE_GLOBAL_ROWMAX && L.policy.global_search_blocks > 0) {
+            /* global rowmax runs on another kernel here (workspace_layout.h): its budget and costs */
+            p.max_blocks = L.policy.global_search_blocks < L.policy.max_blocks ? L.policy.global_search_blocks
+                                                                                : L.policy.max_blocks;
+            p.sm_blocks = ctx->num_sms > 0 ? (int32_t)(p.max_blocks / ctx->num_sms) : 1;
+            p.min_chunk = L.policy.global_min_chunk;
+            p.lone_block_percent = L.policy.global_lone_block_percent;
+            p.next_item_keys = 0;
+            p.split_keys = 0;
+        }
         /* CUDA partial-rowmax decode merges long requests as a tree (workspace_layout.h) */
         p.merge_run = L.policy.merge_tree && opt.algo == KVA_DECODE_PARTIAL_ROWMAX ? KVA__MERGE_RUN : 0;
         /* scratch for the longest-first order: the unit records, written after flattening

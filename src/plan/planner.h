@@ -32,6 +32,8 @@ typedef struct kva__split_problem {
                              * key-times (0: KVA__SCHED_NEXT_ITEM_COST_KEYS) */
     int32_t split_keys;     /* decode: what a plan with any split request pays once (a merge
                              * launch), in key-times (0: nothing) */
+    int32_t split_key_percent; /* decode: a split request's unit costs this percentage of its
+                                * keys (0: 100; CUDA global rowmax 150: both passes read K) */
     int32_t merge_run;      /* decode: > 0: states merge as a tree of runs of this many (CUDA);
                              * 0: one block merges all of a request's states (CPU) */
     int32_t min_chunk;      /* never split into chunks shorter than this */

@@ -44,6 +44,16 @@ typedef struct kva__split_policy {
                               (kva__split_problem; 0: the scheduler's default) */
     int32_t split_keys;       /* decode: a split plan's one-off cost, in key-times
                               (kva__split_problem; 0: none) */
+    int32_t global_split_key_percent; /* decode, global rowmax: kva__split_problem's
+                              split_key_percent (0: 100) */
+    int64_t global_search_blocks; /* decode, global rowmax, where it runs on another kernel than
+                              partial rowmax (CUDA, groups above 16 on the Hopper path: the
+                              sub-group decode kernel, not the prefill one): that kernel's split
+                              search budget, planned at its own costs -- global_min_chunk and
+                              global_lone_block_percent, no later-unit or split price (0: global
+                              rowmax is planned as partial rowmax) */
+    int32_t global_min_chunk;
+    int32_t global_lone_block_percent;
     int64_t search_blocks;    /* 0, or a smaller budget for the split search than the layout's
                               max_blocks (the blocks that really run at once: decode on the
                               prefill kernel's persistent grid; tests: KVA_PREFILL_PERSISTENT's
