@@ -169,6 +169,19 @@ struct kva__hopper_geom {
      * from 2 x 8192 up level (it was 1-5% slower there before v6.15's uniform descriptors);
      * -DKVA__HP_XITEM=0/1 forces it (comparisons only: NVRTC builds of variants keep the
      * default geometry, and are launched with the library's shared-memory size) */
+    /* a warpgroup skips the key tiles a causal mask hides from all of its rows (the diagonal's
+     * far side: with 192-row items of 48 tokens at d = 64, 8% of the warpgroups' tiles at 32 x
+     * 512), and every tile where it holds no row of the item (a sequence's short last item);
+     * it still waits for and releases them. Not with the turns (every warpgroup takes one per
+     * tile) nor walked last to first (the skipped tiles would come first). Measured (H200,
+     * bench/NOTES.md v6.38): d = 64 2-3% slower on every short row, the skipped tiles
+     * included; d = 256 1-3% faster on rows that skip none -- so at d = 256 only.
+     * -DKVA__HP_SKIP=0/1 forces it */
+#ifdef KVA__HP_SKIP
+    static constexpr bool SKIP = KVA__HP_SKIP && !PINGPONG && !REVERSE;
+#else
+    static constexpr bool SKIP = D == 256 && !PINGPONG && !REVERSE;
+#endif
 #ifdef KVA__HP_XITEM
     static constexpr bool XITEM = KVA__HP_XITEM && D <= 128;
 #else
@@ -831,6 +844,21 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
         }
         if (!rows_ready) alibi_rows(wk.kh);
     };
+    /* the tiles of item w that my warpgroup works on (G::SKIP): none where it holds no row, and
+     * under a causal mask only those with a key at or before its last row's position -- tile j's
+     * first unmasked key is max(lo_al + j BN, lo), so they are the first (kmax - lo_al) / BN + 1;
+     * the others' keys are all masked for my rows, which therefore end as they would have */
+    auto own_tiles = [&](const kva__hp_work &w) -> int {
+        if constexpr (!G::SKIP) return w.n_tiles;
+        const int rows_w = w.it.q_tokens * g, first_row = cw * 64;
+        if (first_row >= rows_w) return 0;
+        if (!a.causal) return w.n_tiles;
+        const int last_row = first_row + 63 < rows_w ? first_row + 63 : rows_w - 1;
+        const int kmax = w.it.q_pos0 + kva__hp_div_group(last_row, g_magic);
+        if (kmax < w.lo) return 0;
+        const int n = (kmax - w.lo_al) / G::BN + 1;
+        return n < w.n_tiles ? n : w.n_tiles;
+    };
 
     float o_acc[DT][4];
 #pragma unroll
@@ -1053,6 +1081,9 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
         gt = KVA__HP_BCAST(gt);
         qb = KVA__HP_BCAST(qb);
         const int n_tiles = KVA__HP_BCAST(wk.n_tiles);
+        /* (without G::SKIP the same variable: the d = 64 kernel measured 2-3% slower with the
+         * drain loops and the count compiled in, though they never ran) */
+        const int n_own = G::SKIP ? KVA__HP_BCAST(own_tiles(wk)) : n_tiles;
         const uint64_t qd = q_desc(qb);
         KVA__HP_TRACE_AT(1 + cw, trace_n, KVA__HPT_TOP, clock64());
         KVA__HP_TRACE_AT(1 + cw, trace_n, KVA__HPT_TILES, n_tiles);
@@ -1060,12 +1091,12 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
             item_setup(false);
             q_wait(m);
             KVA__HP_TRACE_AT(1 + cw, trace_n, KVA__HPT_Q, clock64());
-            if (n_tiles > 0) first_tile(gt, qb);
+            if (n_own > 0) first_tile(gt, qb);
         } else {
             KVA__HP_TRACE_AT(1 + cw, trace_n, KVA__HPT_Q, clock64());
         }
         KVA__HP_TRACE_AT(1 + cw, trace_n, KVA__HPT_S0, clock64());
-        for (int j = 1; j < n_tiles; ++j) {
+        for (int j = 1; j < n_own; ++j) {
             const int s = (int)((gt + j) % G::STAGES), sp = (int)((gt + j - 1) % G::STAGES);
             kva__mbar_wait(full_k(s), ((gt + j) / G::STAGES) & 1u);
             kva__mbar_wait(full_v(sp), ((gt + j - 1) / G::STAGES) & 1u);
@@ -1111,9 +1142,19 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
             else take_early();
             have_nx = nx.kh >= 0;
         }
-        const bool nx_s0 = G::XITEM && have_nx && nx.n_tiles > 0 && n_tiles > 0 && q_by_tma(nx);
+        const bool nx_s0 = G::XITEM && have_nx && (G::SKIP ? own_tiles(nx) : nx.n_tiles) > 0 && n_own > 0 && q_by_tma(nx);
         const uint32_t gn = gt + (uint32_t)n_tiles; /* the next item's first tile */
-        const int sl = (int)((gn - 1) % G::STAGES), sn = (int)(gn % G::STAGES);
+        const uint32_t gl = G::SKIP ? gt + (uint32_t)n_own - 1u : gn - 1u; /* my last tile (n_own > 0) */
+        const int sl = (int)(gl % G::STAGES), sn = (int)(gn % G::STAGES);
+        /* (G::SKIP) the K tiles I skip: landed, then released, before any later K tile is waited
+         * for -- the next item's first may need one's stage. Their V tiles after my last P V
+         * (below): a V tile past my last one may need that one's stage. */
+        if constexpr (G::SKIP)
+            for (int j = n_own; j < n_tiles; ++j) {
+                const uint32_t t = gt + (uint32_t)j;
+                kva__mbar_wait(full_k((int)(t % G::STAGES)), (t / G::STAGES) & 1u);
+                release(empty_k((int)(t % G::STAGES)));
+            }
         float m_o[2] = {m_st[0], m_st[1]};
         /* the finished rows' sums (the NaN rule: kvattn.h) and their inverses, before the tail's
          * waits: the shuffles' and the reciprocal's latency off the epilogue's path */
@@ -1133,7 +1174,7 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
         if (nx_s0) {
             /* (this item's last Q K^T and softmax are done; the slope loads overlap the waits) */
             alibi_rows(nx.kh);
-            kva__mbar_wait(full_v(sl), ((gn - 1) / G::STAGES) & 1u);
+            kva__mbar_wait(full_v(sl), (gl / G::STAGES) & 1u);
             q_wait(m + 1);
             kva__mbar_wait(full_k(sn), (gn / G::STAGES) & 1u);
             turn_wait();
@@ -1162,8 +1203,8 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
             release(empty_v(sl));
             /* (packed before the epilogue: P's 32 registers live across it instead of S's 64) */
             pack_p();
-        } else if (n_tiles > 0) {
-            kva__mbar_wait(full_v(sl), ((gn - 1) / G::STAGES) & 1u);
+        } else if (n_own > 0) {
+            kva__mbar_wait(full_v(sl), (gl / G::STAGES) & 1u);
             turn_wait();
             kva__pf_fence_regs<DT * 4>(&o_acc[0][0]);
             issue_pv(sl);
@@ -1174,6 +1215,12 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
             release(empty_v(sl));
         }
 
+        if constexpr (G::SKIP)
+            for (int j = n_own; j < n_tiles; ++j) {
+                const uint32_t t = gt + (uint32_t)j;
+                kva__mbar_wait(full_v((int)(t % G::STAGES)), (t / G::STAGES) & 1u);
+                release(empty_v((int)(t % G::STAGES)));
+            }
         KVA__HP_TRACE_AT(1 + cw, trace_n, KVA__HPT_TAIL, clock64());
         /* ---- epilogue: normalise, write o + lse, or the partial state ---- */
         const bool split = it.key_beg > 0 || it.key_end < it.kv_len;
