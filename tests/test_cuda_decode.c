@@ -363,6 +363,58 @@ out:
     return;
 }
 
+/* A CUDA context where GQA groups above 16 take the prefill kernel -- an sm_90a build on an sm_90
+ * device, KVA_PREFILL_PATH unset or hopper, KVA_DECODE_GROUP_PATH not subgroups -- with its SM
+ * count, or NULL (the test skipped: elsewhere the sub-group decode kernel runs them, planned by
+ * its own policy, which its merge tree marks). */
+static kva_context *large_groups_on_prefill_kernel(int32_t *sms, kva__workspace_layout *layout) {
+    kva_context *ctx = cuda_test_context();
+    if (!ctx) return NULL;
+    const kva_plan_limits probe = {1, 1, 0, 0, 71, 1, 64, 16, 0};
+    const kva_status st = kva__compute_layout(ctx, &probe, KVA__PLAN_DECODE, layout);
+    CHECK_OK(st);
+    kva_device_info info;
+    if (st != KVA_OK || layout->policy.merge_tree || kva_context_info(ctx, &info) != KVA_OK) {
+        if (st == KVA_OK) kva_test_skip("GQA groups above 16 run on the sub-group decode kernel here");
+        kva_context_destroy(ctx);
+        return NULL;
+    }
+    *sms = info.num_sms;
+    return ctx;
+}
+
+/* The work items of a decode plan of B requests of L keys (pages of 16 in order, one KV head) at Hq
+ * query heads and head dim D, with algorithm algo; its chunk in *chunk. -1 on failure. */
+static int64_t plan_one_kv_head(kva_context *ctx, int32_t B, int32_t L, int32_t Hq, int32_t D, kva_decode_algo algo,
+                                int32_t *chunk) {
+    const int32_t ps = 16, pages = (L + ps - 1) / ps;
+    int32_t *indptr = (int32_t *)kva_test_alloc(sizeof(int32_t) * (B + 1));
+    int32_t *indices = (int32_t *)kva_test_alloc(sizeof(int32_t) * (size_t)B * pages);
+    int32_t *last = (int32_t *)kva_test_alloc(sizeof(int32_t) * B);
+    for (int32_t b = 0; b <= B; ++b) indptr[b] = b * pages;
+    for (int64_t i = 0; i < (int64_t)B * pages; ++i) indices[i] = (int32_t)i;
+    for (int32_t b = 0; b < B; ++b) last[b] = L - (pages - 1) * ps;
+    const kva_page_table table = {B, indptr, indices, last};
+    kva_plan_limits lim = {B, (int64_t)B * pages, 0, 0, Hq, 1, D, ps, 0};
+    cuda_test_workspace w = {0};
+    int64_t units = -1;
+    if (cuda_test_workspace_make(ctx, &lim, &w)) {
+        kva_plan plan;
+        kva_plan_options opt = {0, 0, algo};
+        const kva_status st = kva_decode_plan(ctx, &lim, &table, (int64_t)B * pages, &opt, w.ws, &plan);
+        CHECK_OK(st);
+        if (st == KVA_OK) {
+            units = plan.num_work;
+            *chunk = plan.kv_chunk_size;
+        }
+        cuda_test_workspace_free(ctx, &w);
+    }
+    free(indptr);
+    free(indices);
+    free(last);
+    return units;
+}
+
 /* Decode of groups above 16 runs on the prefill kernel's persistent grid (one block per SM), where
  * a block's second chunk and the merge launch of a split plan cost more than streaming the keys
  * (H200: Falcon-7B 71/1 d64, 64 x 4096 in 2 chunks of 2048 39.5 us, in 4 of 1024 45.5, no split
@@ -370,53 +422,25 @@ out:
  * alone fill over half of the SMs stays unsplit, a smaller one is split within one round. (Plans
  * only; the large-group tests above run such plans against the reference.) */
 KVA_TEST(cuda_decode_large_group_plans_fill_one_round) {
-    kva_context *ctx = cuda_test_context();
-    if (!ctx) return;
-    /* (only where such groups take the prefill kernel -- an sm_90a build on an sm_90 device,
-     * KVA_PREFILL_PATH unset or hopper, KVA_DECODE_GROUP_PATH not subgroups: elsewhere the
-     * sub-group decode kernel runs them, planned by its own policy, which its merge tree marks) */
-    const kva_plan_limits probe = {1, 1, 0, 0, 71, 1, 64, 16, 0};
+    int32_t sms = 0;
     kva__workspace_layout layout;
-    const kva_status st = kva__compute_layout(ctx, &probe, KVA__PLAN_DECODE, &layout);
-    CHECK_OK(st);
-    if (st != KVA_OK || layout.policy.merge_tree) {
-        if (st == KVA_OK) kva_test_skip("GQA groups above 16 run on the sub-group decode kernel here");
-        kva_context_destroy(ctx);
-        return;
-    }
-    kva_device_info info;
-    CHECK_OK(kva_context_info(ctx, &info));
-    const int32_t sms = info.num_sms, ps = 16;
+    kva_context *ctx = large_groups_on_prefill_kernel(&sms, &layout);
+    if (!ctx) return;
     const int32_t shapes[][2] = {{sms / 2, 4096}, {sms - 1, 1024}, {sms / 2 + 1, 2048}, {sms / 4, 3000}, {1, 8192}};
-    for (int si = 0; si < 5; ++si) {
-        const int32_t B = shapes[si][0] > 0 ? shapes[si][0] : 1, L = shapes[si][1], pages = (L + ps - 1) / ps;
-        int32_t *indptr = (int32_t *)kva_test_alloc(sizeof(int32_t) * (B + 1));
-        int32_t *indices = (int32_t *)kva_test_alloc(sizeof(int32_t) * (size_t)B * pages);
-        int32_t *last = (int32_t *)kva_test_alloc(sizeof(int32_t) * B);
-        for (int32_t b = 0; b <= B; ++b) indptr[b] = b * pages;
-        for (int64_t i = 0; i < (int64_t)B * pages; ++i) indices[i] = (int32_t)i;
-        for (int32_t b = 0; b < B; ++b) last[b] = L - (pages - 1) * ps;
-        const kva_page_table table = {B, indptr, indices, last};
+    for (int si = 0; si < 5; ++si)
         for (int gi = 0; gi < 2; ++gi) {
+            const int32_t B = shapes[si][0] > 0 ? shapes[si][0] : 1, L = shapes[si][1];
             const int32_t Hq = gi ? 48 : 71, D = gi ? 128 : 64;
-            kva_plan_limits lim = {B, (int64_t)B * pages, 0, 0, Hq, 1, D, ps, 0};
-            cuda_test_workspace w = {0};
-            if (!cuda_test_workspace_make(ctx, &lim, &w)) break;
-            kva_plan plan;
-            kva_plan_options opt = {0, 0, KVA_DECODE_PARTIAL_ROWMAX};
-            CHECK_OK(kva_decode_plan(ctx, &lim, &table, (int64_t)B * pages, &opt, w.ws, &plan));
-            const int64_t units = plan.num_work; /* one KV head: a unit per work item */
-            printf("    %d/1 d%d %d x %d on %d SMs: chunk %d, %lld work items\n", Hq, D, B, L, sms, plan.kv_chunk_size,
+            int32_t chunk = 0;
+            /* (one KV head: a unit per work item) */
+            const int64_t units = plan_one_kv_head(ctx, B, L, Hq, D, KVA_DECODE_PARTIAL_ROWMAX, &chunk);
+            if (units < 0) continue;
+            printf("    %d/1 d%d %d x %d on %d SMs: chunk %d, %lld work items\n", Hq, D, B, L, sms, chunk,
                    (long long)units);
             CHECK_MSG(units <= sms, "%d/1 %d x %d: %lld work items on %d SMs", Hq, B, L, (long long)units, sms);
-            if (2 * B > sms) CHECK_MSG(units == B, "%d/1 %d x %d split (chunk %d)", Hq, B, L, plan.kv_chunk_size);
+            if (2 * B > sms) CHECK_MSG(units == B, "%d/1 %d x %d split (chunk %d)", Hq, B, L, chunk);
             else CHECK_MSG(units > B, "%d/1 %d x %d unsplit on %d SMs", Hq, B, L, sms);
-            cuda_test_workspace_free(ctx, &w);
         }
-        free(indptr);
-        free(indices);
-        free(last);
-    }
     kva_context_destroy(ctx);
 }
 
@@ -427,49 +451,24 @@ KVA_TEST(cuda_decode_large_group_plans_fill_one_round) {
  * 108.9 us, the prefill policy's two chunks 202.0; 100 x 4096 at a 1.5x price: 640-key chunks,
  * 310 us against 197 unsplit), a lone request still splits to fill the grid. */
 KVA_TEST(cuda_decode_large_group_global_rowmax_plans) {
-    kva_context *ctx = cuda_test_context();
-    if (!ctx) return;
-    const kva_plan_limits probe = {1, 1, 0, 0, 71, 1, 64, 16, 0};
+    int32_t sms = 0;
     kva__workspace_layout layout;
-    const kva_status st = kva__compute_layout(ctx, &probe, KVA__PLAN_DECODE, &layout);
-    CHECK_OK(st);
-    if (st != KVA_OK || layout.policy.merge_tree) {
-        if (st == KVA_OK) kva_test_skip("GQA groups above 16 run on the sub-group decode kernel here");
-        kva_context_destroy(ctx);
-        return;
-    }
+    kva_context *ctx = large_groups_on_prefill_kernel(&sms, &layout);
+    if (!ctx) return;
     CHECK_MSG(layout.policy.global_search_blocks > 0, "no global-rowmax budget in the prefill-path policy");
-    kva_device_info info;
-    CHECK_OK(kva_context_info(ctx, &info));
-    const int32_t sms = info.num_sms, ps = 16;
     const int32_t shapes[][2] = {{sms / 2, 4096}, {sms * 3 / 4, 4096}, {1, 8192}};
-    for (int si = 0; si < 3; ++si) {
-        const int32_t B = shapes[si][0] > 0 ? shapes[si][0] : 1, L = shapes[si][1], pages = (L + ps - 1) / ps;
-        int32_t *indptr = (int32_t *)kva_test_alloc(sizeof(int32_t) * (B + 1));
-        int32_t *indices = (int32_t *)kva_test_alloc(sizeof(int32_t) * (size_t)B * pages);
-        int32_t *last = (int32_t *)kva_test_alloc(sizeof(int32_t) * B);
-        for (int32_t b = 0; b <= B; ++b) indptr[b] = b * pages;
-        for (int64_t i = 0; i < (int64_t)B * pages; ++i) indices[i] = (int32_t)i;
-        for (int32_t b = 0; b < B; ++b) last[b] = L - (pages - 1) * ps;
-        const kva_page_table table = {B, indptr, indices, last};
+    for (int si = 0; si < 3; ++si)
         for (int gi = 0; gi < 2; ++gi) {
+            const int32_t B = shapes[si][0] > 0 ? shapes[si][0] : 1, L = shapes[si][1];
             const int32_t Hq = gi ? 48 : 71, D = gi ? 128 : 64;
-            kva_plan_limits lim = {B, (int64_t)B * pages, 0, 0, Hq, 1, D, ps, 0};
-            cuda_test_workspace w = {0};
-            if (!cuda_test_workspace_make(ctx, &lim, &w)) break;
-            kva_plan plan;
-            kva_plan_options opt = {0, 0, KVA_DECODE_GLOBAL_ROWMAX};
-            CHECK_OK(kva_decode_plan(ctx, &lim, &table, (int64_t)B * pages, &opt, w.ws, &plan));
+            int32_t chunk = 0;
+            const int64_t units = plan_one_kv_head(ctx, B, L, Hq, D, KVA_DECODE_GLOBAL_ROWMAX, &chunk);
+            if (units < 0) continue;
             printf("    global rowmax %d/1 d%d %d x %d on %d SMs: chunk %d, %lld work items\n", Hq, D, B, L, sms,
-                   plan.kv_chunk_size, (long long)plan.num_work);
-            if (B > 1) CHECK_MSG(plan.num_work == B, "%d/1 %d x %d split (chunk %d)", Hq, B, L, plan.kv_chunk_size);
-            else CHECK_MSG(plan.num_work > 1, "%d/1 1 x %d unsplit", Hq, L);
-            cuda_test_workspace_free(ctx, &w);
+                   chunk, (long long)units);
+            if (B > 1) CHECK_MSG(units == B, "%d/1 %d x %d split (chunk %d)", Hq, B, L, chunk);
+            else CHECK_MSG(units > 1, "%d/1 1 x %d unsplit", Hq, L);
         }
-        free(indptr);
-        free(indices);
-        free(last);
-    }
     kva_context_destroy(ctx);
 }
 
