@@ -705,6 +705,42 @@ out:
     kva_context_destroy(ctx);
 }
 
+/* Short query runs over long cached prefixes (chunked prefill of a few tokens), and a request whose
+ * last item is short: items in which a consumer warpgroup of the Hopper kernel holds no query row
+ * yet the item has dozens of key tiles. A warpgroup that skips such tiles (v6.38's G::SKIP,
+ * -DKVA__HP_SKIP=1) must still release every K and V stage in an order the producers can follow:
+ * draining all K stages before any V stage deadlocks once the item has more than 2 x STAGES + 1
+ * tiles (bench/NOTES.md, v6.38). Unsplit plans keep every tile in one item. */
+KVA_TEST(cuda_prefill_short_items_over_long_prefix) {
+    kva_context *ctx = prefill_context();
+    if (!ctx) return;
+    kva_rng rng;
+    kva_rng_seed(&rng, kva_test_seed());
+    /* (g = 4: 16 tokens are one warpgroup's 64 rows; g = 1: 64) */
+    const int32_t qo[5] = {1, 16, 40, 65, 1040}, kv[5] = {1501, 1516, 1540, 1565, 1040};
+    static const int32_t pairs[2][2] = {{8, 2}, {4, 4}};
+    for (int di = 0; di < 3; ++di)
+        for (int gi = 0; gi < 2; ++gi)
+            for (int mask = 0; mask < 2; ++mask) {
+                if (quick() && (gi + mask + di) % 2) continue;
+                prefill_case c = plain_case(KVA_BF16, head_dims[di], 0);
+                c.hq = pairs[gi][0];
+                c.hk = pairs[gi][1];
+                c.causal = mask == 0;
+                c.with_lse = true;
+                c.plans = PLAN_AUTO | PLAN_NOSPLIT;
+                c.page_size = (di + gi) % 2 ? 16 : 0;
+                c.pool_layout = CUDA_TEST_NHD;
+                batch b;
+                batch_from(&b, 5, qo, kv);
+                check_case(ctx, &rng, &c, &b);
+                batch_free(&b);
+                if (kva_test_failures > 20) goto out;
+            }
+out:
+    kva_context_destroy(ctx);
+}
+
 KVA_TEST(cuda_prefill_variants) {
     kva_context *ctx = prefill_context();
     if (!ctx) return;

@@ -175,13 +175,21 @@ struct kva__hopper_geom {
      * it still waits for and releases them. Not with the turns (every warpgroup takes one per
      * tile) nor walked last to first (the skipped tiles would come first). Measured (H200,
      * bench/NOTES.md v6.38): d = 64 2-3% slower on every short row, the skipped tiles
-     * included; d = 256 1-3% faster on rows that skip none -- so at d = 256 only.
+     * included; d = 256 1-3% faster on rows that skip none. Off by default: the measured build
+     * drained a row-less warpgroup's K stages before its V stages, which deadlocks an item of
+     * more than 2 x STAGES + 1 tiles (a few new tokens over a long prefix; found in review,
+     * after the measurements), and the fixed drain below has not yet run on a GPU
+     * (`cuda_prefill_short_items_over_long_prefix` under -DKVA__HP_SKIP=1 is its test).
      * -DKVA__HP_SKIP=0/1 forces it */
 #ifdef KVA__HP_SKIP
     static constexpr bool SKIP = KVA__HP_SKIP && !PINGPONG && !REVERSE;
 #else
-    static constexpr bool SKIP = D == 256 && !PINGPONG && !REVERSE;
+    static constexpr bool SKIP = false;
 #endif
+    /* (a warpgroup with rows skips at most 2 tiles -- its last row is within ROWS - 64 <= BN
+     * keys of the item's -- so its K stages drained before its last P V stay within the STAGES
+     * the producers may run ahead) */
+    static_assert(!SKIP || (ROWS - 64 <= BN && STAGES >= 2), "G::SKIP: the drain order needs these");
 #ifdef KVA__HP_XITEM
     static constexpr bool XITEM = KVA__HP_XITEM && D <= 128;
 #else
@@ -1086,7 +1094,7 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
         const int n_own = G::SKIP ? KVA__HP_BCAST(own_tiles(wk)) : n_tiles;
         const uint64_t qd = q_desc(qb);
         KVA__HP_TRACE_AT(1 + cw, trace_n, KVA__HPT_TOP, clock64());
-        KVA__HP_TRACE_AT(1 + cw, trace_n, KVA__HPT_TILES, n_tiles);
+        KVA__HP_TRACE_AT(1 + cw, trace_n, KVA__HPT_TILES, n_own); /* (the tiles my warpgroup works on) */
         if (!s0_done) {
             item_setup(false);
             q_wait(m);
@@ -1148,12 +1156,18 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
         const int sl = (int)(gl % G::STAGES), sn = (int)(gn % G::STAGES);
         /* (G::SKIP) the K tiles I skip: landed, then released, before any later K tile is waited
          * for -- the next item's first may need one's stage. Their V tiles after my last P V
-         * (below): a V tile past my last one may need that one's stage. */
+         * (below): a V tile past my last one may need that one's stage. Without rows in the item
+         * (n_own == 0, any number of tiles) K and V tile by tile: the other warpgroups wait for
+         * V tiles whose stages only my releases free, and the K producer for their K releases. */
         if constexpr (G::SKIP)
             for (int j = n_own; j < n_tiles; ++j) {
                 const uint32_t t = gt + (uint32_t)j;
                 kva__mbar_wait(full_k((int)(t % G::STAGES)), (t / G::STAGES) & 1u);
                 release(empty_k((int)(t % G::STAGES)));
+                if (n_own == 0) {
+                    kva__mbar_wait(full_v((int)(t % G::STAGES)), (t / G::STAGES) & 1u);
+                    release(empty_v((int)(t % G::STAGES)));
+                }
             }
         float m_o[2] = {m_st[0], m_st[1]};
         /* the finished rows' sums (the NaN rule: kvattn.h) and their inverses, before the tail's
@@ -1216,7 +1230,7 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
         }
 
         if constexpr (G::SKIP)
-            for (int j = n_own; j < n_tiles; ++j) {
+            for (int j = n_own > 0 ? n_own : n_tiles; j < n_tiles; ++j) {
                 const uint32_t t = gt + (uint32_t)j;
                 kva__mbar_wait(full_v((int)(t % G::STAGES)), (t / G::STAGES) & 1u);
                 release(empty_v((int)(t % G::STAGES)));
