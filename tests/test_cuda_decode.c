@@ -374,8 +374,10 @@ static kva_context *large_groups_on_prefill_kernel(int32_t *sms, kva__workspace_
     const kva_status st = kva__compute_layout(ctx, &probe, KVA__PLAN_DECODE, layout);
     CHECK_OK(st);
     kva_device_info info;
-    if (st != KVA_OK || layout->policy.merge_tree || kva_context_info(ctx, &info) != KVA_OK) {
-        if (st == KVA_OK) kva_test_skip("GQA groups above 16 run on the sub-group decode kernel here");
+    const kva_status si = kva_context_info(ctx, &info);
+    CHECK_OK(si);
+    if (st != KVA_OK || si != KVA_OK || layout->policy.merge_tree) {
+        if (st == KVA_OK && si == KVA_OK) kva_test_skip("GQA groups above 16 run on the sub-group decode kernel here");
         kva_context_destroy(ctx);
         return NULL;
     }
@@ -445,29 +447,36 @@ KVA_TEST(cuda_decode_large_group_plans_fill_one_round) {
 }
 
 /* Global rowmax of groups above 16 runs on the sub-group decode kernel, not the prefill one that
- * partial rowmax takes there, so its plans search that kernel's grid at its own costs, a split
- * request's units at 1.85x their keys (pass 1 repeats the Q K^T): batches of half and of three
- * quarters the SMs' count at 4096 keys stay unsplit (H200, StarCoder-15B 48/1 64 x 4096: unsplit
- * 108.9 us, the prefill policy's two chunks 202.0; 100 x 4096 at a 1.5x price: 640-key chunks,
- * 310 us against 197 unsplit), a lone request still splits to fill the grid. */
+ * partial rowmax takes there, so its plans search that kernel's grid (SMs x blocks / sub-groups)
+ * at its own costs, a split request's units at 1.85x their keys (pass 1 repeats the Q K^T):
+ * batches of half and of three quarters the SMs' count at 4096 keys stay unsplit (H200,
+ * StarCoder-15B 48/1 64 x 4096: unsplit 108.9 us, the prefill policy's two chunks 202.0; 100 x
+ * 4096 at a 1.5x price: 640-key chunks, 310 us against 197 unsplit), 8 x 4096 splits into no more
+ * units than that grid holds (the prefill kernel's grid took 128), and a lone request still
+ * splits. */
 KVA_TEST(cuda_decode_large_group_global_rowmax_plans) {
     int32_t sms = 0;
     kva__workspace_layout layout;
     kva_context *ctx = large_groups_on_prefill_kernel(&sms, &layout);
     if (!ctx) return;
     CHECK_MSG(layout.policy.global_search_blocks > 0, "no global-rowmax budget in the prefill-path policy");
-    const int32_t shapes[][2] = {{sms / 2, 4096}, {sms * 3 / 4, 4096}, {1, 8192}};
-    for (int si = 0; si < 3; ++si)
+    const int32_t shapes[][2] = {{sms / 2, 4096}, {sms * 3 / 4, 4096}, {8, 4096}, {1, 8192}};
+    for (int si = 0; si < 4; ++si)
         for (int gi = 0; gi < 2; ++gi) {
             const int32_t B = shapes[si][0] > 0 ? shapes[si][0] : 1, L = shapes[si][1];
             const int32_t Hq = gi ? 48 : 71, D = gi ? 128 : 64;
+            const kva_plan_limits group_probe = {1, 1, 0, 0, Hq, 1, D, 16, 0};
+            kva__workspace_layout gl;
+            CHECK_OK(kva__compute_layout(ctx, &group_probe, KVA__PLAN_DECODE, &gl));
             int32_t chunk = 0;
             const int64_t units = plan_one_kv_head(ctx, B, L, Hq, D, KVA_DECODE_GLOBAL_ROWMAX, &chunk);
             if (units < 0) continue;
-            printf("    global rowmax %d/1 d%d %d x %d on %d SMs: chunk %d, %lld work items\n", Hq, D, B, L, sms,
-                   chunk, (long long)units);
-            if (B > 1) CHECK_MSG(units == B, "%d/1 %d x %d split (chunk %d)", Hq, B, L, chunk);
-            else CHECK_MSG(units > 1, "%d/1 1 x %d unsplit", Hq, L);
+            printf("    global rowmax %d/1 d%d %d x %d on %d SMs: chunk %d, %lld work items (budget %lld)\n", Hq, D,
+                   B, L, sms, chunk, (long long)units, (long long)gl.policy.global_search_blocks);
+            if (B > 8) CHECK_MSG(units == B, "%d/1 %d x %d split (chunk %d)", Hq, B, L, chunk);
+            else CHECK_MSG(units > B && units <= (B > 1 ? gl.policy.global_search_blocks : units),
+                           "%d/1 %d x %d: %lld work items (budget %lld)", Hq, B, L, (long long)units,
+                           (long long)gl.policy.global_search_blocks);
         }
     kva_context_destroy(ctx);
 }

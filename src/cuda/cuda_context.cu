@@ -501,12 +501,10 @@ extern "C" kva_status kva__cuda_split_policy(const kva_context *ctx, const kva_p
          * costs -- planned at the prefill kernel's, StarCoder-15B 64 x 4096 split and ran 19%
          * slower (bench/NOTES.md, "Decode on the prefill kernel") */
         kva__decode_choice gch;
-        if (kva__decode_kernel_for(ctx, KVA_BF16, limits->head_dim, group, 1, &gch) && !gch.via_prefill) {
+        if (kva__decode_kernel_for(ctx, KVA_BF16, limits->head_dim, group, 1, &gch)) {
             const int gper = gch.blocks_per_sm < 1 ? 1 : gch.blocks_per_sm > 2 ? 2 : gch.blocks_per_sm;
             const int64_t gb = (int64_t)(ctx->num_sms > 0 ? ctx->num_sms : 1) * gper / gch.nsub;
             policy->global_search_blocks = gb > 0 ? gb : 1;
-            policy->global_min_chunk = 16 * KVA__DECODE_WARPS;
-            policy->global_lone_block_percent = kva__cuda_decode_lone_block_percent(limits->head_dim);
             /* and there a split unit costs ~1.85x its keys, not 1.5x: with 48-71 query rows per
              * key these groups are compute-heavy, and pass 1 repeats their Q K^T (H200, global
              * rowmax 64 x 4096 in two chunks of 2048 against unsplit: 71/1 d64 181.2 / 98.5 us,

@@ -14,7 +14,8 @@
  * whole grid streams):
  *   a unit of n keys costs KVA__SCHED_ITEM_COST_KEYS + n as a block's first unit and
  *   next_item_keys + n as a later one (kva__split_problem; 0: KVA__SCHED_NEXT_ITEM_COST_KEYS,
- *   which the balance simulator always uses);
+ *   which the balance simulator always uses), the n of a split request's unit counted at
+ *   split_key_percent (0: 100; CUDA global rowmax 150 or 185: its pass 1 reads K again);
  *   a (request, KV head) split into c chunks costs KVA__SCHED_MERGE_COST_PER_STATE_KEYS * c more,
  *   on the one block that merges it (the last to arrive) -- with CUDA's merge tree the states its
  *   busiest merger reads, plus merge_level_keys for the tree's second level (makespan estimate);
@@ -97,7 +98,7 @@ void kva__sched_chunk_range(int32_t kv_len, int32_t chunk, int equal, int32_t c,
 /* The decode chunk size: fixed_chunk if set, the longest request if no_split, else the
  * candidate of the smallest estimated makespan (see above). Uses p->kv_len, batch_size,
  * num_kv_heads, max_blocks, sm_blocks, lone_block_percent, merge_run, merge_level_keys,
- * next_item_keys, split_keys, min_chunk. Always >= 1. On return order[batch] holds
+ * next_item_keys, split_keys, split_key_percent, min_chunk. Always >= 1. On return order[batch] holds
  * the work order for that chunk (kva__sched_decode_order with equal = no fixed_chunk); keys
  * [batch] is scratch. */
 int32_t kva__sched_decode_chunk(const kva__split_problem *p, int64_t *keys, int32_t *order);

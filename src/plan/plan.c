@@ -314,9 +314,9 @@ static kva_status make_plan(kva_context *ctx, const kva_plan_limits *limits, con
             /* global rowmax runs on another kernel here (workspace_layout.h): its budget and costs */
             p.max_blocks = L.policy.global_search_blocks < L.policy.max_blocks ? L.policy.global_search_blocks
                                                                                 : L.policy.max_blocks;
-            p.sm_blocks = ctx->num_sms > 0 ? (int32_t)(p.max_blocks / ctx->num_sms) : 1;
-            p.min_chunk = L.policy.global_min_chunk;
-            p.lone_block_percent = L.policy.global_lone_block_percent;
+            /* (its budget is at most one block per SM: a lone block's faster streaming is not
+             * modelled, as for the sub-group kernel's own plans) */
+            p.sm_blocks = 1;
             p.next_item_keys = 0;
             p.split_keys = 0;
         }

@@ -49,11 +49,8 @@ typedef struct kva__split_policy {
     int64_t global_search_blocks; /* decode, global rowmax, where it runs on another kernel than
                               partial rowmax (CUDA, groups above 16 on the Hopper path: the
                               sub-group decode kernel, not the prefill one): that kernel's split
-                              search budget, planned at its own costs -- global_min_chunk and
-                              global_lone_block_percent, no later-unit or split price (0: global
-                              rowmax is planned as partial rowmax) */
-    int32_t global_min_chunk;
-    int32_t global_lone_block_percent;
+                              search budget, planned without the later-unit and split prices of
+                              the prefill kernel (0: global rowmax is planned as partial rowmax) */
     int64_t search_blocks;    /* 0, or a smaller budget for the split search than the layout's
                               max_blocks (the blocks that really run at once: decode on the
                               prefill kernel's persistent grid; tests: KVA_PREFILL_PERSISTENT's
