@@ -707,7 +707,7 @@ out:
 
 /* Short query runs over long cached prefixes (chunked prefill of a few tokens), and a request whose
  * last item is short: items in which a consumer warpgroup of the Hopper kernel holds no query row
- * yet the item has dozens of key tiles. A warpgroup that skips such tiles (v6.38's G::SKIP,
+ * yet the item has a dozen or more key tiles. A warpgroup that skips such tiles (v6.38's G::SKIP,
  * -DKVA__HP_SKIP=1) must still release every K and V stage in an order the producers can follow:
  * draining all K stages before any V stage deadlocks once the item has more than 2 x STAGES + 1
  * tiles (bench/NOTES.md, v6.38). Unsplit plans keep every tile in one item. */
@@ -717,7 +717,8 @@ KVA_TEST(cuda_prefill_short_items_over_long_prefix) {
     kva_rng rng;
     kva_rng_seed(&rng, kva_test_seed());
     /* (g = 4: 16 tokens are one warpgroup's 64 rows; g = 1: 64) */
-    const int32_t qo[5] = {1, 16, 40, 65, 1040}, kv[5] = {1501, 1516, 1540, 1565, 1040};
+    /* (528 tokens: a last item of 16 tokens at 32 or 128 tokens per item) */
+    const int32_t qo[5] = {1, 16, 40, 65, 528}, kv[5] = {1501, 1516, 1540, 1565, 528};
     static const int32_t pairs[2][2] = {{8, 2}, {4, 4}};
     for (int di = 0; di < 3; ++di)
         for (int gi = 0; gi < 2; ++gi)
