@@ -440,8 +440,9 @@ static kva_plan_limits problem_limits(const problem *pr) {
     lim.num_kv_heads = pr->c->hk;
     lim.head_dim = pr->c->head_dim;
     /* sized for the forced splits' smallest chunk (check_case), so they split on any device
-     * (0 keys: max_total_kv 0 means "unbounded", which min_fixed_chunk refuses) */
-    if (pr->b->total_kv > 0) lim.min_fixed_chunk = FORCED_CHUNK_MIN;
+     * (0 keys: max_total_kv 0 means "unbounded", which min_fixed_chunk refuses); only for cases
+     * that plan them: the partial states of 5-key chunks of long prefixes take gigabytes */
+    if (pr->b->total_kv > 0 && (pr->c->plans & PLAN_SPLIT)) lim.min_fixed_chunk = FORCED_CHUNK_MIN;
     if (pr->c->page_size) {
         lim.page_size = pr->c->page_size;
         lim.max_total_pages = pr->pool.indptr[pr->b->n];
