@@ -498,8 +498,8 @@ extern "C" kva_status kva__cuda_split_policy(const kva_context *ctx, const kva_p
         policy->merge_tree = 0; /* the prefill merge: one warp per row reads every state */
         /* Global rowmax of these groups runs on the sub-group decode kernel (its two passes are
          * not built on the prefill one): nsub units per work item on that kernel's blocks, at its
-         * costs -- planned at the prefill kernel's, StarCoder-15B 64 x 4096 split and ran 19%
-         * slower (bench/NOTES.md, "Decode on the prefill kernel") */
+         * costs -- planned at the prefill kernel's, StarCoder-15B 64 x 4096 split in two chunks and
+         * ran 202.0 us against 108.9 unsplit (H200; bench/NOTES.md, "Global-rowmax plans") */
         kva__decode_choice gch;
         if (kva__decode_kernel_for(ctx, KVA_BF16, limits->head_dim, group, 1, &gch)) {
             const int gper = gch.blocks_per_sm < 1 ? 1 : gch.blocks_per_sm > 2 ? 2 : gch.blocks_per_sm;
