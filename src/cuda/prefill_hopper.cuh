@@ -173,18 +173,17 @@ struct kva__hopper_geom {
      * far side: with 192-row items of 48 tokens at d = 64, 8% of the warpgroups' tiles at 32 x
      * 512), and every tile where it holds no row of the item (a sequence's short last item);
      * it still waits for and releases them. Not with the turns (every warpgroup takes one per
-     * tile) nor walked last to first (the skipped tiles would come first). Measured (H200,
-     * bench/NOTES.md v6.38): d = 64 2-3% slower on every short row, the skipped tiles
-     * included; d = 256 1-3% faster on rows that skip none. Off by default: the measured build
-     * drained a row-less warpgroup's K stages before its V stages, which deadlocks an item of
-     * more than 2 x STAGES + 1 tiles (a few new tokens over a long prefix; found in review,
-     * after the measurements), and the fixed drain below has not yet run on a GPU
-     * (`cuda_prefill_short_items_over_long_prefix` under -DKVA__HP_SKIP=1 is its test).
+     * tile) nor walked last to first (the skipped tiles would come first). On above d = 128
+     * only: measured (H200, bench/NOTES.md v6.38) d = 64 2-3% slower on every short row, the
+     * skipped tiles included (more code in the item loop); d = 256 1-3% faster on every row,
+     * also those that skip none (code generation; in two sessions' paired runs). A row-less
+     * warpgroup releases K and V tile by tile (draining all K first deadlocks an item of more
+     * than 2 x STAGES + 1 tiles: `cuda_prefill_short_items_over_long_prefix`).
      * -DKVA__HP_SKIP=0/1 forces it */
 #ifdef KVA__HP_SKIP
     static constexpr bool SKIP = KVA__HP_SKIP && !PINGPONG && !REVERSE;
 #else
-    static constexpr bool SKIP = false;
+    static constexpr bool SKIP = D > 128 && !PINGPONG && !REVERSE;
 #endif
     /* (a warpgroup with rows skips at most 2 tiles -- its last row is within ROWS - 64 <= BN
      * keys of the item's -- so its K stages drained before its last P V stay within the STAGES
