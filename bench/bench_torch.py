@@ -1307,6 +1307,36 @@ def gemm_rate(dtype, iters, n=8192):
     return 2.0 * n ** 3 / (ms * 1e-3) / 1e12, LAST_MHZ
 
 
+def mma_rate(build, dtype, iters, groups=200):
+    """(TFLOP/s, MHz) of the tensor cores' widest wgmma issued back to back on random operands
+    (bench/mma_ceiling.cu, libkvattn_mma_ceiling.so in `build`), timed like the GEMM; None where
+    the library, the build (not sm_90a) or the device has no wgmma."""
+    import ctypes
+    path = os.path.join(build, "libkvattn_mma_ceiling.so")
+    if not os.path.exists(path):
+        return None
+    lib = ctypes.CDLL(path)
+    sink = torch.zeros(1 << 16, dtype=torch.float32, device="cuda")
+    stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+    flops = ctypes.c_double(0.0)
+    code = 0 if dtype == torch.bfloat16 else 1
+
+    def fn(_):
+        err = lib.kva_bench_mma(code, groups, ctypes.c_void_p(sink.data_ptr()), stream, ctypes.byref(flops))
+        if err != 0:
+            raise RuntimeError("mma ceiling kernel: %d" % err)
+
+    try:
+        fn(0)
+        torch.cuda.synchronize()
+    except RuntimeError:
+        return None
+    if sink[0].item() == -1.0:
+        return None
+    ms = time_calls(fn, 1, iters, warmup=5, burst_ms=BURST_MS)
+    return flops.value / (ms * 1e-3) / 1e12, LAST_MHZ
+
+
 def row_label(r):
     if r["kind"] == "ragged":
         return "ragged %d req, %d tok (max %d)" % (r["batch"], r["tokens"], r["seq"])
@@ -1319,7 +1349,8 @@ def ours_cell(r):
     st = r.get("ours_state")
     if st == "ok" and r.get("ours_ms"):
         return "%.3f" % r["ours_ms"], "%.0f" % r["ours_tflops"], (
-            "%.0f%%" % (100 * r["ours_frac_gemm"]) if r.get("ours_frac_gemm") else "-")
+            "%.0f%%" % (100 * r["ours_frac_gemm"]) if r.get("ours_frac_gemm") else "-") + (
+            " / %.0f%%" % (100 * r["ours_frac_mma"]) if r.get("ours_frac_mma") else "")
     if st == "unsupported":
         return "unsupported", "-", "-"
     if st == "WRONG":
@@ -1347,6 +1378,11 @@ def run_prefill(args, info):
     gemm_f16, _ = gemm_rate(torch.float16, iters)
     print("prefill: bf16 GEMM 8192^3 %.0f TFLOP/s, f16 %.0f TFLOP/s (median of %d calls)%s" %
           (gemm_bf16, gemm_f16, gemm_calls, (", bf16 at %d MHz" % gemm_mhz) if gemm_mhz else ""), flush=True)
+    mma = {n: mma_rate(args.build, t, iters) for n, t in (("bf16", torch.bfloat16), ("f16", torch.float16))}
+    if mma["bf16"]:
+        print("prefill: tensor-core ceiling (wgmma m64n256k16 back to back, random operands) bf16 %.0f "
+              "TFLOP/s%s, f16 %.0f" % (mma["bf16"][0], (" at %d MHz" % mma["bf16"][1]) if mma["bf16"][1] else "",
+                                       mma["f16"][0] if mma["f16"] else float("nan")), flush=True)
     seqs = [int(x) for x in args.seqs.split(",")] if args.seqs else PF_SEQS
     sets = PF_SETS
     if args.prefill_sets:
@@ -1391,7 +1427,17 @@ def run_prefill(args, info):
         print(prefill_line(r), flush=True)
     if aborted:
         print("prefill: aborted after a CUDA error: %s" % aborted, flush=True)
+    for r in rows:  # the fraction of the row's dtype's tensor-core ceiling, where measured
+        peak = mma.get(r.get("dtype"))
+        if peak and r.get("ours_tflops"):
+            r["ours_frac_mma"] = r["ours_tflops"] / peak[0]
+            if r["ours_frac_mma"] > 1.0:
+                print("WARNING: %s d%d %s at %.0f%% of the tensor-core ceiling: the ceiling is wrong" % (
+                    r["dtype"], r["d"], row_label(r), 100 * r["ours_frac_mma"]), flush=True)
     return {"gemm_bf16_tflops": gemm_bf16, "gemm_f16_tflops": gemm_f16, "gemm_bf16_mhz": gemm_mhz, "iters": iters,
+            "mma_bf16_tflops": mma["bf16"][0] if mma["bf16"] else None,
+            "mma_f16_tflops": mma["f16"][0] if mma["f16"] else None,
+            "mma_bf16_mhz": mma["bf16"][1] if mma["bf16"] else None,
             "burst_ms": BURST_MS, "gemm_calls": gemm_calls, "rows": rows, "aborted": aborted,
             "flops_formula": "4 * heads_q * d * sum_b(q_b * kv_b) full; causal "
                              "4 * heads_q * d * sum_b(q_b * kv_b - q_b^2 / 2) "
@@ -1476,18 +1522,24 @@ def prefill_failures(res):
 
 def print_prefill_table(dev_name, date, res):
     print()
-    print("## kvattn prefill vs PyTorch SDPA -- %s, %s, bf16 GEMM %.0f TFLOP/s (f16 %.0f)" % (
-        dev_name, date, res["gemm_bf16_tflops"], res["gemm_f16_tflops"]))
+    mma = res.get("mma_bf16_tflops")
+    print("## kvattn prefill vs PyTorch SDPA -- %s, %s, bf16 GEMM %.0f TFLOP/s (f16 %.0f)%s" % (
+        dev_name, date, res["gemm_bf16_tflops"], res["gemm_f16_tflops"],
+        (", tensor-core ceiling bf16 %.0f TFLOP/s (f16 %.0f)" % (mma, res.get("mma_f16_tflops") or float("nan")))
+        if mma else ""))
     print("%d q / %d kv heads; TFLOP/s = 4*seq^2*heads*d*batch / time, causal counts half; "
-          "%% GEMM = of the bf16 8192^3 torch.matmul rate; x flash, x best = torch time / ours; "
+          "%% GEMM = of the bf16 8192^3 torch.matmul rate%s; x flash, x best = torch time / ours; "
           "%s, inputs rotated over >= 4x L2" % (PF_HQ, PF_HK,
+              " / ceiling = of the row's dtype's tensor-core ceiling (bench/mma_ceiling.cu: wgmma m64n256k16 back to back)"
+              if mma else "",
               ("CUDA-event medians of the calls that fit in %.0f ms after an idle pause (3..%d)" % (res["burst_ms"], res["iters"]))
               if res.get("burst_ms") else "CUDA-event medians of %d" % res["iters"]))
     if res.get("gemm_bf16_mhz"):
         print("SM MHz: the median SM clock (NVML, every 5 ms) over ours' / cuDNN's timed calls "
               "(the bf16 GEMM ran at %d MHz)" % res["gemm_bf16_mhz"])
-    print("| dtype | d | batch x seq | mask | ours ms | ours TFLOP/s | % GEMM | dense ms | "
-          "flash TFLOP/s | cuDNN TFLOP/s | x flash | x best | max abs diff | rel err | SM MHz |")
+    print("| dtype | d | batch x seq | mask | ours ms | ours TFLOP/s | %% GEMM%s | dense ms | "
+          "flash TFLOP/s | cuDNN TFLOP/s | x flash | x best | max abs diff | rel err | SM MHz |" % (
+              " / ceiling" if mma else ""))
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in res["rows"]:
         ms, tf, frac = ours_cell(r)
