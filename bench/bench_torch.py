@@ -44,9 +44,13 @@ Prefill table: 32 query / 8 KV heads, 16384 tokens per batch as batch x seq = 32
     (query, key) pairs: FLOPs = 4 * heads_q * d * pairs. Full: pairs = sum_b q_b * kv_b, i.e.
     4 * seq^2 * 32 * d * batch for the equal rows. Causal counts half the score matrix:
     pairs = sum_b (q_b * kv_b - q_b^2 / 2), i.e. 4 * seq^2 * 32 * d * batch / 2 (the diagonal's
-    half is not added). TFLOP/s = FLOPs / median time. Rows also give the fraction of the
-    compute ceiling: the bf16 matrix-product rate measured in the same run (torch.matmul of
-    random 8192 x 8192 x 8192 bf16, cuBLAS, median, 2 * 8192^3 FLOPs); f16's rate is printed too.
+    half is not added). TFLOP/s = FLOPs / median time. Rows also give two fractions: of the
+    bf16 matrix-product rate measured in the same run (torch.matmul of random 8192 x 8192 x 8192
+    bf16, cuBLAS, median, 2 * 8192^3 FLOPs; f16's rate is printed too) -- a peer, which d256
+    attention exceeds -- and of the tensor-core ceiling of the row's dtype measured in the same
+    run (bench/mma_ceiling.cu, libkvattn_mma_ceiling.so: wgmma m64n256k16 back to back, three
+    warpgroups per SM, random operands; sm_90a builds only), which no row may exceed (a warning
+    is printed if one does).
   - SM MHz: the median SM clock (NVML, sampled every 5 ms on a thread) over ours' and cuDNN's
     timed calls (the window of iters x the median call before the series ends; a shorter window
     takes the sample nearest its end), and the GEMM's: a long row at the board's power cap runs
