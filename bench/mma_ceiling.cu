@@ -5,7 +5,7 @@
  * per SM, one block per SM, on random operands (a tensor core's power, hence the clock the board
  * holds, depends on the bits it multiplies). No attention kernel can exceed it: its products are
  * of the same instruction family with nothing else in the way. cuBLAS's 8192^3 GEMM, the earlier
- * ceiling, stays beside it as a peer (d = 256 attention measured 101-102% of it).
+ * ceiling, stays beside it as a peer (d = 256 attention measured 101-104% of it).
  * Built as libkvattn_mma_ceiling.so (CMake target kvattn_mma_ceiling) for sm_90a; elsewhere the
  * entry point answers "unsupported" (-1) and the bench prints the GEMM alone.
  */

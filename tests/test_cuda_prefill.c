@@ -709,7 +709,8 @@ out:
 /* Short query runs over long cached prefixes (chunked prefill of a few tokens), and a request whose
  * last item is short: items in which a consumer warpgroup of the Hopper kernel holds no query row
  * yet the item has a dozen or more key tiles. A warpgroup that skips such tiles (v6.38's G::SKIP:
- * on at d = 256, -DKVA__HP_SKIP=1 at every dim) must still release every K and V stage in an order the producers can follow:
+ * on at d = 256; at d64 / d128 only with -DKVA__HP_SKIP=1 -DKVA__HP_PINGPONG=0, the turns keep it
+ * off there) must still release every K and V stage in an order the producers can follow:
  * draining all K stages before any V stage deadlocks once the item has more than 2 x STAGES + 1
  * tiles (bench/NOTES.md, v6.38). Unsplit plans keep every tile in one item. */
 KVA_TEST(cuda_prefill_short_items_over_long_prefix) {

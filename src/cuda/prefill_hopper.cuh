@@ -175,19 +175,21 @@ struct kva__hopper_geom {
      * it still waits for and releases them. Not with the turns (every warpgroup takes one per
      * tile) nor walked last to first (the skipped tiles would come first). On above d = 128
      * only: measured (H200, bench/NOTES.md v6.38) d = 64 2-3% slower on every short row, the
-     * skipped tiles included (more code in the item loop); d = 256 1-3% faster on every row,
-     * also those that skip none (code generation; in two sessions' paired runs). A row-less
-     * warpgroup releases K and V tile by tile (draining all K first deadlocks an item of more
-     * than 2 x STAGES + 1 tiles: `cuda_prefill_short_items_over_long_prefix`).
-     * -DKVA__HP_SKIP=0/1 forces it */
+     * skipped tiles included (more code in the item loop); d = 256 0.5-3% faster on every row,
+     * though none of the table's rows skips a tile there (code generation; in two sessions'
+     * paired runs). A row-less warpgroup releases K and V tile by tile (draining all K first
+     * deadlocks an item of more than 2 x STAGES + 1 tiles:
+     * `cuda_prefill_short_items_over_long_prefix`). -DKVA__HP_SKIP=0/1 forces it where the
+     * turns and the reverse walk are off: at d64 and d128 (turns on) =1 changes nothing
+     * unless -DKVA__HP_PINGPONG=0 comes with it */
 #ifdef KVA__HP_SKIP
     static constexpr bool SKIP = KVA__HP_SKIP && !PINGPONG && !REVERSE;
 #else
     static constexpr bool SKIP = D > 128 && !PINGPONG && !REVERSE;
 #endif
     /* (a warpgroup with rows skips at most 2 tiles -- its last row is within ROWS - 64 <= BN
-     * keys of the item's -- so its K stages drained before its last P V stay within the STAGES
-     * the producers may run ahead) */
+     * keys of the item's, so in fact at most 1 -- so its K stages drained before its last P V
+     * stay within the STAGES the producers may run ahead) */
     static_assert(!SKIP || (ROWS - 64 <= BN && STAGES >= 2), "G::SKIP: the drain order needs these");
 #ifdef KVA__HP_XITEM
     static constexpr bool XITEM = KVA__HP_XITEM && D <= 128;
