@@ -174,8 +174,9 @@ struct kva__hopper_geom {
      * 512), and every tile where it holds no row of the item (a sequence's short last item);
      * it still waits for and releases them. Not with the turns (every warpgroup takes one per
      * tile) nor walked last to first (the skipped tiles would come first). On above d = 128
-     * only: measured (H200, bench/NOTES.md v6.38) d = 64 2-3% slower on every short row, the
-     * skipped tiles included (more code in the item loop); d = 256 0.5-3% faster on every row,
+     * only: measured (H200, bench/NOTES.md v6.38) the d = 64 builds 2-3% slower on every short
+     * row (more code in the item loop; whether the skip itself ran there is not recorded -- with
+     * the turns on at d = 64 this condition leaves it off); d = 256 0.5-3% faster on every row,
      * though none of the table's rows skips a tile there (code generation; in two sessions'
      * paired runs). A row-less warpgroup releases K and V tile by tile (draining all K first
      * deadlocks an item of more than 2 x STAGES + 1 tiles:
