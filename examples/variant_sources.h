@@ -78,7 +78,7 @@ static inline void kva_ex_t5_buckets(int32_t *bucket_of) {
         (void)q_pos;                                                                            \
         (void)kv_pos;                                                                           \
         (void)qo_head;                                                                          \
-        return cap * kva_tanhf(score / cap);                                                    \
+        return cap * kva_tanhf(score * (1.0f / cap));                                           \
     }
 #define KVA_EX_DEFINE_SOFTCAP(NAME, CONST) KVA_EX_SOFTCAP_BODY(NAME, CONST)
 /* (a tanh per score: heavy enough that the Hopper prefill's ping-pong turns pay; kvattn.h) */

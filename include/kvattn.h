@@ -292,7 +292,9 @@ typedef float (*kva_score_mod_fn)(float score, int32_t q_pos, int32_t kv_pos, in
  * (relative error <= 2^-10.99) in the f16/bf16 prefill kernels, tanh to ~1e-7 absolute in decode
  * and f32 -- so a soft cap written as a modifier computes what logits_soft_cap does), loads
  * through `user` (per score, though the decode kernels call it for a whole key tile at once, so
- * loads that do not depend on the positions are shared by the tile's calls: keep the others few),
+ * loads that do not depend on the positions are shared by the tile's calls: keep the others few;
+ * likewise write a division by such a value as a product with its reciprocal, x * (1.0f / c):
+ * under --use_fast_math x / c is a reciprocal instruction per score, 1.0f / c one per tile),
  * and the names of the prelude
  * (int32_t and the other fixed-width integers, INFINITY, NAN, kva_tanhf, kva_masked() =
  * -INFINITY, kva_int_to_float(x): (float)x for |x| < 2^22 without the quarter-rate conversion
