@@ -86,7 +86,9 @@ class Variant:
     What it may use: float and integer arithmetic, the CUDA math functions (compiled with
     --use_fast_math, so expf/tanhf are the fast approximations; kva_tanhf is the built-in soft
     cap's tanh in the same kernel: the hardware tanh in f16/bf16 prefill, accurate elsewhere),
-    loads through `user`, and the prelude's names: int32_t and the other fixed-width integers,
+    loads through `user` (a division by a value loaded there is faster written x * (1.0f / c):
+    a reciprocal per tile instead of one per score), and the prelude's names: int32_t and the
+    other fixed-width integers,
     INFINITY, NAN, kva_tanhf, kva_masked(), kva_int_to_float. It must be a pure function of its
     arguments and the memory behind `user` (kernels may call it several times for one score, in
     any order, from any thread); it may not write memory, synchronise or #include headers.
