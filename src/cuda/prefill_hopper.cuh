@@ -112,6 +112,12 @@ static_assert(KVA__HP_QBUFS == 2 || KVA__HP_QBUFS == 3, "KVA__HP_QBUFS: 2 or 3 Q
  * "d64: where the softmax's cycles go"). */
 static_assert(KVA__HP_CWG_D64 == 2 || KVA__HP_CWG_D64 == 3, "KVA__HP_CWG_D64: 2 or 3 consumer warpgroups");
 
+/* the smallest head dim whose O is staged in shared memory for the store warp (see the
+ * epilogue; -DKVA__HP_STAGED_MIN_D=128 leaves d64 to the consumers' direct stores, comparisons) */
+#ifndef KVA__HP_STAGED_MIN_D
+#define KVA__HP_STAGED_MIN_D 64
+#endif
+
 template <typename T, int D>
 struct kva__hopper_geom {
     static constexpr int CWG = D == 64 ? KVA__HP_CWG_D64 : 2; /* consumer warpgroups, 64 rows each */
@@ -197,6 +203,17 @@ struct kva__hopper_geom {
 #else
     static constexpr bool XITEM = D <= 128;
 #endif
+    /* where O is never staged in the Q buffer (D < KVA__HP_STAGED_MIN_D: the consumers store it
+     * themselves) and no cross-item tail reads the next Q early, a warpgroup hands the buffer
+     * back right after its last Q K^T instead of after its epilogue, so the next item's Q copy
+     * runs under this item's last softmax, P V and stores. d256 (one 64 KB Q buffer; per-item
+     * trace 2026-11-29: the next Q freed ~2000 cycles after the item's top, landed ~4400 after
+     * it, 17% of a 32 x 512 full item). -DKVA__HP_EARLY_Q=1 (with -DKVA__HP_STAGED_MIN_D=512):
+     * comparisons */
+#ifndef KVA__HP_EARLY_Q
+#define KVA__HP_EARLY_Q 0
+#endif
+    static constexpr bool EARLY_Q = KVA__HP_EARLY_Q && D < KVA__HP_STAGED_MIN_D && !XITEM;
     /* A variant module's kernel is launched with the library's own shared-memory size
      * (variant_load.cu), so the native ALiBi build -- two Q buffers and its column-offset tile --
      * may never need more than the library's build: where the library's has no third Q buffer
@@ -267,11 +284,6 @@ __device__ __forceinline__ int kva__hp_div_group(int r, uint32_t m) { return m ?
 #define KVA__HP_KV_WARPS 2
 #endif
 static_assert(KVA__HP_KV_WARPS == 1 || KVA__HP_KV_WARPS == 2, "KVA__HP_KV_WARPS: 1 or 2 producer warps");
-/* the smallest head dim whose O is staged in shared memory for the store warp (see the
- * epilogue; -DKVA__HP_STAGED_MIN_D=128 leaves d64 to the consumers' direct stores, comparisons) */
-#ifndef KVA__HP_STAGED_MIN_D
-#define KVA__HP_STAGED_MIN_D 64
-#endif
 
 /* One (work item, KV head) of a block's sequence and the keys its tiles cover. */
 struct kva__hp_work {
@@ -1045,14 +1057,23 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
             pa[kk][3] = kva__pack2<T>(sc[2 * kk + 1][2], sc[2 * kk + 1][3]);
         }
     };
+    /* (G::EARLY_Q) my warpgroup read Q buffer b for the last time: to the store warp, which
+     * passes it on to the scheduler (nothing staged there; see the epilogue) */
+    auto q_done = [&](int b) {
+        if constexpr (G::EARLY_Q) {
+            __syncwarp();
+            if (lane == 0) kva__mbar_arrive(o_full(b));
+        }
+    };
     /* S_0 = Q K_0^T of wk alone (its first tile, at global tile index gt), softmax, P */
-    auto first_tile = [&](uint32_t gt0, int b) {
+    auto first_tile = [&](uint32_t gt0, int b, bool last) {
         const int s0 = (int)(gt0 % G::STAGES);
         kva__mbar_wait(full_k(s0), (gt0 / G::STAGES) & 1u);
         turn_wait();
         issue_qk(s0, q_desc(b));
         turn_pass();
         kva__wgmma_wait<0>();
+        if (last) q_done(b);
         kva__pf_fence_regs<NT * 4>(&sc[0][0]);
         release(empty_k(s0));
         float alpha_r[2];
@@ -1101,7 +1122,8 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
             item_setup(false);
             q_wait(m);
             KVA__HP_TRACE_AT(1 + cw, trace_n, KVA__HPT_Q, clock64());
-            if (n_own > 0) first_tile(gt, qb);
+            if (n_own > 0) first_tile(gt, qb, n_own == 1);
+            else q_done(qb);
         } else {
             KVA__HP_TRACE_AT(1 + cw, trace_n, KVA__HPT_Q, clock64());
         }
@@ -1118,6 +1140,7 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
             kva__wgmma_wait<1>(); /* S_j landed; P V still running */
             kva__pf_fence_regs<NT * 4>(&sc[0][0]);
             release(empty_k(s));
+            if (j == n_own - 1) q_done(qb);
             float alpha_r[2];
             const bool rescale = softmax(j, alpha_r);
             /* pin the softmax before the wait: left alone, the compiler sinks half of it below
@@ -1296,9 +1319,10 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
         }
         KVA__HP_TRACE_AT(1 + cw, trace_n, KVA__HPT_STAGED, clock64());
         if (staged) kva__fence_proxy_async(); /* (the tensor copies read it) */
-        /* buffer qb to the store warp (staged or not: its "q empty" frees it for a later Q) */
+        /* buffer qb to the store warp (staged or not: its "q empty" frees it for a later Q;
+         * with G::EARLY_Q, q_done did after my last Q K^T) */
         __syncwarp();
-        if (lane == 0) kva__mbar_arrive(o_full(qb));
+        if (!G::EARLY_Q && lane == 0) kva__mbar_arrive(o_full(qb));
 #pragma unroll
         for (int dt = 0; dt < DT; ++dt)
 #pragma unroll
