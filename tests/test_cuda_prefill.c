@@ -1734,10 +1734,14 @@ KVA_TEST(cuda_prefill_quick) {
          * walks many work items: the Hopper kernel's item boundary (at d64 and d128 the next
          * item's first Q K^T issued with this one's last P V, from another Q buffer; at d128
          * with the epilogue staged in this item's Q buffer) runs under the sanitizers too.
-         * Causal and full, both dtypes at d128, GQA 4, ragged then paged. */
-        kva_test_env env;
+         * Causal and full, both dtypes at d128, GQA 4, ragged then paged. At d128 each case
+         * also on the build the per-call choice does not pick for it (KVA_PREFILL_TURNS: the
+         * consumers' ping-pong turns, chosen for short causal items): both builds meet both
+         * masks here and under racecheck. */
+        kva_test_env env, turns;
         kva_test_env_set(&env, "KVA_PREFILL_PERSISTENT", "3");
-        for (int i = 0; i < 4; ++i) {
+        for (int i = 0; i < 6; ++i) {
+            kva_test_env_set(&turns, "KVA_PREFILL_TURNS", i < 4 ? NULL : i % 2 ? "1" : "0");
             prefill_case c = plain_case(i % 2 ? KVA_F16 : KVA_BF16, i >= 2 ? 128 : 64, i);
             c.hq = 8;
             c.hk = 2;
@@ -1751,6 +1755,7 @@ KVA_TEST(cuda_prefill_quick) {
             batch_random(&b, &rng, 4, 40, 100, false);
             check_case(ctx, &rng, &c, &b);
             batch_free(&b);
+            kva_test_env_restore(&turns);
         }
         kva_test_env_restore(&env);
     }

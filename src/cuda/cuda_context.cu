@@ -166,6 +166,8 @@ static kva_status prepare_kernels(kva__cuda_private *priv) {
                 const kva__prefill_target target = {(kva__prefill_path)path, priv->smem_optin};
                 if (!kva__prefill_choose(dts[ti], dims[di], rows, &target, &k)) continue;
                 cudaError_t err = cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, k.smem);
+                if (err == cudaSuccess && k.fn_no_turns)
+                    err = cudaFuncSetAttribute(k.fn_no_turns, cudaFuncAttributeMaxDynamicSharedMemorySize, k.smem);
                 if (err != cudaSuccess)
                     return kva__fail(KVA_ERR_DEVICE,
                                      "CUDA context: preparing the prefill kernel (%s, head_dim %d, %d rows, %d B "
@@ -228,6 +230,7 @@ extern "C" kva_status kva__cuda_context_init(kva_context *ctx) {
     if (st == KVA_OK) st = kva__env_knob("kva_context_create", "KVA_PREFILL_PERSISTENT", number, &knob);
     if (st == KVA_OK) st = kva__env_knob("kva_context_create", "KVA_PREFILL_BALANCE_MIN_TILES", number, &knob);
     if (st == KVA_OK) st = kva__env_knob("kva_context_create", "KVA_PREFILL_TMA_STRICT", flag, &knob);
+    if (st == KVA_OK) st = kva__env_knob("kva_context_create", "KVA_PREFILL_TURNS", flag, &knob);
     bool sm90a = false;
 #ifdef KVA_HAVE_SM90A /* the build holds sm_90a code (KVA_CUDA_ARCHS has 90a) */
     sm90a = prop.major == 9;

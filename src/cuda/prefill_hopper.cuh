@@ -363,11 +363,14 @@ __device__ __forceinline__ float kva__hp_tree(float *t) {
  * d128 layout is Phi-3's d96: Q K^T takes 6 k16 steps instead of 8 and P V is n96, where the
  * d128 kernel spent a quarter of both on the zero columns (the copies past the real dim still
  * land zeros, the O store's box is clipped to it). */
-template <typename T, int D, int DW = D>
+template <typename T, int D, int DW = D, int TURNS = -1>
 __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefill_hopper_kernel(const __grid_constant__ kva__hopper_prefill_args ha) {
 #if KVA__HAVE_WGMMA
     static_assert(DW <= D && DW % 16 == 0, "the matrix products' head dim: a multiple of 16 within the layout's");
     using G = kva__hopper_geom<T, D>;
+    /* TURNS: -1 the geometry's choice (G::PINGPONG), 0 / 1 without / with the turns (the d128
+     * layout's two builds, picked per call: prefill_launch.cu, hopper_fn) */
+    constexpr bool PINGPONG = TURNS < 0 ? G::PINGPONG : TURNS > 0;
     constexpr int BN = G::BN, ROWS = G::ROWS, CPR = G::CPR, CWG = G::CWG;
     constexpr int NT = BN / 8, DT = DW / 8, CB = D / 64; /* column blocks of 64 elements */
     const kva__prefill_args &a = ha.a;
@@ -752,7 +755,7 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
     const int lane = ct & 31, wq = wt >> 5;   /* warp in my warpgroup */
     const int row_base = cw * 64 + wq * 16;
 
-    /* Ping-pong (G::PINGPONG): I issue after my barrier completes, then let the next
+    /* Ping-pong (PINGPONG): I issue after my barrier completes, then let the next
      * warpgroup go (a ring of ncw), so that the warpgroups' matrix products alternate and one's
      * softmax runs under the others'. Measured on an H200 (bench/NOTES.md, v6.7, v6.14): +4-7% on d = 128 rows
      * of 512-2048 tokens and level at 16k; at d = 64 2-5% slower before the cross-item tail,
@@ -765,11 +768,11 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
     if (cw >= ncw) return;
     const int my_turn = 1 + CWG + cw, next_turn = 1 + CWG + (cw + 1 == ncw ? 0 : cw + 1);
     auto turn_wait = [&]() {
-        if constexpr (G::PINGPONG)
+        if constexpr (PINGPONG)
             if (ncw > 1) kva__bar_sync(my_turn, 256);
     };
     auto turn_pass = [&]() {
-        if constexpr (G::PINGPONG)
+        if constexpr (PINGPONG)
             if (ncw > 1) kva__bar_arrive(next_turn, 256);
     };
     auto release = [&](uint32_t bar) {
@@ -1355,20 +1358,25 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
 }
 
 /* The warp-specialised kernel of one element type for a head dim, or NULL. */
-#define KVA__HP_CASE(T, D, DW)                                                                 \
+#define KVA__HP_CASE(T, D, DW, TURNS)                                                          \
     *smem = kva__hopper_geom<T, D>::SMEM;                                                      \
     *threads = kva__hopper_geom<T, D>::THREADS;                                                \
     *rows = kva__hopper_geom<T, D>::ROWS;                                                      \
     *block_n = kva__hopper_geom<T, D>::BN;                                                     \
-    return (const void *)kva__prefill_hopper_kernel<T, D, DW>;
-/* (head_dim: a built dim, or 96 -- the d128 layout with d96 products) */
+    return (const void *)kva__prefill_hopper_kernel<T, D, DW, TURNS>;
+/* (head_dim: a built dim, or 96 -- the d128 layout with d96 products; no_turns: the d128
+ * layout's build without the ping-pong turns, elsewhere the one build) */
 #define KVA__PREFILL_HOPPER_INSTANTIATE(T, NAME)                                               \
-    const void *NAME(int head_dim, int *smem, int *threads, int *rows, int *block_n) {         \
+    const void *NAME(int head_dim, int no_turns, int *smem, int *threads, int *rows, int *block_n) { \
         switch (head_dim) {                                                                    \
-        case 64: KVA__HP_CASE(T, 64, 64)                                                       \
-        case 96: KVA__HP_CASE(T, 128, 96)                                                      \
-        case 128: KVA__HP_CASE(T, 128, 128)                                                    \
-        case 256: KVA__HP_CASE(T, 256, 256)                                                    \
+        case 64: KVA__HP_CASE(T, 64, 64, -1)                                                   \
+        case 96:                                                                               \
+            if (no_turns) { KVA__HP_CASE(T, 128, 96, 0) }                                      \
+            KVA__HP_CASE(T, 128, 96, -1)                                                       \
+        case 128:                                                                              \
+            if (no_turns) { KVA__HP_CASE(T, 128, 128, 0) }                                     \
+            KVA__HP_CASE(T, 128, 128, -1)                                                      \
+        case 256: KVA__HP_CASE(T, 256, 256, -1)                                                \
         default: return NULL;                                                                  \
         }                                                                                      \
     }

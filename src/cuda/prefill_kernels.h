@@ -95,6 +95,9 @@ typedef struct kva__hopper_prefill_args {
 /* A prefill kernel and how to launch it. */
 typedef struct kva__prefill_kernel {
     const void *fn;
+    const void *fn_no_turns; /* tma, d128 layout: the build without the consumers' ping-pong
+                                turns, for items of many keys (hopper_fn, prefill_launch.cu);
+                                else NULL */
     int rows;          /* packed query rows per block */
     int smem;          /* dynamic shared memory, bytes */
     int threads;
@@ -147,9 +150,10 @@ const void *kva__prefill_f32(int head_dim, int rows, int *smem, int *threads);
 /* The warp-specialised kernels (prefill_hopper_bf16.cu, prefill_hopper_f16.cu): *rows packed rows
  * (192 at d64, else 128), *threads (a producer warpgroup and one per 64 rows), *block_n keys per
  * tile; head_dim a built dim (64, 128, 256) or 96 (the d128 layout with d96 products); NULL for
- * another. */
-const void *kva__prefill_hopper_bf16(int head_dim, int *smem, int *threads, int *rows, int *block_n);
-const void *kva__prefill_hopper_f16(int head_dim, int *smem, int *threads, int *rows, int *block_n);
+ * another. no_turns != 0: on the d128 layout the build without the ping-pong turns (the same
+ * launch shape), elsewhere the one build. */
+const void *kva__prefill_hopper_bf16(int head_dim, int no_turns, int *smem, int *threads, int *rows, int *block_n);
+const void *kva__prefill_hopper_f16(int head_dim, int no_turns, int *smem, int *threads, int *rows, int *block_n);
 
 /* The merge of split prefill work items (prefill_merge.cu). */
 typedef struct kva__prefill_merge_args {

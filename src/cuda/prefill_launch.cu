@@ -39,11 +39,17 @@ static bool lookup(kva_dtype dtype, int head_dim, int rows, kva__prefill_choice 
 /* The warp-specialised Hopper kernel, or false. */
 static bool lookup_hopper(kva_dtype dtype, int head_dim, kva__prefill_choice *k) {
     int smem = 0, threads = 0, rows = 0, block_n = 0;
-    const void *fn = NULL;
-    if (dtype == KVA_BF16) fn = kva__prefill_hopper_bf16(head_dim, &smem, &threads, &rows, &block_n);
-    else if (dtype == KVA_F16) fn = kva__prefill_hopper_f16(head_dim, &smem, &threads, &rows, &block_n);
+    const void *fn = NULL, *fn_nt = NULL;
+    if (dtype == KVA_BF16) {
+        fn = kva__prefill_hopper_bf16(head_dim, 0, &smem, &threads, &rows, &block_n);
+        fn_nt = kva__prefill_hopper_bf16(head_dim, 1, &smem, &threads, &rows, &block_n);
+    } else if (dtype == KVA_F16) {
+        fn = kva__prefill_hopper_f16(head_dim, 0, &smem, &threads, &rows, &block_n);
+        fn_nt = kva__prefill_hopper_f16(head_dim, 1, &smem, &threads, &rows, &block_n);
+    }
     if (!fn) return false;
     k->fn = fn;
+    k->fn_no_turns = fn_nt != fn ? fn_nt : NULL;
     k->rows = rows;
     k->smem = smem;
     k->threads = threads;
@@ -206,6 +212,7 @@ static bool paged_map(CUtensorMap *m, kva_dtype dt, const void *base, const kva_
  * the launcher does for K/V a tensor map cannot describe. */
 static kva_status use_variant(const char *api, const kva_attn_params *p, kva_dtype dt, kva__prefill_choice *k) {
     if (!p->variant) return KVA_OK;
+    k->fn_no_turns = NULL; /* (a variant's module holds its own build's choice of the turns) */
     if (k->tma) {
         const void *fn = kva__variant_prefill_fn(p->variant, dt, k->built_dim, KVA__VMOD_PF_TMA);
         if (fn) {
@@ -243,13 +250,32 @@ static kva_status launch(kva_context *ctx, const kva__prefill_choice *k, int64_t
     return KVA_OK;
 }
 
+/* The chooser's second half, per call (kva__prefill_choose knows no shapes): on the d128 layout
+ * the Hopper kernel's consumer warpgroups take turns issuing (ping-pong) where a call's items
+ * are causal and short, and issue freely elsewhere. Paired H200 rounds, bf16 (bench/NOTES.md,
+ * "d128 without the turns", 2026-11-29): without them 16k causal / full 690 / 697 -> 700 / 708
+ * TFLOP/s, 8 x 2048 causal / full 588 / 670 -> 593 / 679, 32 x 512 full 577 -> 587, but 32 x 512
+ * causal 380 -> 373 (items of ~2 key tiles, one of them the diagonal's masked one). d64 keeps
+ * its turns (32 x 512 causal 234 -> 217 without, long rows level), d256 has none. Decode
+ * records keep the build they were measured with. keys_per_item: the plan's chunk (at most its
+ * longest request) or a dense call's kv_len. KVA_PREFILL_TURNS=0 / 1 forces either build (tests,
+ * comparisons; checked at context creation). */
+#define KVA__HP_TURNS_MAX_KEYS 1024
+static const void *hopper_fn(const kva__prefill_choice *k, const kva__prefill_args *a, int64_t keys_per_item) {
+    if (!k->fn_no_turns) return k->fn;
+    const char *env = getenv("KVA_PREFILL_TURNS");
+    if (env && *env) return strcmp(env, "0") == 0 ? k->fn_no_turns : k->fn;
+    const bool turns = a->decode_records || (a->causal && keys_per_item <= KVA__HP_TURNS_MAX_KEYS);
+    return turns ? k->fn : k->fn_no_turns;
+}
+
 /* Launches the chosen kernel. The Hopper kernel gets tensor maps of K and V; where a map
  * cannot describe them (a pointer or stride not a multiple of 16 bytes) the call runs the wgmma
  * kernel of the same tile instead -- or fails, under KVA_PREFILL_TMA_STRICT=1 (the device tests
  * use it so that a silent fallback cannot pass for the Hopper path). */
 static kva_status launch_prefill(kva_context *ctx, const char *call, kva_dtype dt, int head_dim,
                                  const kva__prefill_choice *k, int64_t grid_x, int heads, kva__prefill_args *a,
-                                 const kva_kv_pages *pages, const kva_variant *variant) {
+                                 const kva_kv_pages *pages, const kva_variant *variant, int64_t keys_per_item) {
     if (!k->tma) return launch(ctx, k, grid_x, heads, a);
     kva__hopper_prefill_args h; /* cudaLaunchKernel copies it: a stack object will do */
     memset(&h, 0, sizeof h);
@@ -286,7 +312,9 @@ static kva_status launch_prefill(kva_context *ctx, const char *call, kva_dtype d
         const long cap = pers ? strtol(pers, NULL, 10) : 0;
         if (cap > 0 && blocks > cap) blocks = cap;
         if ((pers && strcmp(pers, "0") == 0) || blocks > pairs) blocks = pairs;
-        return launch(ctx, k, blocks, 1, &h);
+        kva__prefill_choice kt = *k;
+        kt.fn = hopper_fn(k, a, keys_per_item);
+        return launch(ctx, &kt, blocks, 1, &h);
     }
     const char *strict = getenv("KVA_PREFILL_TMA_STRICT");
     if (strict && strcmp(strict, "1") == 0)
@@ -433,7 +461,7 @@ extern "C" kva_status kva__cuda_prefill_run(kva_context *ctx, const kva_plan *pl
     a.qo_tile = plan->qo_tile_size;
 
     KVA_TRY(launch_prefill(ctx, "prefill run", dt, params->head_dim, &kern, plan->padded_work,
-                           params->num_kv_heads, &a, pages, params->variant));
+                           params->num_kv_heads, &a, pages, params->variant, plan->kv_chunk_size));
 
     return launch_merge(ctx, plan, params, dt, o, lse, &a);
 }
@@ -458,7 +486,7 @@ kva_status kva__cuda_decode_as_prefill(kva_context *ctx, const kva_plan *plan,
     a.qo_tile = 1;
     a.causal = 0; /* the one query sits at the last key: nothing to mask */
     KVA_TRY(launch_prefill(ctx, "kva_decode_run", dt, params->head_dim, &kern, plan->padded_work,
-                           params->num_kv_heads, &a, pages, params->variant));
+                           params->num_kv_heads, &a, pages, params->variant, plan->kv_chunk_size));
     return launch_merge(ctx, plan, params, dt, o, lse, &a);
 }
 
@@ -500,5 +528,5 @@ extern "C" kva_status kva__cuda_attention(kva_context *ctx, const kva_attn_param
     a.num_work = (int32_t)tiles;
     fill_variant(&a, params);
     return launch_prefill(ctx, "kva_attention", q.dtype, params->head_dim, &kern, tiles, params->num_kv_heads, &a,
-                          NULL, params->variant);
+                          NULL, params->variant, kv_len);
 }
