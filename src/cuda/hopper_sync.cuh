@@ -82,6 +82,9 @@ __device__ __forceinline__ void kva__tma_store_3d(const void *map, uint32_t src,
 }
 __device__ __forceinline__ void kva__bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
 __device__ __forceinline__ void kva__bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
+/* (all but the newest N bulk groups have read their sources) */
+template <int N>
+__device__ __forceinline__ void kva__bulk_wait_read_but() { asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory"); }
 __device__ __forceinline__ void kva__bulk_wait() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
 __device__ __forceinline__ void kva__tma_prefetch_map(const void *map) {
     asm volatile("prefetch.tensormap [%0];\n" ::"l"(map) : "memory");

@@ -203,17 +203,27 @@ struct kva__hopper_geom {
 #else
     static constexpr bool XITEM = D <= 128;
 #endif
-    /* where O is never staged in the Q buffer (D < KVA__HP_STAGED_MIN_D: the consumers store it
-     * themselves) and no cross-item tail reads the next Q early, a warpgroup hands the buffer
-     * back right after its last Q K^T instead of after its epilogue, so the next item's Q copy
-     * runs under this item's last softmax, P V and stores. d256 (one 64 KB Q buffer; per-item
-     * trace 2026-11-29: the next Q freed ~2000 cycles after the item's top, landed ~4400 after
-     * it, 17% of a 32 x 512 full item). -DKVA__HP_EARLY_Q=1 (with -DKVA__HP_STAGED_MIN_D=512):
-     * comparisons */
+    /* Without the cross-item tail (d256: one 64 KB Q buffer, no room for a second) O is staged
+     * for the store warp in a ring of O_SLOTS 8 KB slots, one 64-row part's 64-column block
+     * each, instead of in the item's Q rows: the Q buffer is then free once both warpgroups
+     * issued their last Q K^T (EARLY_Q), so the next item's Q copy runs under this item's last
+     * softmax, P V and epilogue. Staged in the Q rows, the next Q was freed only after the O
+     * store had read them -- ~2000 cycles past the next item's top, landing ~4400 past it, 17%
+     * of a 32 x 512 full item (per-item trace, H200 2026-11-29, bench/NOTES.md). Handing the
+     * buffer back early with the consumers storing O themselves removed that wait (top -> Q 164
+     * cycles) but their stores took ~6300 cycles more per item (d256 32 x 512 full 592 -> 548
+     * TFLOP/s). -DKVA__HP_ORING=0: O staged in the Q rows (comparisons); -DKVA__HP_EARLY_Q=1
+     * with -DKVA__HP_STAGED_MIN_D=512: that early hand-back with direct stores. */
+#ifndef KVA__HP_ORING
+#define KVA__HP_ORING 1
+#endif
 #ifndef KVA__HP_EARLY_Q
 #define KVA__HP_EARLY_Q 0
 #endif
-    static constexpr bool EARLY_Q = KVA__HP_EARLY_Q && D < KVA__HP_STAGED_MIN_D && !XITEM;
+    static constexpr bool ORING = KVA__HP_ORING && !XITEM;
+    static constexpr int O_SLOTS = 3, O_SLOT_BYTES = 64 * 128;
+    static constexpr int ORING_BYTES = ORING ? O_SLOTS * O_SLOT_BYTES : 0;
+    static constexpr bool EARLY_Q = !XITEM && (ORING || (KVA__HP_EARLY_Q && D < KVA__HP_STAGED_MIN_D));
     /* A variant module's kernel is launched with the library's own shared-memory size
      * (variant_load.cu), so the native ALiBi build -- two Q buffers and its column-offset tile --
      * may never need more than the library's build: where the library's has no third Q buffer
@@ -223,8 +233,8 @@ struct kva__hopper_geom {
     static constexpr int POS_BYTES = KVA__HP_ALIBI || PLAIN_Q_BUFS == ALIBI_Q_BUFS ? ALIBI_POS_BYTES : 0;
     /* mbarriers: full/empty K/V per stage, the tail; full/empty per record slot, the K/V
      * producer's item starts; Q full, Q empty and O full per Q buffer (rounded to 16 bytes) */
-    static constexpr int BAR_BYTES = (8 * (4 * STAGES + 2 + 2 * RING + 3 * Q_BUFS) + 15) / 16 * 16;
-    static constexpr int SMEM = 1024 + Q_BUFS * Q_BYTES + STAGES * 2 * TILE_BYTES + POS_BYTES + BAR_BYTES;
+    static constexpr int BAR_BYTES = (8 * (4 * STAGES + 2 + 2 * RING + 3 * Q_BUFS + 2 * O_SLOTS) + 15) / 16 * 16;
+    static constexpr int SMEM = 1024 + Q_BUFS * Q_BYTES + STAGES * 2 * TILE_BYTES + POS_BYTES + ORING_BYTES + BAR_BYTES;
     static_assert(1024 + ALIBI_Q_BUFS * Q_BYTES + ALIBI_POS_BYTES <=
                       1024 + PLAIN_Q_BUFS * Q_BYTES + (PLAIN_Q_BUFS == ALIBI_Q_BUFS ? ALIBI_POS_BYTES : 0),
                   "the native ALiBi kernel needs more shared memory than the library's launch gives it");
@@ -425,7 +435,9 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
     auto k_stage = [&](int s) { return kv_s + (uint32_t)(s * 2 * G::TILE_BYTES); };
     auto v_stage = [&](int s) { return kv_s + (uint32_t)(s * 2 * G::TILE_BYTES + G::TILE_BYTES); };
     const uint32_t pos_s = kv_s + G::STAGES * 2 * G::TILE_BYTES; /* (1024-aligned) */
-    const uint32_t bars = pos_s + G::POS_BYTES;
+    const uint32_t oring_s = pos_s + G::POS_BYTES; /* (G::ORING; 1024-aligned: the copies' swizzle) */
+    auto oring_slot = [&](int i) { return oring_s + (uint32_t)(i * G::O_SLOT_BYTES); };
+    const uint32_t bars = oring_s + G::ORING_BYTES;
     auto bar_at = [&](int i) { return bars + 8u * (uint32_t)i; };
     auto full_k = [&](int s) { return bar_at(s); };
     auto full_v = [&](int s) { return bar_at(G::STAGES + s); };
@@ -460,6 +472,12 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
     auto q_full = [&](int b) { return bar_at(4 * G::STAGES + 2 + 2 * G::RING + b); };
     auto q_empty = [&](int b) { return bar_at(4 * G::STAGES + 2 + 2 * G::RING + G::Q_BUFS + b); };
     auto o_full = [&](int b) { return bar_at(4 * G::STAGES + 2 + 2 * G::RING + 2 * G::Q_BUFS + b); };
+    /* (G::ORING) slot i of the O ring staged (by the 4 warps of one warpgroup) / read by the
+     * store warp's copy. The k-th staged block of the run (k = 0, 1, ... over items, in the
+     * order column block, then part) takes slot k % O_SLOTS: the consumers and the store warp
+     * count them alike (oring_blocks) */
+    auto oring_full = [&](int i) { return bar_at(4 * G::STAGES + 2 + 2 * G::RING + 3 * G::Q_BUFS + i); };
+    auto oring_empty = [&](int i) { return bar_at(4 * G::STAGES + 2 + 2 * G::RING + 3 * G::Q_BUFS + G::O_SLOTS + i); };
     const int lane_id = tid & 31;
     /* item m >= 1 of this block into w (w.kh < 0: past the last; see above): with tickets its
      * record's loads are issued here and land in w's registers later (volatile: not sunk to
@@ -507,10 +525,13 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
     };
     /* whether consumer warpgroup h's 64 rows of item w's O are staged for the store warp's tensor
      * copies (else the consumers store them): whole parts of unsplit items (see the epilogue) */
-    auto o_staged = [&](const kva__hp_work &w, int h) {
-        return D >= KVA__HP_STAGED_MIN_D && (ha.qo_maps & 2) && g_divides_64 && w.it.q_tokens * g >= (h + 1) * 64 &&
-               w.it.key_beg <= 0 && w.it.key_end >= w.it.kv_len;
+    auto part_staged = [&](const kva__pf_item &it, int h) {
+        return D >= KVA__HP_STAGED_MIN_D && (ha.qo_maps & 2) && g_divides_64 && it.q_tokens * g >= (h + 1) * 64 &&
+               it.key_beg <= 0 && it.key_end >= it.kv_len;
     };
+    auto o_staged = [&](const kva__hp_work &w, int h) { return part_staged(w.it, h); };
+    /* (G::ORING) the column blocks of a staged part that hold the head dim (the store's too) */
+    const int o_blocks = min(D / 64, (a.head_dim + 63) / 64);
 
     if (tid == 0) {
         for (int s = 0; s < G::STAGES; ++s) {
@@ -530,6 +551,10 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
             kva__mbar_init(q_full(b), 1);
             kva__mbar_init(q_empty(b), 1);
             kva__mbar_init(o_full(b), cwarps);
+        }
+        for (int i = 0; i < G::O_SLOTS && G::ORING; ++i) {
+            kva__mbar_init(oring_full(i), 4); /* (the staging warpgroup's warps) */
+            kva__mbar_init(oring_empty(i), 1);
         }
         kva__mbar_init_fence();
     }
@@ -621,6 +646,7 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
              * item beside the consumers' matrix products: v6.28 trace) */
             if (lane == 0 && (ha.qo_maps & 2)) kva__tma_prefetch_map(&ha.o_map);
             kva__hp_work w = wk;
+            uint32_t oring_n = 0; /* (G::ORING) blocks staged so far */
             for (int m = 0;; ++m) {
                 if (m >= 1) {
                     work_fetch(m, w);
@@ -631,7 +657,31 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
                 const int b = m % G::Q_BUFS;
                 kva__mbar_wait_idle(o_full(b), (uint32_t)(m / G::Q_BUFS) & 1u);
                 KVA__HP_TRACE_WARP(m, KVA__HPT_W_GOT, clock64());
-                if (lane == 0) {
+                if constexpr (G::ORING) {
+                    /* the consumers issued their last Q K^T: the buffer to the scheduler; then
+                     * the item's staged blocks from the ring as they come, each slot handed
+                     * back once its copy read it (the newest one's read left in flight) */
+                    if (lane == 0) kva__mbar_arrive(q_empty(b));
+                    int pend = -1;
+                    for (int c = 0; c < o_blocks; ++c)
+                        for (int h = 0; h < ncw; ++h) {
+                            if (!o_staged(w, h)) continue;
+                            const int i = (int)(oring_n % G::O_SLOTS);
+                            kva__mbar_wait(oring_full(i), (oring_n / G::O_SLOTS) & 1u);
+                            ++oring_n;
+                            if (lane == 0) {
+                                kva__tma_store_3d(&ha.o_map, oring_slot(i), c * 64, w.kh * g, w.it.q_row0 + h * (64 / g));
+                                kva__bulk_commit();
+                                kva__bulk_wait_read_but<1>();
+                                if (pend >= 0) kva__mbar_arrive(oring_empty(pend));
+                            }
+                            pend = i;
+                        }
+                    if (lane == 0 && pend >= 0) {
+                        kva__bulk_wait_read();
+                        kva__mbar_arrive(oring_empty(pend));
+                    }
+                } else if (lane == 0) {
                     for (int h = 0; h < ncw; ++h) {
                         if (!o_staged(w, h)) continue;
                         /* (column blocks past the head dim hold nothing to store) */
@@ -1085,6 +1135,7 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
     };
 
     uint32_t gt = 0; /* tiles consumed so far */
+    uint32_t oring_n = 0; /* (G::ORING) O blocks staged so far, by either warpgroup */
     int qb = 0;      /* the buffer holding wk's Q */
     int m = 0;       /* wk is this block's m-th (KV head, work item) */
     kva__hp_work nx; /* the next one (read at this one's tail) */
@@ -1277,6 +1328,14 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
         static_assert(sizeof(T) == 2, "the Hopper kernel is built for 16-bit elements");
         const bool staged = __shfl_sync(0xffffffffu, D >= KVA__HP_STAGED_MIN_D && !split && (ha.qo_maps & 2) && g_divides_64 && rows_o >= (cw + 1) * 64, 0);
         /* (o_staged's test, which the store warp makes) */
+        /* (G::ORING) the item's staged parts, and those before mine */
+        int oring_parts = 0, oring_before = 0;
+        if constexpr (G::ORING)
+            for (int h = 0; h < CWG && h < ncw; ++h)
+                if (part_staged(it, h)) {
+                    ++oring_parts;
+                    oring_before += h < cw;
+                }
         const int d0 = 2 * (lane & 3);
         /* (the staged path first and in one piece: with the direct and partial stores between
          * its two rows, the item's one pass through it jumped over cold code -- instruction
@@ -1291,16 +1350,48 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
              * are (dp & 7) ^ ((blk >> 1) ^ (br & 7)), so one XOR with an immediate per block pair) */
             const uint32_t st_row = q_o + (uint32_t)(br * 128);
             const int st_x = (blk >> 1) ^ (br & 7);
+            /* (the two forms below pack alike; written out twice so that the Q-buffer form's
+             * code stays as measured) */
+            if constexpr (G::ORING) {
+                /* my part's column blocks into the O ring: block c is the run's
+                 * (oring_n + c x parts + the staged parts before mine)-th (see oring_full) */
+                static_assert(!G::ORING || DT == 8 * (D / 64), "the O ring holds whole column blocks");
+                const uint32_t first = oring_n + (uint32_t)oring_before;
 #pragma unroll
-            for (int dp = 0; dp < DT; dp += 2) {
-                const uint32_t v0 = kva__pack2<T>(o_acc[dp][0] * inv_r[0], o_acc[dp][1] * inv_r[0]);
-                const uint32_t v1 = kva__pack2<T>(o_acc[dp][2] * inv_r[1], o_acc[dp][3] * inv_r[1]);
-                const uint32_t v2 = kva__pack2<T>(o_acc[dp + 1][0] * inv_r[0], o_acc[dp + 1][1] * inv_r[0]);
-                const uint32_t v3 = kva__pack2<T>(o_acc[dp + 1][2] * inv_r[1], o_acc[dp + 1][3] * inv_r[1]);
-                asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(
-                                 st_row + (uint32_t)((dp >> 3) * (ROWS * 128) + (((dp & 7) ^ st_x) << 4))),
-                             "r"(v0), "r"(v1), "r"(v2), "r"(v3)
-                             : "memory");
+                for (int c = 0; c < D / 64; ++c) {
+                    if (c >= o_blocks) break;
+                    const uint32_t k = first + (uint32_t)(c * oring_parts);
+                    const int i = (int)(k % G::O_SLOTS);
+                    kva__mbar_wait(oring_empty(i), ((k / G::O_SLOTS) & 1u) ^ 1u);
+                    const uint32_t row = oring_slot(i) + (uint32_t)((br - cw * 64) * 128);
+#pragma unroll
+                    for (int dq = 0; dq < 8; dq += 2) {
+                        const int dp = 8 * c + dq;
+                        const uint32_t v0 = kva__pack2<T>(o_acc[dp][0] * inv_r[0], o_acc[dp][1] * inv_r[0]);
+                        const uint32_t v1 = kva__pack2<T>(o_acc[dp][2] * inv_r[1], o_acc[dp][3] * inv_r[1]);
+                        const uint32_t v2 = kva__pack2<T>(o_acc[dp + 1][0] * inv_r[0], o_acc[dp + 1][1] * inv_r[0]);
+                        const uint32_t v3 = kva__pack2<T>(o_acc[dp + 1][2] * inv_r[1], o_acc[dp + 1][3] * inv_r[1]);
+                        asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(
+                                         row + (uint32_t)((dq ^ st_x) << 4)),
+                                     "r"(v0), "r"(v1), "r"(v2), "r"(v3)
+                                     : "memory");
+                    }
+                    kva__fence_proxy_async(); /* (the store warp's tensor copy reads it) */
+                    __syncwarp();
+                    if (lane == 0) kva__mbar_arrive(oring_full(i));
+                }
+            } else {
+#pragma unroll
+                for (int dp = 0; dp < DT; dp += 2) {
+                    const uint32_t v0 = kva__pack2<T>(o_acc[dp][0] * inv_r[0], o_acc[dp][1] * inv_r[0]);
+                    const uint32_t v1 = kva__pack2<T>(o_acc[dp][2] * inv_r[1], o_acc[dp][3] * inv_r[1]);
+                    const uint32_t v2 = kva__pack2<T>(o_acc[dp + 1][0] * inv_r[0], o_acc[dp + 1][1] * inv_r[0]);
+                    const uint32_t v3 = kva__pack2<T>(o_acc[dp + 1][2] * inv_r[1], o_acc[dp + 1][3] * inv_r[1]);
+                    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(
+                                     st_row + (uint32_t)((dp >> 3) * (ROWS * 128) + (((dp & 7) ^ st_x) << 4))),
+                                 "r"(v0), "r"(v1), "r"(v2), "r"(v3)
+                                 : "memory");
+                }
             }
             /* (a staged part's rows are all below rows_o) */
             if (a.lse && (lane & 3) == 0) {
@@ -1321,7 +1412,8 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
             }
         }
         KVA__HP_TRACE_AT(1 + cw, trace_n, KVA__HPT_STAGED, clock64());
-        if (staged) kva__fence_proxy_async(); /* (the tensor copies read it) */
+        if (!G::ORING && staged) kva__fence_proxy_async(); /* (the tensor copies read it) */
+        if constexpr (G::ORING) oring_n += (uint32_t)(oring_parts * o_blocks);
         /* buffer qb to the store warp (staged or not: its "q empty" frees it for a later Q;
          * with G::EARLY_Q, q_done did after my last Q K^T) */
         __syncwarp();
