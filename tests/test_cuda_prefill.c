@@ -1737,13 +1737,14 @@ KVA_TEST(cuda_prefill_quick) {
          * Causal and full, both dtypes at d128, GQA 4, ragged then paged. At d128 each case
          * also on the build the per-call choice does not pick for it (KVA_PREFILL_TURNS: the
          * consumers' ping-pong turns, chosen for short causal items): both builds meet both
-         * masks here and under racecheck. Then d256, whose O goes through a ring of three
-         * shared-memory slots that runs on across a block's items (G::ORING). */
+         * masks here and under racecheck. Then d256 and d192 (its layout, three of four column
+         * blocks stored), whose O goes through each warpgroup's ring of shared-memory slots,
+         * which runs on across a block's items (G::ORING). */
         kva_test_env env, turns;
         kva_test_env_set(&env, "KVA_PREFILL_PERSISTENT", "3");
         for (int i = 0; i < 8; ++i) {
             kva_test_env_set(&turns, "KVA_PREFILL_TURNS", i < 4 || i >= 6 ? NULL : i % 2 ? "1" : "0");
-            prefill_case c = plain_case(i % 2 ? KVA_F16 : KVA_BF16, i >= 6 ? 256 : i >= 2 ? 128 : 64, i);
+            prefill_case c = plain_case(i % 2 ? KVA_F16 : KVA_BF16, i == 7 ? 192 : i == 6 ? 256 : i >= 2 ? 128 : 64, i);
             c.hq = 8;
             c.hk = 2;
             c.causal = i % 2 == 0;

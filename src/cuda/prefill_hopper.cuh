@@ -204,25 +204,30 @@ struct kva__hopper_geom {
     static constexpr bool XITEM = D <= 128;
 #endif
     /* Without the cross-item tail (d256: one 64 KB Q buffer, no room for a second) O is staged
-     * for the store warp in a ring of O_SLOTS 8 KB slots, one 64-row part's 64-column block
-     * each, instead of in the item's Q rows: the Q buffer is then free once both warpgroups
-     * issued their last Q K^T (EARLY_Q), so the next item's Q copy runs under this item's last
-     * softmax, P V and epilogue. Staged in the Q rows, the next Q was freed only after the O
-     * store had read them -- ~2000 cycles past the next item's top, landing ~4400 past it, 17%
-     * of a 32 x 512 full item (per-item trace, H200 2026-11-29, bench/NOTES.md). Handing the
-     * buffer back early with the consumers storing O themselves removed that wait (top -> Q 164
-     * cycles) but their stores took ~6300 cycles more per item (d256 32 x 512 full 592 -> 548
-     * TFLOP/s). -DKVA__HP_ORING=0: O staged in the Q rows (comparisons); -DKVA__HP_EARLY_Q=1
-     * with -DKVA__HP_STAGED_MIN_D=512: that early hand-back with direct stores. */
-#ifndef KVA__HP_ORING
-#define KVA__HP_ORING 1
-#endif
+     * for the store warp in rings of O_SLOTS 8 KB slots per consumer warpgroup, one 64-column
+     * block of its 64 rows each, instead of in the item's Q rows: the Q buffer is then free once
+     * both warpgroups issued their last Q K^T (EARLY_Q), so the next item's Q copy runs under this
+     * item's last softmax, P V and epilogue. Staged in the Q rows, the next Q was freed only after
+     * the O store had read them -- ~2000 cycles past the next item's top, landing ~4400 past it,
+     * 17% of a 32 x 512 full item (per-item trace, H200 2026-11-29, bench/NOTES.md v6.39).
+     * Handing the buffer back early with the consumers storing O themselves removed that wait
+     * (top -> Q 164 cycles) but their stores took ~6300 cycles more per item (d256 32 x 512 full
+     * 592 -> 548 TFLOP/s). A warpgroup's own slots: no slot passes between warpgroups, so their
+     * epilogues do not wait for each other, and each slot's writers are always the same warps
+     * (as the Q rows were). The rings take the bytes the native ALiBi build reserves for its
+     * column tile; that build (KVA__HP_ALIBI) stages in the Q rows. -DKVA__HP_ORING=0 (default:
+     * prefill_kernels.h; variant builds get the library's value): O in the Q rows (comparisons);
+     * -DKVA__HP_EARLY_Q=1 with -DKVA__HP_STAGED_MIN_D=512: the early hand-back with direct
+     * stores (comparisons). */
 #ifndef KVA__HP_EARLY_Q
 #define KVA__HP_EARLY_Q 0
 #endif
-    static constexpr bool ORING = KVA__HP_ORING && !XITEM;
-    static constexpr int O_SLOTS = 3, O_SLOT_BYTES = 64 * 128;
-    static constexpr int ORING_BYTES = ORING ? O_SLOTS * O_SLOT_BYTES : 0;
+    static constexpr bool PLAIN_ORING = KVA__HP_ORING && !XITEM && D > 128; /* (the library's and other variants' builds) */
+    static constexpr bool ORING = PLAIN_ORING && !KVA__HP_ALIBI;
+    static constexpr int O_SLOTS = 2, O_SLOT_BYTES = 64 * 128; /* (per warpgroup) */
+    static constexpr int PLAIN_ORING_BYTES = PLAIN_ORING ? CWG * O_SLOTS * O_SLOT_BYTES : 0;
+    static constexpr int ORING_BYTES = ORING ? PLAIN_ORING_BYTES : 0;
+    static constexpr int ORING_BARS = ORING ? 2 * CWG * O_SLOTS : 0;
     static constexpr bool EARLY_Q = !XITEM && (ORING || (KVA__HP_EARLY_Q && D < KVA__HP_STAGED_MIN_D));
     /* A variant module's kernel is launched with the library's own shared-memory size
      * (variant_load.cu), so the native ALiBi build -- two Q buffers and its column-offset tile --
@@ -230,13 +235,14 @@ struct kva__hopper_geom {
      * (d256, or -DKVA__HP_QBUFS=2), it reserves the tile's bytes instead. */
     static constexpr int PLAIN_Q_BUFS = XITEM ? KVA__HP_QBUFS : 1, ALIBI_Q_BUFS = XITEM ? 2 : 1;
     static constexpr int Q_BUFS = KVA__HP_ALIBI ? ALIBI_Q_BUFS : PLAIN_Q_BUFS;
-    static constexpr int POS_BYTES = KVA__HP_ALIBI || PLAIN_Q_BUFS == ALIBI_Q_BUFS ? ALIBI_POS_BYTES : 0;
+    static constexpr int PLAIN_POS_BYTES = PLAIN_Q_BUFS == ALIBI_Q_BUFS && !PLAIN_ORING ? ALIBI_POS_BYTES : 0;
+    static constexpr int POS_BYTES = KVA__HP_ALIBI ? ALIBI_POS_BYTES : PLAIN_POS_BYTES;
     /* mbarriers: full/empty K/V per stage, the tail; full/empty per record slot, the K/V
      * producer's item starts; Q full, Q empty and O full per Q buffer (rounded to 16 bytes) */
-    static constexpr int BAR_BYTES = (8 * (4 * STAGES + 2 + 2 * RING + 3 * Q_BUFS + 2 * O_SLOTS) + 15) / 16 * 16;
+    static constexpr int BAR_BYTES = (8 * (4 * STAGES + 2 + 2 * RING + 3 * Q_BUFS + ORING_BARS) + 15) / 16 * 16;
     static constexpr int SMEM = 1024 + Q_BUFS * Q_BYTES + STAGES * 2 * TILE_BYTES + POS_BYTES + ORING_BYTES + BAR_BYTES;
     static_assert(1024 + ALIBI_Q_BUFS * Q_BYTES + ALIBI_POS_BYTES <=
-                      1024 + PLAIN_Q_BUFS * Q_BYTES + (PLAIN_Q_BUFS == ALIBI_Q_BUFS ? ALIBI_POS_BYTES : 0),
+                      1024 + PLAIN_Q_BUFS * Q_BYTES + PLAIN_POS_BYTES + PLAIN_ORING_BYTES,
                   "the native ALiBi kernel needs more shared memory than the library's launch gives it");
     /* an sm_90 block gets at most 227 KB (e.g. -DKVA__HP_STAGES_D128=3 does not fit, with or
      * without the cross-item tail) */
@@ -381,6 +387,8 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
     /* TURNS: -1 the geometry's choice (G::PINGPONG), 0 / 1 without / with the turns (the d128
      * layout's two builds, picked per call: prefill_launch.cu, hopper_fn) */
     constexpr bool PINGPONG = TURNS < 0 ? G::PINGPONG : TURNS > 0;
+    /* (G::SKIP is decided without TURNS: a warpgroup skipping tiles would miss turns) */
+    static_assert(!(PINGPONG && G::SKIP), "the turns and the tile skip exclude each other");
     constexpr int BN = G::BN, ROWS = G::ROWS, CPR = G::CPR, CWG = G::CWG;
     constexpr int NT = BN / 8, DT = DW / 8, CB = D / 64; /* column blocks of 64 elements */
     const kva__prefill_args &a = ha.a;
@@ -436,7 +444,6 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
     auto v_stage = [&](int s) { return kv_s + (uint32_t)(s * 2 * G::TILE_BYTES + G::TILE_BYTES); };
     const uint32_t pos_s = kv_s + G::STAGES * 2 * G::TILE_BYTES; /* (1024-aligned) */
     const uint32_t oring_s = pos_s + G::POS_BYTES; /* (G::ORING; 1024-aligned: the copies' swizzle) */
-    auto oring_slot = [&](int i) { return oring_s + (uint32_t)(i * G::O_SLOT_BYTES); };
     const uint32_t bars = oring_s + G::ORING_BYTES;
     auto bar_at = [&](int i) { return bars + 8u * (uint32_t)i; };
     auto full_k = [&](int s) { return bar_at(s); };
@@ -472,12 +479,15 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
     auto q_full = [&](int b) { return bar_at(4 * G::STAGES + 2 + 2 * G::RING + b); };
     auto q_empty = [&](int b) { return bar_at(4 * G::STAGES + 2 + 2 * G::RING + G::Q_BUFS + b); };
     auto o_full = [&](int b) { return bar_at(4 * G::STAGES + 2 + 2 * G::RING + 2 * G::Q_BUFS + b); };
-    /* (G::ORING) slot i of the O ring staged (by the 4 warps of one warpgroup) / read by the
-     * store warp's copy. The k-th staged block of the run (k = 0, 1, ... over items, in the
-     * order column block, then part) takes slot k % O_SLOTS: the consumers and the store warp
-     * count them alike (oring_blocks) */
-    auto oring_full = [&](int i) { return bar_at(4 * G::STAGES + 2 + 2 * G::RING + 3 * G::Q_BUFS + i); };
-    auto oring_empty = [&](int i) { return bar_at(4 * G::STAGES + 2 + 2 * G::RING + 3 * G::Q_BUFS + G::O_SLOTS + i); };
+    /* (G::ORING) slot i of warpgroup h's O ring (slot h O_SLOTS + i of oring_s) staged by its 4
+     * warps / read by the store warp's copy. Warpgroup h's k-th staged block of the run (k = 0,
+     * 1, ... over items, column blocks in order) takes its slot k % O_SLOTS: warpgroup h and the
+     * store warp count them alike (oring_n) */
+    auto oring_slot = [&](int h, int i) { return oring_s + (uint32_t)((h * G::O_SLOTS + i) * G::O_SLOT_BYTES); };
+    auto oring_full = [&](int h, int i) { return bar_at(4 * G::STAGES + 2 + 2 * G::RING + 3 * G::Q_BUFS + h * G::O_SLOTS + i); };
+    auto oring_empty = [&](int h, int i) {
+        return bar_at(4 * G::STAGES + 2 + 2 * G::RING + 3 * G::Q_BUFS + (CWG + h) * G::O_SLOTS + i);
+    };
     const int lane_id = tid & 31;
     /* item m >= 1 of this block into w (w.kh < 0: past the last; see above): with tickets its
      * record's loads are issued here and land in w's registers later (volatile: not sunk to
@@ -525,11 +535,10 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
     };
     /* whether consumer warpgroup h's 64 rows of item w's O are staged for the store warp's tensor
      * copies (else the consumers store them): whole parts of unsplit items (see the epilogue) */
-    auto part_staged = [&](const kva__pf_item &it, int h) {
-        return D >= KVA__HP_STAGED_MIN_D && (ha.qo_maps & 2) && g_divides_64 && it.q_tokens * g >= (h + 1) * 64 &&
-               it.key_beg <= 0 && it.key_end >= it.kv_len;
+    auto o_staged = [&](const kva__hp_work &w, int h) {
+        return D >= KVA__HP_STAGED_MIN_D && (ha.qo_maps & 2) && g_divides_64 && w.it.q_tokens * g >= (h + 1) * 64 &&
+               w.it.key_beg <= 0 && w.it.key_end >= w.it.kv_len;
     };
-    auto o_staged = [&](const kva__hp_work &w, int h) { return part_staged(w.it, h); };
     /* (G::ORING) the column blocks of a staged part that hold the head dim (the store's too) */
     const int o_blocks = min(D / 64, (a.head_dim + 63) / 64);
 
@@ -552,9 +561,9 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
             kva__mbar_init(q_empty(b), 1);
             kva__mbar_init(o_full(b), cwarps);
         }
-        for (int i = 0; i < G::O_SLOTS && G::ORING; ++i) {
-            kva__mbar_init(oring_full(i), 4); /* (the staging warpgroup's warps) */
-            kva__mbar_init(oring_empty(i), 1);
+        for (int i = 0; i < CWG * G::O_SLOTS && G::ORING; ++i) {
+            kva__mbar_init(oring_full(i / G::O_SLOTS, i % G::O_SLOTS), 4); /* (the warpgroup's warps) */
+            kva__mbar_init(oring_empty(i / G::O_SLOTS, i % G::O_SLOTS), 1);
         }
         kva__mbar_init_fence();
     }
@@ -646,7 +655,7 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
              * item beside the consumers' matrix products: v6.28 trace) */
             if (lane == 0 && (ha.qo_maps & 2)) kva__tma_prefetch_map(&ha.o_map);
             kva__hp_work w = wk;
-            uint32_t oring_n = 0; /* (G::ORING) blocks staged so far */
+            uint32_t oring_n[CWG] = {}; /* (G::ORING) blocks each warpgroup staged so far */
             for (int m = 0;; ++m) {
                 if (m >= 1) {
                     work_fetch(m, w);
@@ -659,27 +668,42 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
                 KVA__HP_TRACE_WARP(m, KVA__HPT_W_GOT, clock64());
                 if constexpr (G::ORING) {
                     /* the consumers issued their last Q K^T: the buffer to the scheduler; then
-                     * the item's staged blocks from the ring as they come, each slot handed
-                     * back once its copy read it (the newest one's read left in flight) */
+                     * the item's staged blocks, each copied as soon as its warpgroup staged it
+                     * (the rings polled in turn: neither warpgroup's epilogue waits for the
+                     * other's), each slot handed back once its copy read it (the newest
+                     * copy's read left in flight until the next one or the item's end) */
                     if (lane == 0) kva__mbar_arrive(q_empty(b));
-                    int pend = -1;
-                    for (int c = 0; c < o_blocks; ++c)
-                        for (int h = 0; h < ncw; ++h) {
-                            if (!o_staged(w, h)) continue;
-                            const int i = (int)(oring_n % G::O_SLOTS);
-                            kva__mbar_wait(oring_full(i), (oring_n / G::O_SLOTS) & 1u);
-                            ++oring_n;
+                    int done_c[CWG], left = 0, pend = -1;
+#pragma unroll
+                    for (int h = 0; h < CWG; ++h) {
+                        done_c[h] = h < ncw && o_staged(w, h) ? 0 : o_blocks;
+                        left += o_blocks - done_c[h];
+                    }
+                    while (left > 0) {
+                        bool any = false;
+#pragma unroll
+                        for (int h = 0; h < CWG; ++h) {
+                            if (done_c[h] >= o_blocks) continue;
+                            const int i = (int)(oring_n[h] % G::O_SLOTS);
+                            const bool staged = __shfl_sync(0xffffffffu, kva__mbar_test(oring_full(h, i), (oring_n[h] / G::O_SLOTS) & 1u), 0);
+                            if (!staged) continue;
                             if (lane == 0) {
-                                kva__tma_store_3d(&ha.o_map, oring_slot(i), c * 64, w.kh * g, w.it.q_row0 + h * (64 / g));
+                                kva__tma_store_3d(&ha.o_map, oring_slot(h, i), done_c[h] * 64, w.kh * g, w.it.q_row0 + h * (64 / g));
                                 kva__bulk_commit();
                                 kva__bulk_wait_read_but<1>();
-                                if (pend >= 0) kva__mbar_arrive(oring_empty(pend));
+                                if (pend >= 0) kva__mbar_arrive(oring_empty(pend / G::O_SLOTS, pend % G::O_SLOTS));
                             }
-                            pend = i;
+                            pend = h * G::O_SLOTS + i;
+                            ++oring_n[h];
+                            ++done_c[h];
+                            --left;
+                            any = true;
                         }
+                        if (!any) __nanosleep(32);
+                    }
                     if (lane == 0 && pend >= 0) {
                         kva__bulk_wait_read();
-                        kva__mbar_arrive(oring_empty(pend));
+                        kva__mbar_arrive(oring_empty(pend / G::O_SLOTS, pend % G::O_SLOTS));
                     }
                 } else if (lane == 0) {
                     for (int h = 0; h < ncw; ++h) {
@@ -1135,7 +1159,7 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
     };
 
     uint32_t gt = 0; /* tiles consumed so far */
-    uint32_t oring_n = 0; /* (G::ORING) O blocks staged so far, by either warpgroup */
+    uint32_t oring_n = 0; /* (G::ORING) O blocks my warpgroup staged so far */
     int qb = 0;      /* the buffer holding wk's Q */
     int m = 0;       /* wk is this block's m-th (KV head, work item) */
     kva__hp_work nx; /* the next one (read at this one's tail) */
@@ -1328,14 +1352,6 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
         static_assert(sizeof(T) == 2, "the Hopper kernel is built for 16-bit elements");
         const bool staged = __shfl_sync(0xffffffffu, D >= KVA__HP_STAGED_MIN_D && !split && (ha.qo_maps & 2) && g_divides_64 && rows_o >= (cw + 1) * 64, 0);
         /* (o_staged's test, which the store warp makes) */
-        /* (G::ORING) the item's staged parts, and those before mine */
-        int oring_parts = 0, oring_before = 0;
-        if constexpr (G::ORING)
-            for (int h = 0; h < CWG && h < ncw; ++h)
-                if (part_staged(it, h)) {
-                    ++oring_parts;
-                    oring_before += h < cw;
-                }
         const int d0 = 2 * (lane & 3);
         /* (the staged path first and in one piece: with the direct and partial stores between
          * its two rows, the item's one pass through it jumped over cold code -- instruction
@@ -1353,17 +1369,16 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
             /* (the two forms below pack alike; written out twice so that the Q-buffer form's
              * code stays as measured) */
             if constexpr (G::ORING) {
-                /* my part's column blocks into the O ring: block c is the run's
-                 * (oring_n + c x parts + the staged parts before mine)-th (see oring_full) */
+                /* my part's column blocks into my O ring: block c is my (oring_n + c)-th (see
+                 * oring_full) */
                 static_assert(!G::ORING || DT == 8 * (D / 64), "the O ring holds whole column blocks");
-                const uint32_t first = oring_n + (uint32_t)oring_before;
 #pragma unroll
                 for (int c = 0; c < D / 64; ++c) {
                     if (c >= o_blocks) break;
-                    const uint32_t k = first + (uint32_t)(c * oring_parts);
+                    const uint32_t k = oring_n + (uint32_t)c;
                     const int i = (int)(k % G::O_SLOTS);
-                    kva__mbar_wait(oring_empty(i), ((k / G::O_SLOTS) & 1u) ^ 1u);
-                    const uint32_t row = oring_slot(i) + (uint32_t)((br - cw * 64) * 128);
+                    kva__mbar_wait(oring_empty(cw, i), ((k / G::O_SLOTS) & 1u) ^ 1u);
+                    const uint32_t row = oring_slot(cw, i) + (uint32_t)((br - cw * 64) * 128);
 #pragma unroll
                     for (int dq = 0; dq < 8; dq += 2) {
                         const int dp = 8 * c + dq;
@@ -1378,7 +1393,7 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
                     }
                     kva__fence_proxy_async(); /* (the store warp's tensor copy reads it) */
                     __syncwarp();
-                    if (lane == 0) kva__mbar_arrive(oring_full(i));
+                    if (lane == 0) kva__mbar_arrive(oring_full(cw, i));
                 }
             } else {
 #pragma unroll
@@ -1413,7 +1428,8 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
         }
         KVA__HP_TRACE_AT(1 + cw, trace_n, KVA__HPT_STAGED, clock64());
         if (!G::ORING && staged) kva__fence_proxy_async(); /* (the tensor copies read it) */
-        if constexpr (G::ORING) oring_n += (uint32_t)(oring_parts * o_blocks);
+        if constexpr (G::ORING)
+            if (staged) oring_n += (uint32_t)o_blocks;
         /* buffer qb to the store warp (staged or not: its "q empty" frees it for a later Q;
          * with G::EARLY_Q, q_done did after my last Q K^T) */
         __syncwarp();

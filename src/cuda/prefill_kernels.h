@@ -34,6 +34,13 @@
 #ifndef KVA__HP_QBUFS
 #define KVA__HP_QBUFS 3
 #endif
+/* O staged in per-warpgroup rings of shared-memory slots where there is no cross-item tail (d256;
+ * prefill_hopper.cuh, G::ORING), else in the item's Q rows. Its variant builds get the library's
+ * value (variant_compile.c): their shared memory differs. -DKVA__HP_ORING=0: the Q rows
+ * (comparisons). */
+#ifndef KVA__HP_ORING
+#define KVA__HP_ORING 1
+#endif
 /* the most packed rows any prefill kernel's block holds */
 #define KVA__PREFILL_ROWS_MAX 192
 

@@ -42,6 +42,8 @@ int kva__prefill_wg_warps(int built_dim);
 /* Q buffers of the library's warp-specialised Hopper kernel (KVA__HP_QBUFS, prefill_kernels.h), which
  * a variant's build of it must match: it is launched with the library's shared-memory size. */
 int kva__prefill_hp_qbufs(void);
+/* Whether it stages O in its own rings (KVA__HP_ORING, prefill_kernels.h): likewise. */
+int kva__prefill_hp_oring(void);
 
 /* Kernels per module: decode (nt - 1) + 2 * global_rowmax; prefill f16/bf16: the 128-row
  * mma.sync kernel, the 64-row one, the wgmma one (sm_90a only; 192 rows at d64) and the warp-specialised
