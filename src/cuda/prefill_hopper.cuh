@@ -238,7 +238,8 @@ struct kva__hopper_geom {
     static constexpr int PLAIN_POS_BYTES = PLAIN_Q_BUFS == ALIBI_Q_BUFS && !PLAIN_ORING ? ALIBI_POS_BYTES : 0;
     static constexpr int POS_BYTES = KVA__HP_ALIBI ? ALIBI_POS_BYTES : PLAIN_POS_BYTES;
     /* mbarriers: full/empty K/V per stage, the tail; full/empty per record slot, the K/V
-     * producer's item starts; Q full, Q empty and O full per Q buffer (rounded to 16 bytes) */
+     * producer's item starts; Q full, Q empty and O full per Q buffer; full / empty per O ring
+     * slot (rounded to 16 bytes) */
     static constexpr int BAR_BYTES = (8 * (4 * STAGES + 2 + 2 * RING + 3 * Q_BUFS + ORING_BARS) + 15) / 16 * 16;
     static constexpr int SMEM = 1024 + Q_BUFS * Q_BYTES + STAGES * 2 * TILE_BYTES + POS_BYTES + ORING_BYTES + BAR_BYTES;
     static_assert(1024 + ALIBI_Q_BUFS * Q_BYTES + ALIBI_POS_BYTES <=
