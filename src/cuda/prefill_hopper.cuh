@@ -222,6 +222,9 @@ struct kva__hopper_geom {
 #ifndef KVA__HP_EARLY_Q
 #define KVA__HP_EARLY_Q 0
 #endif
+#ifndef KVA__HP_QDONE_LATE
+#define KVA__HP_QDONE_LATE 0
+#endif
     static constexpr bool PLAIN_ORING = KVA__HP_ORING && !XITEM && D > 128; /* (the library's and other variants' builds) */
     static constexpr bool ORING = PLAIN_ORING && !KVA__HP_ALIBI;
     static constexpr int O_SLOTS = 2, O_SLOT_BYTES = 64 * 128; /* (per warpgroup) */
@@ -1136,12 +1139,13 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
         }
     };
     /* (G::EARLY_Q) my warpgroup read Q buffer b for the last time: to the store warp, which
-     * passes it on to the scheduler (nothing staged there; see the epilogue) */
+     * passes it on to the scheduler (nothing staged there; see the epilogue). (After a
+     * wgmma.wait_group, .sync.aligned: every lane of the warp is past it, no __syncwarp needed --
+     * one in the loop's last iteration measured d256 16k rows 1.5-2% slower, v6.39.)
+     * -DKVA__HP_QDONE_LATE=1: after the loop instead (comparisons) */
     auto q_done = [&](int b) {
-        if constexpr (G::EARLY_Q) {
-            __syncwarp();
+        if constexpr (G::EARLY_Q)
             if (lane == 0) kva__mbar_arrive(o_full(b));
-        }
     };
     /* S_0 = Q K_0^T of wk alone (its first tile, at global tile index gt), softmax, P */
     auto first_tile = [&](uint32_t gt0, int b, bool last) {
@@ -1219,7 +1223,7 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
             kva__wgmma_wait<1>(); /* S_j landed; P V still running */
             kva__pf_fence_regs<NT * 4>(&sc[0][0]);
             release(empty_k(s));
-            if (j == n_own - 1) q_done(qb);
+            if (!KVA__HP_QDONE_LATE && j == n_own - 1) q_done(qb);
             float alpha_r[2];
             const bool rescale = softmax(j, alpha_r);
             /* pin the softmax before the wait: left alone, the compiler sinks half of it below
@@ -1243,6 +1247,7 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
             pack_p();
         }
 
+        if (KVA__HP_QDONE_LATE && n_own >= 2) q_done(qb);
         KVA__HP_TRACE_AT(1 + cw, trace_n, KVA__HPT_LOOP, clock64());
         /* ---- the tail: this item's last P V, with (G::XITEM) the next item's S_0 ---- */
         const kva__pf_item it = wk.it; /* (the epilogue's copy: wk may move on below) */
