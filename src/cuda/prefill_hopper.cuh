@@ -838,7 +838,10 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
      * softmax runs under the others'. Measured on an H200 (bench/NOTES.md, v6.7, v6.14): +4-7% on d = 128 rows
      * of 512-2048 tokens and level at 16k; at d = 64 2-5% slower before the cross-item tail,
      * +1-2% with it; at d = 256 1% slower over 16k, where letting both issue freely (their
-     * softmaxes interleave through the hardware's own scheduling) is better. All warpgroups
+     * softmaxes interleave through the hardware's own scheduling) is better. Since the cross-item
+     * tail and the staged O (v6.39, 2026-11-29) d128 runs 1-2% faster without them on every row
+     * but short causal items (+2% with them), so d128 has both builds (TURNS) and the launcher
+     * picks per call; d64 keeps them (+8% at 32 x 512 causal, level elsewhere). All warpgroups
      * walk the same items and take the same number of turns per item (one per tile, plus one
      * for an S_0 the previous item's tail did not issue), so the turns run on across items;
      * warpgroup 0 goes first and takes the last warpgroup's last pass at the end. (Named barriers:
