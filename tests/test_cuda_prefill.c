@@ -1730,8 +1730,8 @@ KVA_TEST(cuda_prefill_quick) {
     }
     CHECK_MSG(splits_seen > 0, "no forced-split plan split: the merge path went untested");
     {
-        /* 16-bit d64 and d128 with the persistent grid capped at 3 blocks, so that every block
-         * walks many work items: the Hopper kernel's item boundary (at d64 and d128 the next
+        /* 16-bit d64, d128, d256 and d192 with the persistent grid capped at 3 blocks, so that
+         * every block walks many work items: the Hopper kernel's item boundary (at d64 and d128 the next
          * item's first Q K^T issued with this one's last P V, from another Q buffer; at d128
          * with the epilogue staged in this item's Q buffer) runs under the sanitizers too.
          * Causal and full, both dtypes at d128, GQA 4, ragged then paged. At d128 each case

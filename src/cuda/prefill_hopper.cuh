@@ -206,7 +206,7 @@ struct kva__hopper_geom {
     /* Without the cross-item tail (d256: one 64 KB Q buffer, no room for a second) O is staged
      * for the store warp in rings of O_SLOTS 8 KB slots per consumer warpgroup, one 64-column
      * block of its 64 rows each, instead of in the item's Q rows: the Q buffer is then free once
-     * both warpgroups issued their last Q K^T (EARLY_Q), so the next item's Q copy runs under this
+     * both warpgroups' last Q K^T completed (EARLY_Q), so the next item's Q copy runs under this
      * item's last softmax, P V and epilogue. Staged in the Q rows, the next Q was freed only after
      * the O store had read them -- ~2000 cycles past the next item's top, landing ~4400 past it,
      * 17% of a 32 x 512 full item (per-item trace, H200 2026-11-29, bench/NOTES.md v6.39).
@@ -214,8 +214,9 @@ struct kva__hopper_geom {
      * (top -> Q 164 cycles) but their stores took ~6300 cycles more per item (d256 32 x 512 full
      * 592 -> 548 TFLOP/s). A warpgroup's own slots: no slot passes between warpgroups, so their
      * epilogues do not wait for each other, and each slot's writers are always the same warps
-     * (as the Q rows were). The rings take the bytes the native ALiBi build reserves for its
-     * column tile; that build (KVA__HP_ALIBI) stages in the Q rows. -DKVA__HP_ORING=0 (default:
+     * (as the Q rows were). The rings' 32 KB are the 8 KB the plain build reserved for native
+     * ALiBi's column tile and 24 KB that were free (~1.8 KB of the 227 KB left); that build
+     * (KVA__HP_ALIBI) stages in the Q rows and fits the same launch. -DKVA__HP_ORING=0 (default:
      * prefill_kernels.h; variant builds get the library's value): O in the Q rows (comparisons);
      * -DKVA__HP_EARLY_Q=1 with -DKVA__HP_STAGED_MIN_D=512: the early hand-back with direct
      * stores (comparisons). */
@@ -839,8 +840,8 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
      * of 512-2048 tokens and level at 16k; at d = 64 2-5% slower before the cross-item tail,
      * +1-2% with it; at d = 256 1% slower over 16k, where letting both issue freely (their
      * softmaxes interleave through the hardware's own scheduling) is better. Since the cross-item
-     * tail and the staged O (v6.39, 2026-11-29) d128 runs 1-2% faster without them on every row
-     * but short causal items (+2% with them), so d128 has both builds (TURNS) and the launcher
+     * tail and the staged O (v6.39, 2026-11-29) d128 runs 0.7-1.6% faster without them on every
+     * row but short causal items (+2% with them), so d128 has both builds (TURNS) and the launcher
      * picks per call; d64 keeps them (+8% at 32 x 512 causal, level elsewhere). All warpgroups
      * walk the same items and take the same number of turns per item (one per tile, plus one
      * for an S_0 the previous item's tail did not issue), so the turns run on across items;
@@ -1144,7 +1145,7 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
     /* (G::EARLY_Q) my warpgroup read Q buffer b for the last time: to the store warp, which
      * passes it on to the scheduler (nothing staged there; see the epilogue). (After a
      * wgmma.wait_group, .sync.aligned: every lane of the warp is past it, no __syncwarp needed --
-     * one in the loop's last iteration measured d256 16k rows 1.5-2% slower, v6.39.)
+     * without the one it had in the loop's last iteration the d256 rows ran +0.4..+1.4%, v6.39.)
      * -DKVA__HP_QDONE_LATE=1: after the loop instead (comparisons) */
     auto q_done = [&](int b) {
         if constexpr (G::EARLY_Q)

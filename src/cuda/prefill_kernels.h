@@ -103,8 +103,8 @@ typedef struct kva__hopper_prefill_args {
 typedef struct kva__prefill_kernel {
     const void *fn;
     const void *fn_no_turns; /* tma, d128 layout: the build without the consumers' ping-pong
-                                turns, for items of many keys (hopper_fn, prefill_launch.cu);
-                                else NULL */
+                                turns, for all but causal items of <= 1024 keys and decode
+                                records (hopper_fn, prefill_launch.cu); else NULL */
     int rows;          /* packed query rows per block */
     int smem;          /* dynamic shared memory, bytes */
     int threads;

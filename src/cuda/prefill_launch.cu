@@ -254,12 +254,14 @@ static kva_status launch(kva_context *ctx, const kva__prefill_choice *k, int64_t
 /* The chooser's second half, per call (kva__prefill_choose knows no shapes): on the d128 layout
  * the Hopper kernel's consumer warpgroups take turns issuing (ping-pong) where a call's items
  * are causal and short, and issue freely elsewhere. Paired H200 rounds, bf16 (bench/NOTES.md,
- * "d128 without the turns", 2026-11-29): without them 16k causal / full 690 / 697 -> 700 / 708
- * TFLOP/s, 8 x 2048 causal / full 588 / 670 -> 593 / 679, 32 x 512 full 577 -> 587, but 32 x 512
- * causal 380 -> 373 (items of ~2 key tiles, one of them the diagonal's masked one). d64 keeps
+ * v6.39, 2026-11-29): without them 16k causal / full 690 / 697 -> 700 / 708 TFLOP/s, 8 x 2048
+ * causal / full 588 / 669 -> 592 / 678, 32 x 512 full 578 -> 587, but 32 x 512 causal 380 -> 373
+ * (items of ~2 key tiles, one of them the diagonal's masked one); the threshold between 512 and
+ * 2048 keys is not measured. d64 keeps
  * its turns (32 x 512 causal 234 -> 217 without, long rows level), d256 has none. Decode
- * records keep the build they were measured with. keys_per_item: the plan's chunk (at most its
- * longest request) or a dense call's kv_len. KVA_PREFILL_TURNS=0 / 1 forces either build (tests,
+ * records keep the build they were measured with. keys_per_item: the plan's chunk (a searched
+ * plan's is at most its longest request; a fixed_chunk_size may exceed it) or a dense call's
+ * kv_len. A graph-captured run keeps the build chosen at capture. KVA_PREFILL_TURNS=0 / 1 forces either build (tests,
  * comparisons; checked at context creation). */
 #define KVA__HP_TURNS_MAX_KEYS 1024
 static const void *hopper_fn(const kva__prefill_choice *k, const kva__prefill_args *a, int64_t keys_per_item) {
