@@ -158,7 +158,8 @@ struct kva__hopper_geom {
 #else
     /* (not with a variant's score modifier unless its source asks (KVA__VARIANT_PINGPONG): its
      * per-score work on the turn-holder's critical path made ALiBi 13% slower at d = 128) */
-    static constexpr bool PINGPONG = D <= 128 && (!KVA__HAS_SCORE_MOD || KVA__HP_ALIBI || KVA__VARIANT_PINGPONG);
+    static constexpr bool PINGPONG =
+        D <= 128 && (!KVA__HAS_SCORE_MOD || (KVA__HP_ALIBI && KVA__HP_ALIBI_TURNS) || KVA__VARIANT_PINGPONG);
 #endif
     /* an item's key tiles walked last to first: with ALiBi the bias grows toward the query, so
      * in key order nearly every tile raised the row max and rescaled O; the nearest tile first

@@ -44,6 +44,8 @@ int kva__prefill_wg_warps(int built_dim);
 int kva__prefill_hp_qbufs(void);
 /* Whether it stages O in its own rings (KVA__HP_ORING, prefill_kernels.h): likewise. */
 int kva__prefill_hp_oring(void);
+/* Whether its native ALiBi build takes the turns (KVA__HP_ALIBI_TURNS): likewise. */
+int kva__prefill_hp_alibi_turns(void);
 
 /* Kernels per module: decode (nt - 1) + 2 * global_rowmax; prefill f16/bf16: the 128-row
  * mma.sync kernel, the 64-row one, the wgmma one (sm_90a only; 192 rows at d64) and the warp-specialised
