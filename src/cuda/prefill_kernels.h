@@ -42,11 +42,11 @@
 #define KVA__HP_ORING 1
 #endif
 /* Whether a variant's native ALiBi build of that kernel (KVA__HP_ALIBI) has the consumers' turns
- * at d <= 128, as the library's d128 build for short causal items does. Variant builds get the
- * library's value (variant_compile.c). -DKVA__HP_ALIBI_TURNS=0: without (comparisons: since
- * v6.39 plain d128 over long items runs without them, and ALiBi against it reads +5-7%). */
+ * at d <= 128. Off: paired on the H200 (2026-11-29, d128 bf16 16k causal) without them ALiBi ran
+ * 1.4-1.6% faster, as plain d128 over long items does (v6.39). Variant builds get the library's
+ * value (variant_compile.c). -DKVA__HP_ALIBI_TURNS=1: with them (comparisons). */
 #ifndef KVA__HP_ALIBI_TURNS
-#define KVA__HP_ALIBI_TURNS 1
+#define KVA__HP_ALIBI_TURNS 0
 #endif
 /* the most packed rows any prefill kernel's block holds */
 #define KVA__PREFILL_ROWS_MAX 192
