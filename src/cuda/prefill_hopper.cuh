@@ -157,9 +157,10 @@ struct kva__hopper_geom {
     static constexpr bool PINGPONG = KVA__HP_PINGPONG;
 #else
     /* (not with a variant's score modifier unless its source asks (KVA__VARIANT_PINGPONG): its
-     * per-score work on the turn-holder's critical path made ALiBi 13% slower at d = 128) */
+     * per-score work on the turn-holder's critical path made ALiBi 13% slower at d = 128; native
+     * ALiBi: KVA__HP_ALIBI_TURNS, prefill_kernels.h) */
     static constexpr bool PINGPONG =
-        D <= 128 && (!KVA__HAS_SCORE_MOD || (KVA__HP_ALIBI && KVA__HP_ALIBI_TURNS) || KVA__VARIANT_PINGPONG);
+        D <= 128 && (!KVA__HAS_SCORE_MOD || (KVA__HP_ALIBI && (KVA__HP_ALIBI_TURNS || D <= 64)) || KVA__VARIANT_PINGPONG);
 #endif
     /* an item's key tiles walked last to first: with ALiBi the bias grows toward the query, so
      * in key order nearly every tile raised the row max and rescaled O; the nearest tile first

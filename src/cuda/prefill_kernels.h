@@ -42,10 +42,11 @@
 #define KVA__HP_ORING 1
 #endif
 /* Whether a variant's native ALiBi build of that kernel (KVA__HP_ALIBI) has the consumers' turns
- * at d <= 128. Off: paired on the H200 (2026-11-29, d128 bf16 16k causal, two rounds each) without
- * them ALiBi ran 1.4-1.6% faster, as plain d128 over long items does (v6.39); short causal rows,
- * where plain keeps the turns, are unmeasured. Variant builds get the library's
- * value (variant_compile.c). -DKVA__HP_ALIBI_TURNS=1: with them (comparisons). */
+ * on the d128 layout (d64 keeps them, as plain d64 does: unmeasured without). Off: paired on the
+ * H200 (2026-11-29, d128 bf16 16k causal, two rounds each) without them ALiBi ran 1.4-1.6%
+ * faster, as plain d128 over long items does (v6.39); short causal rows, where plain d128 keeps
+ * the turns, are unmeasured. Variant builds get the library's value (variant_compile.c).
+ * -DKVA__HP_ALIBI_TURNS=1: with them (comparisons). */
 #ifndef KVA__HP_ALIBI_TURNS
 #define KVA__HP_ALIBI_TURNS 0
 #endif
