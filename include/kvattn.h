@@ -305,8 +305,8 @@ typedef float (*kva_score_mod_fn)(float score, int32_t q_pos, int32_t kv_pos, in
  * sit beside it; names starting with kva_ / KVA_ are the library's, except one switch the source
  * may define (to any value, or none): KVA_VARIANT_PINGPONG lets the Hopper prefill kernel's
  * consumer warpgroups take turns issuing (built head dims 64 and 128; two warpgroups, three at
- * d64), as the built-in path does at d64 and, at d128, for causal items of up to 1024 keys (longer
- * or full-mask items run a build without them there) -- worth it for a modifier with heavy work per score (a tanh:
+ * d64), as the built-in path does at d64 and, at d128, for decode records and causal calls whose plan's
+ * key chunk is at most 1024 keys (longer or full-mask calls run a build without them there) -- worth it for a modifier with heavy work per score (a tanh:
  * the soft cap as a modifier ran 1.3 points closer to the built-in cap with turns, H200, bf16
  * d128, 16k causal), a loss for a light one (an identity modifier: 3 points slower there); d64
  * with a modifier and turns is unmeasured. Off by default; results are the same either way.
@@ -332,7 +332,7 @@ enum {
     KVA_VARIANT_PREFILL = 1 << 1  /* kva_prefill_run_ragged / _paged, kva_attention */
 };
 
-/* Which kernels to compile (each takes about a second of NVRTC time the first time; later
+/* Which kernels to compile (NVRTC takes seconds the first time: 1.5-6 s per creation measured; later
  * creations load them from the cache). Zeroed fields mean "all". */
 typedef struct kva_variant_options {
     uint32_t kinds;    /* KVA_VARIANT_DECODE | KVA_VARIANT_PREFILL bits; 0 = both */

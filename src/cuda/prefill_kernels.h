@@ -96,8 +96,9 @@ typedef struct kva__prefill_args {
 } kva__prefill_args;
 
 /* The warp-specialised Hopper kernel's argument block (prefill_hopper.cuh): the tensor maps of
- * K and V (built by the launcher per call: pointers and strides; ragged: dims 64 elements x
- * token x head x column block; paged: 64 x slot x head x column block x page), of Q and O
+ * K and V (built by the launcher per call: pointers and strides; ragged: dims head_dim x
+ * token x head, a box 64 columns x a key tile; paged: head_dim x slot x head x page, a box 64
+ * columns x the box's slots), of Q and O
  * (dims 64 x head x token x column block; a Q box is a whole item of the kernel's rows, an O box one
  * consumer warpgroup's 64 rows) and the plain arguments. */
 typedef struct kva__hopper_prefill_args {

@@ -257,8 +257,8 @@ static kva_status launch(kva_context *ctx, const kva__prefill_choice *k, int64_t
  * are causal and short, and issue freely elsewhere. Paired H200 rounds, bf16 (bench/NOTES.md,
  * v6.39, 2026-11-29): without them 16k causal / full 690 / 697 -> 700 / 708 TFLOP/s, 8 x 2048
  * causal / full 588 / 669 -> 592 / 678, 32 x 512 full 578 -> 587, but 32 x 512 causal 380 -> 373
- * (items of ~2 key tiles, one of them the diagonal's masked one); the threshold between 512 and
- * 2048 keys is not measured. d64 keeps
+ * (items of ~2 key tiles, one of them the diagonal's masked one); at the threshold (one round,
+ * 2026-11-29 19:23 UTC) 16 x 1024 causal 500 / 501 without / with, 8 x 2048 causal 597 / 590. d64 keeps
  * its turns (32 x 512 causal 234 -> 217 without, long rows level), d256 has none. Decode
  * records keep the build they were measured with. keys_per_item: the plan's chunk (a searched
  * plan's is at most its longest request; a fixed_chunk_size may exceed it) or a dense call's
