@@ -99,7 +99,7 @@ typedef struct kva__prefill_args {
  * K and V (built by the launcher per call: pointers and strides; ragged: dims head_dim x
  * token x head, a box 64 columns x a key tile; paged: head_dim x slot x head x page, a box 64
  * columns x the box's slots), of Q and O
- * (dims 64 x head x token x column block; a Q box is a whole item of the kernel's rows, an O box one
+ * (dims head_dim x head x token, a box 64 columns of g heads; a Q box is a whole item of the kernel's rows, an O box one
  * consumer warpgroup's 64 rows) and the plain arguments. */
 typedef struct kva__hopper_prefill_args {
     CUtensorMap k_map, v_map, q_map, o_map;
