@@ -280,7 +280,8 @@ typedef float (*kva_score_mod_fn)(float score, int32_t q_pos, int32_t kv_pos, in
  * before the causal / window masks -- with `user` = kva_attn_params.score_mod_user. It only sees
  * a request's own positions and heads: masked keys and keys past the request's end are never
  * passed (kernels may also evaluate it for padding rows of a tile, with a real query's position,
- * and discard the result), so it may index caller data by kv_pos (0 .. kv_len-1), q_pos
+ * and in place of a masked key, with a key the same query sees and a score of 0, and discard
+ * those results), so it may index caller data by kv_pos (0 .. kv_len-1), q_pos
  * (kv_len - qo_len .. kv_len-1: negative only for requests with more queries than keys) and
  * qo_head (0 .. num_qo_heads-1). Return -INFINITY to mask a key (a row that sees no key gets
  * output 0 and LSE -inf, as everywhere); NaN or a score beyond the range of kva_attn_params

@@ -1083,7 +1083,7 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
             }
         } else if constexpr (KVA__HAS_SCORE_MOD) /* a variant's modifier (prefill_kernel.cuh) */
             kva__pf_apply_score_mod<1, NT>(a, &sc, need_mask, capped, t.kb, wk.it.q_pos0, q_last,
-                                           row_base + (lane >> 2), rows, wk.kh, g, lane);
+                                           row_base + (lane >> 2), rows, wk.kh, g, lane, wk.lo, wk.hi);
 #ifdef KVA__HP_NO_SOFTMAX /* experiment: the matrix products and the pipeline alone */
         return false;
 #endif

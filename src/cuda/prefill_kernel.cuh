@@ -220,18 +220,23 @@ __device__ __forceinline__ bool kva__pf_load_item(const kva__prefill_args &a, in
 
 /* A variant's score modifier (cuda_common.cuh, KVA_SCORE_MOD) on a key tile's scores sc[mt][nt][e]
  * of this thread's rows row0 + mt * 16 + 8 * (e / 2), after the cap and the masks: scores into
- * natural-log units, then the modifier on each visible one. Tiles without masks -- most of them --
- * call it unconditionally, so what it loads per row or per key is loaded once, not per score
- * (a load under a per-score condition cannot be hoisted); padding rows (>= rows: zero Q, output
- * discarded) pass a real query's position (q_last) and a real head, so the function only ever
- * sees positions and heads inside the request. There a dot product that overflowed to -inf
- * reaches the modifier as -inf and weighs 0, as an overflowed score beside finite ones does in the
- * built-in path; in tiles with masks the cap loop made it NaN and the modifier skips masked
- * keys (-inf). Also used by prefill_hopper.cuh (MT = 1). */
+ * natural-log units, then the modifier on each visible one. It is called for every slot in one
+ * straight-line block, so what it loads per row or per key is loaded once, not per score (a load
+ * under a per-score condition cannot be hoisted: in tiles with masks that form ran the soft cap
+ * as a snippet 33% behind the built-in cap on 32 x 512 causal rows, H200 2026-11-29). Tiles
+ * without masks -- most of them -- pass every slot as it is; padding rows (>= rows: zero Q,
+ * output discarded) pass a real query's position (q_last) and a real head, so the function only
+ * ever sees positions and heads inside the request. There a dot product that overflowed to -inf
+ * reaches the modifier as -inf and weighs 0, as an overflowed score beside finite ones does in
+ * the built-in path. In tiles with masks (the cap loop made an overflow NaN, so -inf is a mask)
+ * a masked slot passes a key its row sees instead -- its own, clamped into the row's visible
+ * range of [lo, hi), the keys any row of the item may see -- and a score of 0, and its result is
+ * dropped; a padding row, or a row that sees none of the item's keys, makes no call (a per-row
+ * branch). Also used by prefill_hopper.cuh (MT = 1). */
 template <int MT, int NT>
 __device__ __forceinline__ void kva__pf_apply_score_mod(const kva__prefill_args &a, float (*sc)[NT][4], bool need_mask,
                                                         bool capped, int key0, int q_pos0, int q_last, int row0,
-                                                        int rows, int kh, int g, int lane) {
+                                                        int rows, int kh, int g, int lane, int lo, int hi) {
     const float to_nat = capped ? KVA__PF_LN2 : a.scale_log2 * KVA__PF_LN2;
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
@@ -248,16 +253,23 @@ __device__ __forceinline__ void kva__pf_apply_score_mod(const kva__prefill_args 
                         sc[mt][nt][e] = KVA_SCORE_MOD(sc[mt][nt][e] * to_nat, pm,
                                                       key0 + nt * 8 + 2 * (lane & 3) + (e & 1), qh, a.mod_user);
             } else {
-                const bool real = r < rows;
+                /* the keys row p sees: [k_lo, k_hi) (64-bit: a window reaching below key 0) */
+                const int64_t wl = a.window_left >= 0 ? (int64_t)p - a.window_left : (int64_t)lo;
+                const int k_lo = wl > (int64_t)lo ? (int)wl : lo;
+                const int k_hi = a.causal && p + 1 < hi ? p + 1 : hi;
+                if (r < rows && k_lo < k_hi) {
 #pragma unroll
-                for (int nt = 0; nt < NT; ++nt)
+                    for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-                    for (int e = 2 * h; e < 2 * h + 2; ++e) {
-                        float x = sc[mt][nt][e] * to_nat;
-                        if (real && x != -INFINITY)
-                            x = KVA_SCORE_MOD(x, p, key0 + nt * 8 + 2 * (lane & 3) + (e & 1), qh, a.mod_user);
-                        sc[mt][nt][e] = x;
-                    }
+                        for (int e = 2 * h; e < 2 * h + 2; ++e) {
+                            const float x = sc[mt][nt][e] * to_nat;
+                            const int key = key0 + nt * 8 + 2 * (lane & 3) + (e & 1);
+                            const int kc = key < k_lo ? k_lo : key >= k_hi ? k_hi - 1 : key;
+                            const bool seen = x != -INFINITY;
+                            const float y = KVA_SCORE_MOD(seen ? x : 0.0f, p, kc, qh, a.mod_user);
+                            sc[mt][nt][e] = seen ? y : -INFINITY;
+                        }
+                }
             }
         }
 }
@@ -533,7 +545,7 @@ __global__ void __launch_bounds__(32 * WARPS, (WG && D <= 128 && WARPS <= 8) ? 2
         }
         if constexpr (KVA__HAS_SCORE_MOD)
             kva__pf_apply_score_mod<MT, NT>(a, sc, need_mask, capped, key0, it.q_pos0, q_last,
-                                            row_base + (lane >> 2), rows, kh, g, lane);
+                                            row_base + (lane >> 2), rows, kh, g, lane, lo, hi);
 
         /* ---- online softmax in log2 units (a row lives in the 4 lanes of a quad) ---- */
         float alpha_r[MT][2];
