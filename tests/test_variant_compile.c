@@ -157,19 +157,24 @@ KVA_TEST(variant_compile_every_kernel) {
     printf("    %d modules for sm_90a in %.0f ms (NVRTC, parallel)\n", n, st.compile_ms);
     for (int m = 0; m < n; ++m) {
         CHECK(img[m].code_size > 0 && !img[m].is_ptx);
-        /* prefill f16/bf16: mma 128 and 64 rows, wgmma, and the TMA kernel once it has the hook */
-        const int want = ids[m].kind == KVA__VMOD_DECODE ? 4 : ids[m].dtype == KVA_F32 ? 1
-                                                                                       : 3 + kva__variant_hopper_hooked();
+        /* prefill f16/bf16: mma 128 and 64 rows, wgmma, and the TMA kernel once it has the hook
+         * (at d128 twice: the source's choice of the turns and with them) */
+        const int tma = kva__variant_hopper_hooked() ? (ids[m].dim == 128 ? 2 : 1) : 0;
+        const int want = ids[m].kind == KVA__VMOD_DECODE ? 4 : ids[m].dtype == KVA_F32 ? 1 : 3 + tma;
         int have = 0;
         for (int i = 0; i < KVA__VMOD_MAX_KERNELS; ++i) have += img[m].names[i] != NULL;
         CHECK_MSG(have == want, "module %d: %d kernels, expected %d", m, have, want);
     }
     CHECK(img[3].names[KVA__VMOD_PF_HOPPER] && strstr(img[3].names[KVA__VMOD_PF_HOPPER], "Lb1E"));
+    /* (the d128 TMA kernel's two builds: the default's TURNS = -1 and 1) */
+    if (kva__variant_hopper_hooked())
+        CHECK(img[3].names[KVA__VMOD_PF_TMA_TURNS] && strstr(img[3].names[KVA__VMOD_PF_TMA_TURNS], "ELi1EEv") &&
+              strstr(img[3].names[KVA__VMOD_PF_TMA], "ELin1EEv") && !img[4].names[KVA__VMOD_PF_TMA_TURNS]);
     kva__vmod_images_free(img, n);
     /* sm_80: no wgmma kernel in the prefill module */
     REQUIRE_OK(kva__variant_build("test", kva_variant_alibi_source(), "kva_alibi", &ids[3], 1, 80, NULL, img, NULL));
     CHECK(img[0].names[KVA__VMOD_PF_LARGE] && img[0].names[KVA__VMOD_PF_SMALL] && !img[0].names[KVA__VMOD_PF_HOPPER] &&
-          !img[0].names[KVA__VMOD_PF_TMA]);
+          !img[0].names[KVA__VMOD_PF_TMA] && !img[0].names[KVA__VMOD_PF_TMA_TURNS]);
     kva__vmod_images_free(img, 1);
 }
 

@@ -214,11 +214,15 @@ static bool paged_map(CUtensorMap *m, kva_dtype dt, const void *base, const kva_
  * the launcher does for K/V a tensor map cannot describe. */
 static kva_status use_variant(const char *api, const kva_attn_params *p, kva_dtype dt, kva__prefill_choice *k) {
     if (!p->variant) return KVA_OK;
-    k->fn_no_turns = NULL; /* (a variant's module holds its own build's choice of the turns) */
+    k->fn_no_turns = NULL;
     if (k->tma) {
         const void *fn = kva__variant_prefill_fn(p->variant, dt, k->built_dim, KVA__VMOD_PF_TMA);
         if (fn) {
-            k->fn = fn;
+            /* at d128 the module has a build with the turns too (variant.h): hopper_fn picks as for
+             * the built-in kernels, between it and the source's own choice */
+            const void *ft = kva__variant_prefill_fn(p->variant, dt, k->built_dim, KVA__VMOD_PF_TMA_TURNS);
+            k->fn = ft ? ft : fn;
+            k->fn_no_turns = ft ? fn : NULL;
             return KVA_OK;
         }
         kva__prefill_choice w;

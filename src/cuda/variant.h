@@ -49,13 +49,16 @@ int kva__prefill_hp_alibi_turns(void);
 
 /* Kernels per module: decode (nt - 1) + 2 * global_rowmax; prefill f16/bf16: the 128-row
  * mma.sync kernel, the 64-row one, the wgmma one (sm_90a only; 192 rows at d64) and the warp-specialised
- * TMA kernel (sm_90a, once prefill_hopper.cuh has the hook, KVA__HAS_SCORE_MOD: kva__variant_hopper_hooked);
- * prefill f32: one. */
-#define KVA__VMOD_MAX_KERNELS 4
+ * TMA kernel (sm_90a, once prefill_hopper.cuh has the hook, KVA__HAS_SCORE_MOD: kva__variant_hopper_hooked),
+ * at d128 twice: as the source asks (KVA_VARIANT_PINGPONG: with the consumers' turns, else native
+ * ALiBi's KVA__HP_ALIBI_TURNS or none) and with the turns, so that a call picks between them by the
+ * library's rule (prefill_launch.cu, hopper_fn); prefill f32: one. */
+#define KVA__VMOD_MAX_KERNELS 5
 #define KVA__VMOD_PF_LARGE 0
 #define KVA__VMOD_PF_SMALL 1
 #define KVA__VMOD_PF_HOPPER 2
 #define KVA__VMOD_PF_TMA 3
+#define KVA__VMOD_PF_TMA_TURNS 4
 
 /* Whether the embedded prefill_hopper.cuh calls the score-modifier hook. Until it does, variants
  * leave its kernel out and run the wgmma kernel where the built-in prefill would run it (a

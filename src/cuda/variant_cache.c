@@ -22,7 +22,7 @@
 #include <sys/types.h>
 #include <unistd.h>
 
-#define MAGIC "KVAVAR01"
+#define MAGIC "KVAVAR02" /* (02: five kernel slots) */
 #define HEADER_BYTES (8 + 4 * 8)
 #define MAX_PAYLOAD ((uint64_t)1 << 30)
 

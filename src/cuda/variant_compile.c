@@ -85,6 +85,9 @@ static void kernel_exprs(const kva__vmod_id *id, int arch, char exprs[KVA__VMOD_
                      kva__prefill_wg_warps(D));
         if (arch == 90 && kva__variant_hopper_hooked())
             snprintf(exprs[KVA__VMOD_PF_TMA], 160, "&kva__prefill_hopper_kernel<%s, %d>", T, D);
+        /* (the d128 layout's build with the turns: where the library's own calls take them) */
+        if (arch == 90 && kva__variant_hopper_hooked() && D == 128)
+            snprintf(exprs[KVA__VMOD_PF_TMA_TURNS], 160, "&kva__prefill_hopper_kernel<%s, %d, %d, 1>", T, D, D);
     }
 }
 
