@@ -305,12 +305,16 @@ typedef float (*kva_score_mod_fn)(float score, int32_t q_pos, int32_t kv_pos, in
  * memory, synchronise or #include headers. Helper functions, constants and __device__ arrays may
  * sit beside it; names starting with kva_ / KVA_ are the library's, except one switch the source
  * may define (to any value, or none): KVA_VARIANT_PINGPONG lets the Hopper prefill kernel's
- * consumer warpgroups take turns issuing (built head dims 64 and 128; two warpgroups, three at
- * d64), as the built-in path does at d64 and, at d128, for decode records and causal calls whose plan's
- * key chunk is at most 1024 keys (longer or full-mask calls run a build without them there) -- worth it for a modifier with heavy work per score (a tanh:
- * the soft cap as a modifier ran 1.3 points closer to the built-in cap with turns, H200, bf16
- * d128, 16k causal), a loss for a light one (an identity modifier: 3 points slower there); d64
- * with a modifier and turns is unmeasured. Off by default; results are the same either way.
+ * consumer warpgroups take turns issuing on every call (built head dims 64 and 128; two
+ * warpgroups, three at d64) -- worth it for a modifier with heavy work per score (a tanh: the
+ * soft cap as a modifier ran 1.3 points closer to the built-in cap with turns, H200, bf16 d128,
+ * 16k causal), a loss for a light one on long rows (an identity modifier: 3 points slower there).
+ * Without it a d128 call takes the turns where the built-in path does -- decode records and
+ * causal calls whose plan's key chunk is at most 1024 keys, short items, where they made ALiBi
+ * and an identity modifier 3-6% faster (32 x 512 causal) -- and none on longer or full-mask calls
+ * (the module holds both builds of the kernel; KVA_PREFILL_TURNS=0 / 1 forces either, as for the
+ * built-in path); at d64 none but for the built-in ALiBi (always). Results are the same either
+ * way.
  * Supported paths: the kernels a variant was compiled for (kva_variant_options): CUDA decode
  * (both algorithms), ragged and paged prefill (mma.sync; on Hopper the warp-specialised TMA
  * kernel and the wgmma one; f32 on CUDA cores) and kva_attention: the kernel the built-in path
