@@ -22,7 +22,8 @@
 # options to bench_torch.py (e.g. "--quick --shapes 1x8192,64x4096", "--prefill-only",
 # "--decode-only"), GPU_CHECK_TESTS selects tests (default "cuda", which includes cuda_prefill*; 0 skips them),
 # GPU_CHECK_TRACE=1 adds the Hopper prefill kernel's per-item phase trace (bench/hopper_trace, its
-# own build; GPU_CHECK_TRACE_DIMS head dims, default "64 128 256").
+# own build; GPU_CHECK_TRACE_DIMS head dims, default "64 128 256"; GPU_CHECK_TRACE_VARIANT=alibi,
+# softcap or identity traces that variant's module instead).
 #
 # Paired A/B rounds (a change against a base revision, both built and timed in one run, as
 # bench/NOTES.md decides every kernel change):
@@ -339,7 +340,8 @@ if [ "${GPU_CHECK_TRACE:-0}" != 0 ]; then
        cmake --build "$BUILD-trace" -j "$(nproc)" --target hopper_trace >>"$OUT/trace-build.log" 2>&1; then
         # shellcheck disable=SC2086
         run_tests "hopper trace" hopper-trace.log env KVA_PREFILL_TMA_STRICT=1 timeout "$TLIM" \
-            "./$BUILD-trace/hopper_trace" ${GPU_CHECK_TRACE_DIMS:-64 128 256}
+            "./$BUILD-trace/hopper_trace" ${GPU_CHECK_TRACE_VARIANT:+--variant "$GPU_CHECK_TRACE_VARIANT"} \
+            ${GPU_CHECK_TRACE_DIMS:-64 128 256}
         cat "$OUT/hopper-trace.log"
     else
         status=1

@@ -24,20 +24,26 @@
  * --raw prints every item; --chunked runs the README's chunked-prefill row instead (512 new tokens
  * over a 16384-token prefix, causal), on contiguous keys and paged (shuffled pages of 16 tokens,
  * or of each --page N given);
- * --alibi-slopes passes ALiBi slopes as the modifier's caller data (for a measurement build whose
+ * --variant alibi|softcap|identity runs the calls with that variant (the built-in ALiBi, the
+ * examples' soft-cap snippet with cap 50, a modifier returning the score) and reads the trace its
+ * NVRTC module recorded (a trace build's modules trace too: src/cuda/variant_compile.c; which of a
+ * d128 module's two builds ran follows the library's rule, KVA_PREFILL_TURNS=0 / 1 forces one);
+ * --alibi-slopes passes ALiBi slopes as caller data without a variant (for a scratch build whose
  * bf16 Hopper kernel is the native ALiBi one; the plain kernel ignores them). Exits 1 if a launch
  * left no trace (another kernel ran: run with KVA_PREFILL_TMA_STRICT=1).
- * Usage: hopper_trace [--raw] [--chunked [--page N ...]] [--alibi-slopes] [head_dim ...]
+ * Usage: hopper_trace [--raw] [--chunked [--page N ...]] [--variant NAME | --alibi-slopes] [head_dim ...]
  */
 #include "kvattn.h"
+#include "../../examples/variant_sources.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-/* in the library when built with KVA_HP_TRACE (src/cuda/prefill_hopper_bf16.cu) */
+/* in the library when built with KVA_HP_TRACE (src/cuda/prefill_hopper_bf16.cu, variant_load.cu) */
 int kva__hp_trace_read(long long *dst, size_t count);
+int kva__variant_trace_read(const kva_variant *v, int dim, long long *dst, size_t count);
 
 enum { BLOCKS = 2, ROLES = 4, ITEMS = 64, POINTS = 8 }; /* as prefill_hopper_trace.cuh */
 enum { TOP, Q, S0, LOOP, TAIL, EPILOGUE, TILES, STAGED };
@@ -170,7 +176,11 @@ static int time_and_report(trace_case *c, const char *label, double flop, int ra
     for (int i = 0; i < reps; ++i) OK(run_case(c));
     OK(kva_synchronize(c->ctx));
     const double us = (now_us() - t0) / reps;
-    if (kva__hp_trace_read(&trace[0][0][0][0], sizeof trace / sizeof(long long)) != 0) {
+    /* (a variant's module at the head dim's built size: 64, 128 or 256 here) */
+    const size_t n = sizeof trace / sizeof(long long);
+    const int e = c->p.variant ? kva__variant_trace_read(c->p.variant, c->p.head_dim, &trace[0][0][0][0], n)
+                               : kva__hp_trace_read(&trace[0][0][0][0], n);
+    if (e != 0) {
         fprintf(stderr, "reading the trace failed\n");
         exit(1);
     }
@@ -208,6 +218,8 @@ typedef struct case_memory {
     kva_workspace ws;
 } case_memory;
 
+static kva_variant *g_variant; /* --variant: every case runs with it */
+
 static void case_setup(trace_case *c, case_memory *m, kva_context *ctx, int D, int nq, int nkv,
                        const kva_plan_limits *lim, int causal, void *user) {
     memset(c, 0, sizeof *c);
@@ -223,6 +235,7 @@ static void case_setup(trace_case *c, case_memory *m, kva_context *ctx, int D, i
     c->p = kva_attn_params_default(Hq, Hk, D);
     c->p.causal = causal;
     c->p.score_mod_user = user;
+    c->p.variant = g_variant;
     c->q = kva_tensor_nhd(m->q, KVA_BF16, Hq, D);
     c->o = kva_tensor_nhd(m->o, KVA_BF16, Hq, D);
     c->k = kva_tensor_nhd(m->k, KVA_BF16, Hk, D);
@@ -300,8 +313,10 @@ static int chunked_case(kva_context *ctx, int D, int paged, int ps, void *user, 
 
 int main(int argc, char **argv) {
     int raw = 0, chunked = 0, alibi = 0, dims[8], ndims = 0, traced = 1, pages[8], npages = 0;
+    const char *variant = NULL;
     for (int i = 1; i < argc; ++i) {
         if (!strcmp(argv[i], "--raw")) raw = 1;
+        else if (!strcmp(argv[i], "--variant") && i + 1 < argc) variant = argv[++i];
         else if (!strcmp(argv[i], "--chunked")) chunked = 1;
         else if (!strcmp(argv[i], "--alibi-slopes")) alibi = 1;
         else if (!strcmp(argv[i], "--page")) {
@@ -314,12 +329,37 @@ int main(int argc, char **argv) {
         }
         else if (ndims < 8) dims[ndims++] = atoi(argv[i]);
     }
+    if (variant && alibi) {
+        fprintf(stderr, "--variant and --alibi-slopes: one or the other\n");
+        return 2;
+    }
     if (ndims == 0) dims[ndims++] = 128;
     if (npages == 0) pages[npages++] = 16;
     kva_context *ctx = NULL;
     OK(kva_context_create(KVA_DEVICE_CUDA, 0, &ctx));
     void *user = alibi ? upload_slopes(ctx, Hq) : NULL;
     if (user) printf("ALiBi slopes passed as the modifier's data\n");
+    if (variant) {
+        const kva_variant_options opt = {KVA_VARIANT_PREFILL, 1u << KVA_BF16, 0};
+        if (!strcmp(variant, "alibi")) {
+            OK(kva_variant_create_alibi(ctx, &opt, &g_variant));
+            user = upload_slopes(ctx, Hq);
+        } else if (!strcmp(variant, "softcap")) {
+            const float cap = 50.0f;
+            OK(kva_variant_create(ctx, KVA_EX_SOURCE_SOFTCAP, "softcap", &opt, &g_variant));
+            OK(kva_malloc(ctx, sizeof cap, &user));
+            OK(kva_memcpy(ctx, user, &cap, sizeof cap, KVA_COPY_HOST_TO_DEVICE));
+        } else if (!strcmp(variant, "identity")) {
+            OK(kva_variant_create(ctx,
+                                  "float identity(float s, int32_t q, int32_t k, int32_t h, const void *u) {\n"
+                                  "    (void)q; (void)k; (void)h; (void)u;\n    return s;\n}\n",
+                                  "identity", &opt, &g_variant));
+        } else {
+            fprintf(stderr, "--variant: alibi, softcap or identity\n");
+            return 2;
+        }
+        printf("variant %s (its module's trace)\n", variant);
+    }
     const int shapes[3][2] = {{32, 512}, {8, 2048}, {1, 16384}};
     for (int di = 0; di < ndims; ++di) {
         if (chunked) {
@@ -332,6 +372,7 @@ int main(int argc, char **argv) {
                 traced &= ragged_case(ctx, dims[di], shapes[si][0], shapes[si][1], causal, user, raw);
     }
     if (user) kva_free(ctx, user);
+    kva_variant_destroy(g_variant);
     kva_context_destroy(ctx);
     return traced ? 0 : 1;
 }

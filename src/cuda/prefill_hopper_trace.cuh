@@ -47,8 +47,17 @@ enum {
 };
 
 #ifdef KVA__HP_TRACE
+#ifdef __CUDACC_RTC__
+/* (a variant's module, compiled in a trace build: one program per module, its buffer found by
+ * this unmangled name -- kva__variant_trace_read, variant_load.cu) */
+extern "C" {
+__device__ long long kva__hp_trace_buf[KVA__HP_TRACE_BLOCKS][KVA__HP_TRACE_ROLES][KVA__HP_TRACE_ITEMS]
+                                      [KVA__HP_TRACE_POINTS];
+}
+#else
 static __device__ long long kva__hp_trace_buf[KVA__HP_TRACE_BLOCKS][KVA__HP_TRACE_ROLES][KVA__HP_TRACE_ITEMS]
                                              [KVA__HP_TRACE_POINTS];
+#endif
 #define KVA__HP_TRACE_AT(role, item, point, value)                                                        \
     do {                                                                                              \
         if (blockIdx.x < KVA__HP_TRACE_BLOCKS && (item) < KVA__HP_TRACE_ITEMS && (threadIdx.x & 127) == 0) \

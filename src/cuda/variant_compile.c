@@ -188,7 +188,7 @@ static kva_status compile_module(const char *source, const char *function, int a
     const int nh = kva__embedded_file_count + 3;
     const char **hdr = (const char **)malloc(sizeof(char *) * (size_t)nh);
     const char **names = (const char **)malloc(sizeof(char *) * (size_t)nh);
-    const size_t prog_size = strlen(source) + strlen(function) + 512;
+    const size_t prog_size = strlen(source) + strlen(function) + 768; /* (the defines and includes around it: ~450 bytes) */
     char *prog = (char *)malloc(prog_size);
     kva_status st = KVA_OK;
     nvrtcProgram p = NULL;
@@ -215,16 +215,23 @@ static kva_status compile_module(const char *source, const char *function, int a
      * launched without the attribute), whatever the header's default: variant_load.cu lets them
      * launch as dependents on sm_90+ */
     const int fast_tanh = img->id.kind == KVA__VMOD_PREFILL && img->id.dtype != KVA_F32;
+    /* (a measurement build's modules record the Hopper kernel's trace as its own kernels do:
+     * bench/hopper_trace --variant; such a library keeps no disk cache, variant_load.cu) */
+#ifdef KVA__HP_TRACE
+    const char *trace = "#define KVA__HP_TRACE 1\n";
+#else
+    const char *trace = "";
+#endif
     snprintf(prog, prog_size,
              "#define KVA_SCORE_MOD_FN %s\n#define KVA__HP_CWG_D64 %d\n#define KVA__HP_QBUFS %d\n"
-             "#define KVA__HP_ORING %d\n#define KVA__HP_ALIBI_TURNS %d\n#define KVA__DECODE_PDL 1\n%s%s"
+             "#define KVA__HP_ORING %d\n#define KVA__HP_ALIBI_TURNS %d\n#define KVA__DECODE_PDL 1\n%s%s%s"
              "#include \"cuda_common.cuh\"\n"
              "#include \"variant_prelude.cuh\"\n"
              "#line 1 \"variant.cu\"\n%s\n#line 1 \"kvattn-kernels.cu\"\n#include \"%s\"\n",
              function, kva__prefill_wg_warps(64) / 4, kva__prefill_hp_qbufs(), kva__prefill_hp_oring(),
              kva__prefill_hp_alibi_turns(),
              strcmp(function, "kva_alibi") == 0 ? "#define KVA__FN_IS_KVA_ALIBI 1\n" : "",
-             fast_tanh ? "#define KVA__VARIANT_FAST_TANH 1\n" : "", source, kernel_file(&img->id, arch));
+             fast_tanh ? "#define KVA__VARIANT_FAST_TANH 1\n" : "", trace, source, kernel_file(&img->id, arch));
     if (nvrtcCreateProgram(&p, prog, "variant.cu", nh, hdr, names) != NVRTC_SUCCESS) {
         st = KVA_ERR_OUT_OF_MEMORY;
         goto done;

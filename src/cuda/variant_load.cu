@@ -154,7 +154,11 @@ extern "C" kva_status kva__cuda_variant_create(kva_context *ctx, const char *api
     }
     if (ntodo > 0) {
         char dir[4096];
+#ifdef KVA__HP_TRACE
+        const bool disk = false; /* (traced modules: never stored beside or mistaken for plain ones) */
+#else
         const bool disk = kva__variant_cache_dir(dir, sizeof dir);
+#endif
         st = kva__variant_build(api, source, function, todo, ntodo, arch, disk ? dir : NULL, images, &stats);
         if (st != KVA_OK) goto fail;
         for (int j = 0; j < ntodo && st == KVA_OK; ++j) {
@@ -251,3 +255,22 @@ extern "C" const void *kva__variant_prefill_fn(const kva_variant *v, kva_dtype d
     if (!m || slot < 0 || slot >= KVA__VMOD_MAX_KERNELS) return NULL;
     return m->fn[slot];
 }
+
+#ifdef KVA__HP_TRACE
+/* Measurement builds (KVA_HP_TRACE): the trace of the last launch of variant v's bf16 Hopper
+ * prefill kernel at built head dim `dim` (the module's own copy of prefill_hopper_trace.cuh's
+ * buffer), as kva__hp_trace_read reads the library's: into dst, count values at most, then
+ * cleared. Returns the CUDA error, or -1 where v has no such module. */
+extern "C" int kva__variant_trace_read(const kva_variant *v, int dim, long long *dst, size_t count) {
+    const kva__vmod_loaded *m = find_module(v, KVA__VMOD_PREFILL, KVA_BF16, dim);
+    if (!m || !m->library) return -1;
+    void *buf = NULL;
+    size_t bytes = 0;
+    cudaError_t e = cudaDeviceSynchronize();
+    if (e == cudaSuccess) e = cudaLibraryGetGlobal(&buf, &bytes, (cudaLibrary_t)m->library, "kva__hp_trace_buf");
+    if (e == cudaSuccess) e = cudaMemcpy(dst, buf, (count * sizeof(long long) < bytes ? count * sizeof(long long) : bytes), cudaMemcpyDeviceToHost);
+    if (e == cudaSuccess) e = cudaMemset(buf, 0, bytes);
+    if (e == cudaSuccess) e = cudaDeviceSynchronize();
+    return (int)e;
+}
+#endif
