@@ -171,6 +171,14 @@ KVA_TEST(variant_compile_every_kernel) {
         CHECK(img[3].names[KVA__VMOD_PF_TMA_TURNS] && strstr(img[3].names[KVA__VMOD_PF_TMA_TURNS], "ELi1EEv") &&
               strstr(img[3].names[KVA__VMOD_PF_TMA], "ELin1EEv") && !img[4].names[KVA__VMOD_PF_TMA_TURNS]);
     kva__vmod_images_free(img, n);
+    /* a source whose own build takes the turns (KVA_VARIANT_PINGPONG): no second d128 TMA build */
+    if (kva__variant_hopper_hooked()) {
+        char src[512];
+        snprintf(src, sizeof src, "#define KVA_VARIANT_PINGPONG 1\n%s", k_mod_src);
+        REQUIRE_OK(kva__variant_build("test", src, "bias_mod", &ids[3], 1, 90, NULL, img, NULL));
+        CHECK(img[0].names[KVA__VMOD_PF_TMA] && !img[0].names[KVA__VMOD_PF_TMA_TURNS]);
+        kva__vmod_images_free(img, 1);
+    }
     /* sm_80: no wgmma kernel in the prefill module */
     REQUIRE_OK(kva__variant_build("test", kva_variant_alibi_source(), "kva_alibi", &ids[3], 1, 80, NULL, img, NULL));
     CHECK(img[0].names[KVA__VMOD_PF_LARGE] && img[0].names[KVA__VMOD_PF_SMALL] && !img[0].names[KVA__VMOD_PF_HOPPER] &&

@@ -3,8 +3,9 @@
  *
  * One file per module, <dir>/<key>.kvamod, the key a 128-bit hash of everything the code depends
  * on (kva__variant_key). Layout, little-endian as written by this machine:
- *     "KVAVAR01" | key[2] u64 | payload bytes u64 | payload FNV-1a u64 | payload
- *     payload = is_ptx u32 | per kernel slot: name length u32 (0 = none) + name | code size u64 + code
+ *     "KVAVAR02" | key[2] u64 | payload bytes u64 | payload FNV-1a u64 | payload
+ *     payload = is_ptx u32 | per kernel slot (five; "KVAVAR01" files had four): name length u32
+ *               (0 = none) + name | code size u64 + code
  * A file is trusted only if its magic, key (a stale file under a colliding or reused name) and
  * checksum (a truncated or corrupted one) all match and its payload parses exactly; anything
  * else is a miss and the caller recompiles and overwrites it. Writes go to a temporary file in

@@ -66,7 +66,7 @@ static const char *type_name(kva_dtype t) {
  * `arch`. Prefill tiles mirror KVA__PREFILL_INSTANTIATE (prefill_kernel.cuh): (MT, warps) =
  * (2, 4) for 128 rows at d <= 128, (1, 8) at d = 256, (1, 4) for 64 rows, (1, 8) on wgmma ((1, 12)
  * at d64: kva__prefill_wg_warps). */
-static void kernel_exprs(const kva__vmod_id *id, int arch, char exprs[KVA__VMOD_MAX_KERNELS][160]) {
+static void kernel_exprs(const kva__vmod_id *id, int arch, bool own_turns, char exprs[KVA__VMOD_MAX_KERNELS][160]) {
     const char *T = type_name(id->dtype);
     const int D = id->dim;
     for (int i = 0; i < KVA__VMOD_MAX_KERNELS; ++i) exprs[i][0] = '\0';
@@ -85,8 +85,9 @@ static void kernel_exprs(const kva__vmod_id *id, int arch, char exprs[KVA__VMOD_
                      kva__prefill_wg_warps(D));
         if (arch == 90 && kva__variant_hopper_hooked())
             snprintf(exprs[KVA__VMOD_PF_TMA], 160, "&kva__prefill_hopper_kernel<%s, %d>", T, D);
-        /* (the d128 layout's build with the turns: where the library's own calls take them) */
-        if (arch == 90 && kva__variant_hopper_hooked() && D == 128)
+        /* (the d128 layout's build with the turns, where the library's own calls take them --
+         * unless the source's build has them already: the second would be the same kernel) */
+        if (arch == 90 && kva__variant_hopper_hooked() && D == 128 && !own_turns)
             snprintf(exprs[KVA__VMOD_PF_TMA_TURNS], 160, "&kva__prefill_hopper_kernel<%s, %d, %d, 1>", T, D, D);
     }
 }
@@ -237,7 +238,11 @@ static kva_status compile_module(const char *source, const char *function, int a
         goto done;
     }
     char exprs[KVA__VMOD_MAX_KERNELS][160];
-    kernel_exprs(&img->id, arch, exprs);
+    /* (a source that names KVA_VARIANT_PINGPONG in a #define -- or mentions it in a comment, which
+     * then only costs its short calls the turns -- or native ALiBi built with them) */
+    const bool own_turns = strstr(source, "KVA_VARIANT_PINGPONG") != NULL ||
+                           (strcmp(function, "kva_alibi") == 0 && kva__prefill_hp_alibi_turns());
+    kernel_exprs(&img->id, arch, own_turns, exprs);
     for (int i = 0; i < KVA__VMOD_MAX_KERNELS; ++i)
         if (exprs[i][0]) nvrtcAddNameExpression(p, exprs[i]);
     char arch_opt[64];
