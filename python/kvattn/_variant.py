@@ -80,7 +80,9 @@ class Variant:
     request: keys 0 .. kv_len-1, queries kv_len-qo_len+i (bottom-right aligned, decode's query at
     kv_len-1; negative only when a request has more queries than keys); qo_head is 0 .. Hq-1.
     Masked keys and keys past the request's end are never passed, so data indexed by these
-    numbers is read in range. Return -INFINITY (or kva_masked()) to mask a key; a query that sees
+    numbers is read in range (kernels may evaluate it for padding rows with a real query's
+    position, and in place of a masked key with a key the same query sees and a score of 0, and
+    discard those results). Return -INFINITY (or kva_masked()) to mask a key; a query that sees
     no key gets output 0 and LSE -inf. NaN, or a score beyond f32's range, makes the row NaN.
 
     What it may use: float and integer arithmetic, the CUDA math functions (compiled with

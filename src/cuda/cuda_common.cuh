@@ -94,7 +94,8 @@ static inline kva_status kva__cuda_use_device(const kva_context *ctx) {
 /* A variant's NVRTC build (variant_compile.c) defines KVA_SCORE_MOD_FN as the caller's device
  * function; the library's own build leaves it undefined. Kernels apply the modifier where the
  * CPU applies score_mod -- on a visible score, in natural-log units, after the scale and the
- * soft cap and before the masks; masked keys stay masked and are never passed to it (prefill:
+ * soft cap and before the masks; masked keys stay masked and are never passed to it (in a tile
+ * with masks a masked slot may call it with a key its row sees instead, the result dropped:
  * kva__pf_apply_score_mod) -- inside
  * `if constexpr (KVA__HAS_SCORE_MOD)`, so without a variant the kernels are the same code
  * (ptxas register and spill counts unchanged). `user` is kva_attn_params.score_mod_user, a

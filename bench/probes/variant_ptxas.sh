@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# variant_ptxas.sh -- ptxas's registers and spills of a variant's prefill kernel, without a GPU:
+# the NVRTC program variant_compile.c builds (the library's defines, the prelude, the modifier,
+# the kernel header), compiled with nvcc for sm_90a instead. For comparing a kernel change's
+# effect on variant builds (bench/NOTES.md, 2026-11-29: the unconditional modifier).
+# Usage: bench/probes/variant_ptxas.sh [softcap|identity|alibi] [hopper|wgmma|mma] [64|128|256] [tree]
+# (tree: a source tree with src/ and include/, default this one; e.g. a `git worktree` of a base)
+set -euo pipefail
+mod=${1:-softcap}; kern=${2:-hopper}; D=${3:-128}; tree=${4:-$(cd "$(dirname "$0")/../.." && pwd)}
+out=$(mktemp -d); trap 'rm -rf "$out"' EXIT
+case $mod in
+  softcap)  fn=softcap; extra='#define KVA_VARIANT_PINGPONG 1'
+            body='__device__ float softcap(float score, int32_t q, int32_t k, int32_t h, const void *user) {
+    const float cap = *(const float *)user; (void)q; (void)k; (void)h;
+    return cap * kva_tanhf(score * (1.0f / cap)); }' ;;
+  identity) fn=identity; extra=''
+            body='__device__ float identity(float s, int32_t q, int32_t k, int32_t h, const void *u) {
+    (void)q; (void)k; (void)h; (void)u; return s; }' ;;
+  alibi)    fn=kva_alibi; extra='#define KVA__FN_IS_KVA_ALIBI 1'
+            body=$(sed 's/^float kva_alibi/__device__ float kva_alibi/' "$tree/src/cuda/variant_alibi.cuh") ;;
+  *) echo "modifier: softcap, identity or alibi" >&2; exit 2 ;;
+esac
+warps=8; [ "$D" = 64 ] && warps=12
+case $kern in
+  hopper) hdr=prefill_hopper.cuh; inst="template __global__ void kva__prefill_hopper_kernel<__nv_bfloat16, $D>(const __grid_constant__ kva__hopper_prefill_args);" ;;
+  wgmma)  hdr=prefill_kernel.cuh; inst="template __global__ void kva__prefill_kernel<__nv_bfloat16, $D, 1, $warps, 64, true>(const __grid_constant__ kva__prefill_args);" ;;
+  mma)    mt=2; w=4; [ "$D" = 256 ] && { mt=1; w=8; }
+          hdr=prefill_kernel.cuh; inst="template __global__ void kva__prefill_kernel<__nv_bfloat16, $D, $mt, $w, 64, false>(const __grid_constant__ kva__prefill_args);" ;;
+  *) echo "kernel: hopper, wgmma or mma" >&2; exit 2 ;;
+esac
+cat >"$out/v.cu" <<X
+#define KVA_SCORE_MOD_FN $fn
+#define KVA__HP_CWG_D64 3
+#define KVA__HP_QBUFS 3
+#define KVA__HP_ORING 1
+#define KVA__HP_ALIBI_TURNS 0
+#define KVA__DECODE_PDL 1
+#define KVA__VARIANT_FAST_TANH 1
+$extra
+#include "cuda_common.cuh"
+#include "variant_prelude.cuh"
+$body
+#include "$hdr"
+$inst
+X
+nvcc -std=c++17 --use_fast_math -O3 -arch=sm_90a -I"$tree/include" -I"$tree/src" -I"$tree/src/cuda" -cubin \
+    -Xptxas -v -o "$out/v.cubin" "$out/v.cu" 2>&1 | grep -E "error|registers|spill"
