@@ -16,7 +16,9 @@
  *              not divide 64 -- its stores too)
  *   store      the staged buffer handed to the store warp (whose copies are its O handed over
  *              -> O stored, below)
- *   gap        until the next item's top
+ *   gap        until the next item's top, and its parts: done (the record handed back), next
+ *              (the record after next tried, the next Q's own copies where no tensor copy brings
+ *              it: the loop's end), top (the loop's top: broadcasts, descriptors)
  * and, relative to warpgroup 0's top of the item, the K producer's start / first copy / last copy
  * (warp 0; the V warp's copies are not traced),
  * the scheduler warp's Q buffer free / Q copy issued and the store warp's O handed over / O
@@ -45,8 +47,8 @@
 int kva__hp_trace_read(long long *dst, size_t count);
 int kva__variant_trace_read(const kva_variant *v, int dim, long long *dst, size_t count);
 
-enum { BLOCKS = 2, ROLES = 4, ITEMS = 64, POINTS = 8 }; /* as prefill_hopper_trace.cuh */
-enum { TOP, Q, S0, LOOP, TAIL, EPILOGUE, TILES, STAGED };
+enum { BLOCKS = 2, ROLES = 4, ITEMS = 64, POINTS = 10 }; /* as prefill_hopper_trace.cuh */
+enum { TOP, Q, S0, LOOP, TAIL, EPILOGUE, TILES, STAGED, GAP_DONE, GAP_NEXT };
 enum { P_START, P_FIRST, P_LAST, S_Q, W_GOT, W_DONE, S_FREE = 7 };
 
 static long long trace[BLOCKS][ROLES][ITEMS][POINTS];
@@ -95,10 +97,11 @@ static int complete_items(int b) {
 
 /* prints the phases of the last launch; false if no item was traced (not the Hopper kernel?) */
 static int report(int raw) {
-    static const char *names[] = {"top->Q", "S_0", "loop", "tail", "normalise", "store", "gap"};
+    static const char *names[] = {"top->Q", "S_0", "loop", "tail", "normalise", "store", "gap",
+                                  "(gap: done", "next", "top)"};
     for (int w = 0; w < ROLES - 1; ++w) { /* (a third consumer warpgroup at d64) */
         if (w >= 2 && trace[0][1 + w][0][TOP] == 0) break; /* (no third warpgroup) */
-        long long v[7][BLOCKS * ITEMS], tiles = 0;
+        long long v[10][BLOCKS * ITEMS], tiles = 0;
         int n = 0;
         for (int b = 0; b < BLOCKS; ++b)
             for (int i = 0; i < complete_items(b); ++i, ++n) {
@@ -110,6 +113,9 @@ static int report(int raw) {
                 v[4][n] = t[STAGED] - t[TAIL];
                 v[5][n] = t[EPILOGUE] - t[STAGED];
                 v[6][n] = trace[b][1 + w][i + 1][TOP] - t[EPILOGUE];
+                v[7][n] = t[GAP_DONE] - t[EPILOGUE];
+                v[8][n] = t[GAP_NEXT] - t[GAP_DONE];
+                v[9][n] = trace[b][1 + w][i + 1][TOP] - t[GAP_NEXT];
                 tiles += t[TILES];
             }
         if (n == 0) {
@@ -117,7 +123,7 @@ static int report(int raw) {
             return 0;
         }
         printf("    warpgroup %d, %d items, %.1f tiles per item, median cycles:", w, n, (double)tiles / n);
-        for (int k = 0; k < 7; ++k) printf(" %s %lld", names[k], median(v[k], n));
+        for (int k = 0; k < 10; ++k) printf(" %s %lld", names[k], median(v[k], n));
         printf("\n");
     }
     long long p[3][BLOCKS * ITEMS];

@@ -1460,6 +1460,7 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
         if constexpr (!G::XITEM) work_fetch(m, nx);
         have_nx = nx.kh >= 0;
         work_done(m);
+        KVA__HP_TRACE_AT(1 + cw, trace_n - 1, KVA__HPT_GAP_DONE, clock64());
         if (!have_nx) break;
         if (!nx_s0) wk = nx;
         qb = qb + 1 == G::Q_BUFS ? 0 : qb + 1;
@@ -1472,6 +1473,7 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
                 l_st[h] = 0.0f;
             }
         }
+        KVA__HP_TRACE_AT(1 + cw, trace_n - 1, KVA__HPT_GAP_NEXT, clock64());
     }
     if (cw == 0) turn_wait(); /* the last warpgroup's last pass */
 #endif

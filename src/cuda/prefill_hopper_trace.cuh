@@ -18,7 +18,7 @@ enum {
     KVA__HP_TRACE_BLOCKS = 2,
     KVA__HP_TRACE_ROLES = 4, /* producer, consumer warpgroups 0, 1 (and 2 at d64) */
     KVA__HP_TRACE_ITEMS = 64,
-    KVA__HP_TRACE_POINTS = 8
+    KVA__HP_TRACE_POINTS = 10
 };
 /* consumer points */
 enum {
@@ -29,8 +29,12 @@ enum {
     KVA__HPT_TAIL = 4,     /* last P V done (with the cross-item tail: the next S_0's softmax too) */
     KVA__HPT_EPILOGUE = 5, /* epilogue done (staged O handed to the store warp) */
     KVA__HPT_TILES = 6,    /* the item's key tiles (a count, not a clock) */
-    KVA__HPT_STAGED = 7    /* the epilogue's O normalised and lse written (O staged in shared
+    KVA__HPT_STAGED = 7,   /* the epilogue's O normalised and lse written (O staged in shared
                               memory; where o is stored directly, those stores too) */
+    /* the gap from the epilogue to the next item's top, in parts: */
+    KVA__HPT_GAP_DONE = 8, /* the item's record handed back (work_done) */
+    KVA__HPT_GAP_NEXT = 9  /* the record after next tried early, the next Q's own copies done
+                              (where no tensor copy brings it): the loop's end */
 };
 /* producer warpgroup points (and KVA__HPT_TILES): the K producer's (warp 0; the V warp's copies
  * are not traced), the scheduler warp's (item
