@@ -265,6 +265,7 @@ static bool rewrite(const char *path, int mode, const char *other_path) {
         fclose(g);
     }
     if (mode == 4) m = 0; /* empty */
+    if (mode == 5) memcpy(buf, "KVAVAR01", 8); /* an older format's magic (four kernel slots), all else intact */
     f = fopen(path, "wb");
     if (!f) return false;
     const bool ok = fwrite(buf, 1, m, f) == m;
@@ -285,8 +286,9 @@ KVA_TEST(variant_cache_corruption) {
     char path[4200], other_path[4200];
     kva__vcache_path(dir, good[0].key, path, sizeof path);
     kva__vcache_path(dir, other[0].key, other_path, sizeof other_path);
-    static const char *what[] = {"flipped bit", "truncated", "garbage", "stale (another key)", "empty"};
-    for (int mode = 0; mode < 5; ++mode) {
+    static const char *what[] = {"flipped bit", "truncated", "garbage", "stale (another key)", "empty",
+                                 "older format"};
+    for (int mode = 0; mode < 6; ++mode) {
         CHECK_MSG(rewrite(path, mode, other_path), "rewriting the cache file (%s)", what[mode]);
         /* the bad entry is a miss: recompiled, identical to the first build, and rewritten */
         REQUIRE_OK(kva__variant_build("test", k_mod_src, "bias_mod", &id, 1, 90, dir, img, &st));
