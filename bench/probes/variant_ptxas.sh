@@ -3,6 +3,7 @@
 # the NVRTC program variant_compile.c builds (the library's defines, the prelude, the modifier,
 # the kernel header), compiled with nvcc for sm_90a instead. For comparing a kernel change's
 # effect on variant builds (bench/NOTES.md, 2026-11-29: the unconditional modifier).
+# The defines below copy variant_compile.c's program head (compile_module) by hand: keep them in step.
 # Usage: bench/probes/variant_ptxas.sh [softcap|identity|alibi] [hopper|wgmma|mma] [64|128|256] [tree]
 # (tree: a source tree with src/ and include/, default this one; e.g. a `git worktree` of a base)
 set -euo pipefail
