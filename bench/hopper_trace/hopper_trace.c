@@ -17,8 +17,8 @@
  *   store      the staged buffer handed to the store warp (whose copies are its O handed over
  *              -> O stored, below)
  *   gap        until the next item's top, and its parts: done (the record handed back), next
- *              (the record after next tried, the next Q's own copies where no tensor copy brings
- *              it: the loop's end), top (the loop's top: broadcasts, descriptors)
+ *              (the record after next tried), top (the next Q's own copies where no tensor copy
+ *              brings it, the loop's top: broadcasts, descriptors)
  * and, relative to warpgroup 0's top of the item, the K producer's start / first copy / last copy
  * (warp 0; the V warp's copies are not traced),
  * the scheduler warp's Q buffer free / Q copy issued and the store warp's O handed over / O

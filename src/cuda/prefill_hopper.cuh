@@ -1465,6 +1465,7 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
         if (!nx_s0) wk = nx;
         qb = qb + 1 == G::Q_BUFS ? 0 : qb + 1;
         if constexpr (G::XITEM) nx_pending = !work_try_fetch(m + 1, nx_early);
+        KVA__HP_TRACE_AT(1 + cw, trace_n - 1, KVA__HPT_GAP_NEXT, clock64());
         if (!s0_done) {
             q_own(m, wk);
 #pragma unroll
@@ -1473,7 +1474,6 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
                 l_st[h] = 0.0f;
             }
         }
-        KVA__HP_TRACE_AT(1 + cw, trace_n - 1, KVA__HPT_GAP_NEXT, clock64());
     }
     if (cw == 0) turn_wait(); /* the last warpgroup's last pass */
 #endif
