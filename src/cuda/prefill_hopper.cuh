@@ -78,7 +78,15 @@
  * after the cap (an immediate column offset), the lane's base going into its partial row max and
  * the exponent's offset; the rows of out-of-range slopes take the same FFMA on their raw scores
  * (see alibi_rows and the softmax). Measured (v6.29): the k-step costs +7.5% per key tile at
- * d128, the FFMA form for every row (-DKVA__HP_ALIBI_TENSOR=0) +11.6%. */
+ * d128, the FFMA form for every row (-DKVA__HP_ALIBI_TENSOR=0) +11.6%.
+ * The column-offset tile is unswizzled, 16 bytes per row ([j, j, j, 0, 0, 0, 0, 0]; k-columns
+ * 8-15 read the same rows, their A pieces zero): 2 KB at BN = 128. Until v6.40 it was BN rows of
+ * one 128-byte swizzled row block (16 KB), which cost native ALiBi the library's third Q buffer
+ * (+2-5% on short rows, v6.33). Even 2 KB does not fit beside three Q buffers at d128 (1824
+ * bytes were left), so a native ALiBi build puts its mbarriers in the bytes below its aligned
+ * base when there are enough of them (see bars in the kernel; G::SMEM). Two m64n64k16 steps
+ * over a 1 KB tile (the second adding 64 slopes through more A columns) were tried: ptxas then
+ * serialises the wgmma pipeline ("C7511 ... insufficient register resources"; ALiBi +55%). */
 #if defined(KVA_VARIANT_ALIBI_SLOPES) && defined(KVA__FN_IS_KVA_ALIBI)
 #define KVA__HP_ALIBI true
 #else
@@ -103,7 +111,7 @@
  * written. With two, a short item's tail waited for the next Q: its buffer is freed only after both
  * warpgroups' previous epilogue, the O store's reads (~2200 cycles) and the Q copy's round trip
  * (ncu of 32 x 512 causal d128: that wait was the consumers' largest single stall, 4% of their
- * samples; bench/NOTES.md, v6.33). Native ALiBi builds keep two (see POS_BYTES). */
+ * samples; bench/NOTES.md, v6.33). Native ALiBi builds have as many since v6.40 (see POS_BYTES). */
 static_assert(KVA__HP_QBUFS == 2 || KVA__HP_QBUFS == 3, "KVA__HP_QBUFS: 2 or 3 Q buffers");
 
 /* Consumer warpgroups at d64 (KVA__HP_CWG_D64, prefill_kernels.h): three (192-row items,
@@ -149,9 +157,9 @@ struct kva__hopper_geom {
     /* work records in flight from the scheduler warp to the other warps (slots of 16 words in
      * the workspace, see the kernel and KVA__SCHED_RING) */
     static constexpr int RING = 4;
-    /* native ALiBi's column-offset tile (BN rows of one 128-byte swizzled row block, of which the
-     * first k16 slice is used) */
-    static constexpr int ALIBI_POS_BYTES = BN * 128;
+    /* native ALiBi's column-offset tile (BN rows of 16 bytes, unswizzled; see the top) */
+    static constexpr int ALIBI_POS_BYTES = BN * 16;
+    static_assert(ALIBI_POS_BYTES % 1024 == 0, "native ALiBi's tile keeps the Q buffers 1024-aligned");
     /* the consumers take turns issuing (see the consumer loop); -DKVA__HP_PINGPONG=0/1 forces it */
 #ifdef KVA__HP_PINGPONG
     static constexpr bool PINGPONG = KVA__HP_PINGPONG;
@@ -236,20 +244,26 @@ struct kva__hopper_geom {
     static constexpr int ORING_BARS = ORING ? 2 * CWG * O_SLOTS : 0;
     static constexpr bool EARLY_Q = !XITEM && (ORING || (KVA__HP_EARLY_Q && D < KVA__HP_STAGED_MIN_D));
     /* A variant module's kernel is launched with the library's own shared-memory size
-     * (variant_load.cu), so the native ALiBi build -- two Q buffers and its column-offset tile --
-     * may never need more than the library's build: where the library's has no third Q buffer
-     * (d256, or -DKVA__HP_QBUFS=2), it reserves the tile's bytes instead. */
-    static constexpr int PLAIN_Q_BUFS = XITEM ? KVA__HP_QBUFS : 1, ALIBI_Q_BUFS = XITEM ? 2 : 1;
-    static constexpr int Q_BUFS = KVA__HP_ALIBI ? ALIBI_Q_BUFS : PLAIN_Q_BUFS;
-    static constexpr int PLAIN_POS_BYTES = PLAIN_Q_BUFS == ALIBI_Q_BUFS && !PLAIN_ORING ? ALIBI_POS_BYTES : 0;
-    static constexpr int POS_BYTES = KVA__HP_ALIBI ? ALIBI_POS_BYTES : PLAIN_POS_BYTES;
+     * (variant_load.cu), so the native ALiBi build -- the same Q buffers, its column-offset tile,
+     * and its mbarriers in the alignment slack below the base or after the tile -- may never need
+     * more than the library's build, which reserves the bytes (where its O rings do not cover
+     * them). */
+    static constexpr int Q_BUFS = XITEM ? KVA__HP_QBUFS : 1;
     /* mbarriers: full/empty K/V per stage, the tail; full/empty per record slot, the K/V
      * producer's item starts; Q full, Q empty and O full per Q buffer; full / empty per O ring
      * slot (rounded to 16 bytes) */
     static constexpr int BAR_BYTES = (8 * (4 * STAGES + 2 + 2 * RING + 3 * Q_BUFS + ORING_BARS) + 15) / 16 * 16;
-    static constexpr int SMEM = 1024 + Q_BUFS * Q_BYTES + STAGES * 2 * TILE_BYTES + POS_BYTES + ORING_BYTES + BAR_BYTES;
-    static_assert(1024 + ALIBI_Q_BUFS * Q_BYTES + ALIBI_POS_BYTES <=
-                      1024 + PLAIN_Q_BUFS * Q_BYTES + PLAIN_POS_BYTES + PLAIN_ORING_BYTES,
+    /* Native ALiBi: the mbarriers go below the 1024-aligned base where the slack (0 .. 1008
+     * bytes) holds them, else after the tile, i.e. at most slack + BAR_BYTES < 2 BAR_BYTES <=
+     * 1024 bytes beyond the tile's end: the 1024 bytes reserved for the alignment cover both
+     * cases. The library's build reserves what the tile needs beyond its own barriers. */
+    static_assert(2 * BAR_BYTES <= 1024, "native ALiBi's barriers must fit the alignment's 1024 bytes");
+    static constexpr int PLAIN_POS_BYTES =
+        PLAIN_ORING || ALIBI_POS_BYTES <= BAR_BYTES ? 0 : (ALIBI_POS_BYTES - BAR_BYTES);
+    static constexpr int POS_BYTES = KVA__HP_ALIBI ? ALIBI_POS_BYTES : PLAIN_POS_BYTES;
+    static constexpr int SMEM = 1024 + Q_BUFS * Q_BYTES + STAGES * 2 * TILE_BYTES + POS_BYTES + ORING_BYTES +
+                                (KVA__HP_ALIBI ? 0 : BAR_BYTES);
+    static_assert(ALIBI_POS_BYTES <= PLAIN_POS_BYTES + PLAIN_ORING_BYTES + BAR_BYTES,
                   "the native ALiBi kernel needs more shared memory than the library's launch gives it");
     /* an sm_90 block gets at most 227 KB (e.g. -DKVA__HP_STAGES_D128=3 does not fit, with or
      * without the cross-item tail) */
@@ -444,14 +458,21 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
     }
 
     const uint32_t smem_raw = kva__smem_addr(smem);
-    const uint32_t q_s = (smem_raw + 1023u) & ~1023u;
+    const uint32_t base_s = (smem_raw + 1023u) & ~1023u;
+    /* native ALiBi's column-offset tile first: compute-sanitizer takes its k-step's read for
+     * both k-halves' bytes (BN x 32, twice the tile), which then fall in the Q buffers, not past
+     * the launch's end (the plain build's reserved bytes stay after the K/V stages) */
+    const uint32_t pos_s = base_s;
+    const uint32_t q_s = base_s + (KVA__HP_ALIBI ? (uint32_t)G::POS_BYTES : 0u);
     const uint32_t kv_s = q_s + G::Q_BUFS * G::Q_BYTES;
     auto q_buf = [&](int b) { return q_s + (uint32_t)(b * G::Q_BYTES); };
     auto k_stage = [&](int s) { return kv_s + (uint32_t)(s * 2 * G::TILE_BYTES); };
     auto v_stage = [&](int s) { return kv_s + (uint32_t)(s * 2 * G::TILE_BYTES + G::TILE_BYTES); };
-    const uint32_t pos_s = kv_s + G::STAGES * 2 * G::TILE_BYTES; /* (1024-aligned) */
-    const uint32_t oring_s = pos_s + G::POS_BYTES; /* (G::ORING; 1024-aligned: the copies' swizzle) */
-    const uint32_t bars = oring_s + G::ORING_BYTES;
+    /* (G::ORING, where POS_BYTES is 0; 1024-aligned: the copies' swizzle) */
+    const uint32_t oring_s = kv_s + G::STAGES * 2 * G::TILE_BYTES + (KVA__HP_ALIBI ? 0u : (uint32_t)G::POS_BYTES);
+    /* (native ALiBi: below the base where the alignment left room, see G::SMEM) */
+    const uint32_t bars = KVA__HP_ALIBI && base_s - smem_raw >= (uint32_t)G::BAR_BYTES ? base_s - (uint32_t)G::BAR_BYTES
+                                                                                       : oring_s + G::ORING_BYTES;
     auto bar_at = [&](int i) { return bars + 8u * (uint32_t)i; };
     auto full_k = [&](int s) { return bar_at(s); };
     auto full_v = [&](int s) { return bar_at(G::STAGES + s); };
@@ -575,12 +596,12 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
         kva__mbar_init_fence();
     }
     if constexpr (KVA__HP_ALIBI) {
-        /* row j of the column-offset tile: [j, j, j, 0 ...] in its first k16 slice */
-        if (tid < 2 * BN) {
-            const int j = tid >> 1, c = tid & 1;
+        /* row j of the column-offset tile: [j, j, j, 0, 0, 0, 0, 0] */
+        if (tid < BN) {
+            const int j = tid;
             const uint32_t jj = kva__pack2<T>((float)j, (float)j), j0 = kva__pack2<T>((float)j, 0.0f);
-            asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(pos_s + kva__pf_tile_off<128, BN, true>(j, c)),
-                         "r"(c ? 0u : jj), "r"(c ? 0u : j0), "r"(0u), "r"(0u)
+            asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(pos_s + 16u * (uint32_t)j),
+                         "r"(jj), "r"(j0), "r"(0u), "r"(0u)
                          : "memory");
             kva__fence_proxy_async();
         }
@@ -981,7 +1002,8 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
     /* wgmma descriptors: my warpgroup's Q rows in buffer b, stage 0's K and V (a stage s is
      * s * 2 * TILE_BYTES further on); each wgmma's operand is an offset from these */
     const uint64_t k_desc0 = kva__wgmma_desc(k_stage(0), 16, 1024);
-    const uint64_t pos_desc = kva__wgmma_desc(pos_s, 16, 1024);
+    /* (unswizzled: 8-row core matrices 128 bytes apart along N; k-columns 8-15 read the same rows) */
+    const uint64_t pos_desc = kva__wgmma_desc_plain(pos_s, 0, 128);
     const uint64_t v_desc0 = kva__wgmma_desc(v_stage(0), KVA__PF_V_LBO(BN), KVA__PF_V_SBO(BN));
     auto q_desc = [&](int b) { return kva__wgmma_desc(q_buf(b) + (uint32_t)cw * 64 * 128, 16, 1024); };
     auto issue_qk = [&](int s, uint64_t qd) {

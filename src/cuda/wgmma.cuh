@@ -24,6 +24,13 @@ __device__ __forceinline__ uint64_t kva__wgmma_desc(uint32_t smem_addr, uint32_t
            ((uint64_t)(sbo >> 4) << 32) | (1ull << 62);
 }
 
+/* Descriptor of an operand tile without swizzle (mode 0): 8 x 16-byte core matrices of 8
+ * contiguous rows, lbo apart along K and sbo apart along M / N (native ALiBi's column-offset tile,
+ * which is too small to be worth a swizzle atom). */
+__device__ __forceinline__ uint64_t kva__wgmma_desc_plain(uint32_t smem_addr, uint32_t lbo, uint32_t sbo) {
+    return (uint64_t)((smem_addr & 0x3FFFF) >> 4) | ((uint64_t)(lbo >> 4) << 16) | ((uint64_t)(sbo >> 4) << 32);
+}
+
 /* The same descriptor for an address `bytes` further on (bytes a multiple of 16, the address
  * staying below 256 KB): one 32-bit add on the address field, so that a loop issuing many
  * wgmma builds each operand's descriptor from one base instead of from scratch (the issue
