@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # variant_ptxas.sh -- ptxas's registers and spills of a variant's prefill kernel, without a GPU:
 # the NVRTC program variant_compile.c builds (the library's defines, the prelude, the modifier,
-# the kernel header), compiled with nvcc for sm_90a instead. For comparing a kernel change's
+# the kernel header), compiled with nvcc for sm_90a instead; ptxas's performance advisories too
+# ("C7511 ... wgmma ... serialized": the wgmma pipeline serialised, bench/NOTES.md v6.40). For comparing a kernel change's
 # effect on variant builds (bench/NOTES.md, 2026-11-29: the unconditional modifier).
 # The defines below copy variant_compile.c's program head (compile_module) by hand: keep them in step.
-# Usage: bench/probes/variant_ptxas.sh [softcap|identity|alibi] [hopper|wgmma|mma] [64|128|256] [tree]
+# Usage: bench/probes/variant_ptxas.sh [softcap|identity|alibi] [hopper|hopper-turns|wgmma|mma] [64|128|256] [tree]
 # (tree: a source tree with src/ and include/, default this one; e.g. a `git worktree` of a base)
 set -euo pipefail
 mod=${1:-softcap}; kern=${2:-hopper}; D=${3:-128}; tree=${4:-$(cd "$(dirname "$0")/../.." && pwd)}
@@ -24,10 +25,12 @@ esac
 warps=8; [ "$D" = 64 ] && warps=12
 case $kern in
   hopper) hdr=prefill_hopper.cuh; inst="template __global__ void kva__prefill_hopper_kernel<__nv_bfloat16, $D>(const __grid_constant__ kva__hopper_prefill_args);" ;;
+  hopper-turns) # (a d128 module's second TMA build, with the consumers' turns: KVA__VMOD_PF_TMA_TURNS)
+          hdr=prefill_hopper.cuh; inst="template __global__ void kva__prefill_hopper_kernel<__nv_bfloat16, $D, $D, 1>(const __grid_constant__ kva__hopper_prefill_args);" ;;
   wgmma)  hdr=prefill_kernel.cuh; inst="template __global__ void kva__prefill_kernel<__nv_bfloat16, $D, 1, $warps, 64, true>(const __grid_constant__ kva__prefill_args);" ;;
   mma)    mt=2; w=4; [ "$D" = 256 ] && { mt=1; w=8; }
           hdr=prefill_kernel.cuh; inst="template __global__ void kva__prefill_kernel<__nv_bfloat16, $D, $mt, $w, 64, false>(const __grid_constant__ kva__prefill_args);" ;;
-  *) echo "kernel: hopper, wgmma or mma" >&2; exit 2 ;;
+  *) echo "kernel: hopper, hopper-turns, wgmma or mma" >&2; exit 2 ;;
 esac
 cat >"$out/v.cu" <<X
 #define KVA_SCORE_MOD_FN $fn
@@ -45,4 +48,4 @@ $body
 $inst
 X
 nvcc -std=c++17 --use_fast_math -O3 -arch=sm_90a -I"$tree/include" -I"$tree/src" -I"$tree/src/cuda" -cubin \
-    -Xptxas -v -o "$out/v.cubin" "$out/v.cu" 2>&1 | grep -E "error|registers|spill"
+    -Xptxas -v -o "$out/v.cubin" "$out/v.cu" 2>&1 | grep -E "error|registers|spill|Performance Loss"
