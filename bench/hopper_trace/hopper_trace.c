@@ -19,6 +19,9 @@
  *   gap        until the next item's top, and its parts: done (the record handed back), next
  *              (the record after next tried), top (the next Q's own copies where no tensor copy
  *              brings it, the loop's top: broadcasts, descriptors)
+ * then the whole item (top to the next item's top: mean, median, mean per key tile) and each
+ * block's span over its complete items (the phase medians of items of different lengths need not
+ * add up to one),
  * and, relative to warpgroup 0's top of the item, the K producer's start / first copy / last copy
  * (warp 0; the V warp's copies are not traced),
  * the scheduler warp's Q buffer free / Q copy issued and the store warp's O handed over / O
@@ -101,11 +104,13 @@ static int report(int raw) {
                                   "(gap: done", "next", "top)"};
     for (int w = 0; w < ROLES - 1; ++w) { /* (a third consumer warpgroup at d64) */
         if (w >= 2 && trace[0][1 + w][0][TOP] == 0) break; /* (no third warpgroup) */
-        long long v[10][BLOCKS * ITEMS], tiles = 0;
+        long long v[10][BLOCKS * ITEMS], item[BLOCKS * ITEMS], tiles = 0, item_sum = 0;
         int n = 0;
         for (int b = 0; b < BLOCKS; ++b)
             for (int i = 0; i < complete_items(b); ++i, ++n) {
                 const long long *t = trace[b][1 + w][i];
+                item[n] = trace[b][1 + w][i + 1][TOP] - t[TOP];
+                item_sum += item[n];
                 v[0][n] = t[Q] - t[TOP];
                 v[1][n] = t[S0] - t[Q];
                 v[2][n] = t[LOOP] - t[S0];
@@ -124,6 +129,15 @@ static int report(int raw) {
         }
         printf("    warpgroup %d, %d items, %.1f tiles per item, median cycles:", w, n, (double)tiles / n);
         for (int k = 0; k < 10; ++k) printf(" %s %lld", names[k], median(v[k], n));
+        printf("\n");
+        /* (the phase medians of items of different lengths need not add up to an item: the
+         * whole item, top to the next top, and each block's span of its complete items) */
+        printf("        item, top to next top: mean %.0f, median %lld cycles (%.0f per tile); span", (double)item_sum / n,
+               median(item, n), (double)item_sum / (double)tiles);
+        for (int b = 0; b < BLOCKS; ++b) {
+            const int c = complete_items(b);
+            printf(" block %d %lld (%d items)", b, c ? trace[b][1 + w][c][TOP] - trace[b][1 + w][0][TOP] : 0, c);
+        }
         printf("\n");
     }
     long long p[3][BLOCKS * ITEMS];
