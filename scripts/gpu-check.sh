@@ -23,7 +23,8 @@
 # "--decode-only"), GPU_CHECK_TESTS selects tests (default "cuda", which includes cuda_prefill*; 0 skips them),
 # GPU_CHECK_TRACE=1 adds the Hopper prefill kernel's per-item phase trace (bench/hopper_trace, its
 # own build; GPU_CHECK_TRACE_DIMS head dims, default "64 128 256"; GPU_CHECK_TRACE_VARIANT=alibi,
-# softcap or identity traces that variant's module instead).
+# softcap or identity traces that variant's module instead; GPU_CHECK_TRACE_SASS=1 adds its kernels'
+# SASS, trace-sass.txt).
 #
 # Paired A/B rounds (a change against a base revision, both built and timed in one run, as
 # bench/NOTES.md decides every kernel change):
@@ -345,6 +346,13 @@ if [ "${GPU_CHECK_TRACE:-0}" != 0 ]; then
             "./$BUILD-trace/hopper_trace" ${GPU_CHECK_TRACE_VARIANT:+--variant "$GPU_CHECK_TRACE_VARIANT"} \
             ${GPU_CHECK_TRACE_DIMS:-64 128 256}
         cat "$OUT/hopper-trace.log"
+        # (GPU_CHECK_TRACE_SASS=1: the trace build's kernels as SASS, to place a trace point's
+        # cycles among instructions: each point is a clock read and a 64-bit global store 8 x
+        # point bytes into its item's record)
+        if [ "${GPU_CHECK_TRACE_SASS:-0}" != 0 ]; then
+            cuobjdump -sass "./$BUILD-trace/hopper_trace" >"$OUT/trace-sass.txt" 2>&1 ||
+                note "trace SASS: cuobjdump FAILED (see trace-sass.txt)"
+        fi
     else
         status=1
         note "hopper trace: build FAILED (see trace-build.log, $(( $(date +%s) - t )) s)"
