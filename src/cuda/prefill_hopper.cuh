@@ -120,6 +120,17 @@ static_assert(KVA__HP_QBUFS == 2 || KVA__HP_QBUFS == 3, "KVA__HP_QBUFS: 2 or 3 Q
  * "d64: where the softmax's cycles go"). */
 static_assert(KVA__HP_CWG_D64 == 2 || KVA__HP_CWG_D64 == 3, "KVA__HP_CWG_D64: 2 or 3 consumer warpgroups");
 
+/* Work records from the scheduler warp to the other warps: in the workspace's per-block ring
+ * (default), or with -DKVA__HP_SMEM_RECORDS=1 in shared-memory slots beside their mbarriers, so
+ * that a warp's fetch of a published record is four shared loads instead of an L2 round trip (the
+ * traces of 2026-11-30 put ~600 cycles of the ~850-cycle gap between items in the fetch of the
+ * record after next: bench/NOTES.md). A comparison knob for now: the library's launch size is the
+ * same either way at d64 / d128 (the bytes come out of those it reserves for native ALiBi's tile),
+ * and variant modules, native ALiBi's build always, keep the workspace ring. */
+#ifndef KVA__HP_SMEM_RECORDS
+#define KVA__HP_SMEM_RECORDS 0
+#endif
+
 /* the smallest head dim whose O is staged in shared memory for the store warp (see the
  * epilogue; -DKVA__HP_STAGED_MIN_D=128 leaves d64 to the consumers' direct stores, comparisons) */
 #ifndef KVA__HP_STAGED_MIN_D
@@ -252,12 +263,13 @@ struct kva__hopper_geom {
     /* mbarriers: full/empty K/V per stage, the tail; full/empty per record slot, the K/V
      * producer's item starts; Q full, Q empty and O full per Q buffer; full / empty per O ring
      * slot (rounded to 16 bytes) */
-    static constexpr int BAR_BYTES = (8 * (4 * STAGES + 2 + 2 * RING + 3 * Q_BUFS + ORING_BARS) + 15) / 16 * 16;
+    static constexpr int RECORD_BYTES = KVA__HP_SMEM_RECORDS && !KVA__HP_ALIBI ? RING * 64 : 0; /* (after the mbarriers) */
+    static constexpr int BAR_BYTES = (8 * (4 * STAGES + 2 + 2 * RING + 3 * Q_BUFS + ORING_BARS) + 15) / 16 * 16 + RECORD_BYTES;
     /* Native ALiBi: the mbarriers go below the 1024-aligned base where the slack (0 .. 1008
      * bytes) holds them, else after the tile, i.e. at most slack + BAR_BYTES < 2 BAR_BYTES <=
      * 1024 bytes beyond the tile's end: the 1024 bytes reserved for the alignment cover both
      * cases. The library's build reserves what the tile needs beyond its own barriers. */
-    static_assert(2 * BAR_BYTES <= 1024, "native ALiBi's barriers must fit the alignment's 1024 bytes");
+    static_assert(!KVA__HP_ALIBI || 2 * BAR_BYTES <= 1024, "native ALiBi's barriers must fit the alignment's 1024 bytes");
     static constexpr int PLAIN_POS_BYTES =
         PLAIN_ORING || ALIBI_POS_BYTES <= BAR_BYTES ? 0 : (ALIBI_POS_BYTES - BAR_BYTES);
     static constexpr int POS_BYTES = KVA__HP_ALIBI ? ALIBI_POS_BYTES : PLAIN_POS_BYTES;
@@ -474,6 +486,7 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
     const uint32_t bars = KVA__HP_ALIBI && base_s - smem_raw >= (uint32_t)G::BAR_BYTES ? base_s - (uint32_t)G::BAR_BYTES
                                                                                        : oring_s + G::ORING_BYTES;
     auto bar_at = [&](int i) { return bars + 8u * (uint32_t)i; };
+    const uint32_t records_s = bars + (uint32_t)(G::BAR_BYTES - G::RECORD_BYTES); /* (KVA__HP_SMEM_RECORDS) */
     auto full_k = [&](int s) { return bar_at(s); };
     auto full_v = [&](int s) { return bar_at(G::STAGES + s); };
     auto empty_k = [&](int s) { return bar_at(2 * G::STAGES + s); };
@@ -532,9 +545,14 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
             int x, y, z, v;
-            asm volatile("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                         : "=r"(x), "=r"(y), "=r"(z), "=r"(v)
-                         : "l"(src + 4 * k));
+            if constexpr (KVA__HP_SMEM_RECORDS)
+                asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                             : "=r"(x), "=r"(y), "=r"(z), "=r"(v)
+                             : "r"(records_s + (uint32_t)(64 * i + 16 * k)));
+            else
+                asm volatile("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                             : "=r"(x), "=r"(y), "=r"(z), "=r"(v)
+                             : "l"(src + 4 * k));
             wd[4 * k] = x;
             wd[4 * k + 1] = y;
             if (k < 3) {
@@ -654,9 +672,19 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
                     kva__mbar_wait_idle(slot_empty(i), ((uint32_t)(m / G::RING) & 1u) ^ 1u);
                     if (lane == 0) {
                         const int *wd = reinterpret_cast<const int *>(&nx); /* (14 words) */
-                        unsigned *const dst = ring + 16 * i;
+                        if constexpr (KVA__HP_SMEM_RECORDS) {
 #pragma unroll
-                        for (int k = 0; k < 14; ++k) dst[k] = (unsigned)wd[k];
+                            for (int k = 0; k < 4; ++k)
+                                asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(
+                                                 records_s + (uint32_t)(64 * i + 16 * k)),
+                                             "r"(wd[4 * k]), "r"(wd[4 * k + 1]), "r"(k < 3 ? wd[4 * k + 2] : 0),
+                                             "r"(k < 3 ? wd[4 * k + 3] : 0)
+                                             : "memory");
+                        } else {
+                            unsigned *const dst = ring + 16 * i;
+#pragma unroll
+                            for (int k = 0; k < 14; ++k) dst[k] = (unsigned)wd[k];
+                        }
                         kva__mbar_arrive(slot_full(i)); /* (release: the record before it) */
                     }
                 } else {
