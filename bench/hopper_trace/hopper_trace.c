@@ -34,9 +34,11 @@
  * NVRTC module recorded (a trace build's modules trace too: src/cuda/variant_compile.c; which of a
  * d128 module's two builds ran follows the library's rule, KVA_PREFILL_TURNS=0 / 1 forces one);
  * --alibi-slopes passes ALiBi slopes as caller data without a variant (for a scratch build whose
- * bf16 Hopper kernel is the native ALiBi one; the plain kernel ignores them). Exits 1 if a launch
+ * bf16 Hopper kernel is the native ALiBi one; the plain kernel ignores them); --cap X sets every
+ * call's logits_soft_cap (the library's built-in cap, beside --variant softcap's snippet, whose cap
+ * is 50). Exits 1 if a launch
  * left no trace (another kernel ran: run with KVA_PREFILL_TMA_STRICT=1).
- * Usage: hopper_trace [--raw] [--chunked [--page N ...]] [--variant NAME | --alibi-slopes] [head_dim ...]
+ * Usage: hopper_trace [--raw] [--chunked [--page N ...]] [--variant NAME | --alibi-slopes] [--cap X] [head_dim ...]
  */
 #include "kvattn.h"
 #include "../../examples/variant_sources.h"
@@ -239,6 +241,7 @@ typedef struct case_memory {
 } case_memory;
 
 static kva_variant *g_variant; /* --variant: every case runs with it */
+static float g_cap;            /* --cap: every case's logits_soft_cap (0: none) */
 
 static void case_setup(trace_case *c, case_memory *m, kva_context *ctx, int D, int nq, int nkv,
                        const kva_plan_limits *lim, int causal, void *user) {
@@ -256,6 +259,7 @@ static void case_setup(trace_case *c, case_memory *m, kva_context *ctx, int D, i
     c->p.causal = causal;
     c->p.score_mod_user = user;
     c->p.variant = g_variant;
+    c->p.logits_soft_cap = g_cap;
     c->q = kva_tensor_nhd(m->q, KVA_BF16, Hq, D);
     c->o = kva_tensor_nhd(m->o, KVA_BF16, Hq, D);
     c->k = kva_tensor_nhd(m->k, KVA_BF16, Hk, D);
@@ -339,6 +343,13 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--variant") && i + 1 < argc) variant = argv[++i];
         else if (!strcmp(argv[i], "--chunked")) chunked = 1;
         else if (!strcmp(argv[i], "--alibi-slopes")) alibi = 1;
+        else if (!strcmp(argv[i], "--cap") && i + 1 < argc) {
+            g_cap = (float)atof(argv[++i]);
+            if (!(g_cap > 0.0f)) {
+                fprintf(stderr, "--cap needs a soft cap > 0\n");
+                return 2;
+            }
+        }
         else if (!strcmp(argv[i], "--page")) {
             const int ps = i + 1 < argc ? atoi(argv[++i]) : 0;
             if (ps < 1 || npages == 8) {
@@ -359,6 +370,7 @@ int main(int argc, char **argv) {
     OK(kva_context_create(KVA_DEVICE_CUDA, 0, &ctx));
     void *user = alibi ? upload_slopes(ctx, Hq) : NULL;
     if (user) printf("ALiBi slopes passed as the modifier's data\n");
+    if (g_cap > 0.0f) printf("logits soft cap %g on every call\n", (double)g_cap);
     if (variant) {
         const kva_variant_options opt = {KVA_VARIANT_PREFILL, 1u << KVA_BF16, 0};
         if (!strcmp(variant, "alibi")) {
