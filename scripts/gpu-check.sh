@@ -212,10 +212,10 @@ fi
 # callback and take minutes), under their own limit.
 # One command per test, each under its own limit (GPU_CHECK_VARIANT_TIMEOUT seconds, default 300):
 # a sweep that runs long costs its own step, not the others' results. GPU_CHECK_VARIANTS names
-# the tests (default: all ten; 0 skips the step).
+# the tests (default: all eleven; 0 skips the step).
 VARIANT_TESTS=${GPU_CHECK_VARIANTS:-"cuda_variant_bench cuda_variant_cache cuda_variant_decode cuda_variant_errors
     cuda_variant_graph_replay cuda_variant_prefill_paged cuda_variant_prefill_ragged cuda_variant_prefill_wgmma
-    cuda_variant_prefill_mma cuda_variant_alibi_tiny_scale"}
+    cuda_variant_prefill_mma cuda_variant_alibi_tiny_scale cuda_variant_alibi_barriers_below_base"}
 [ "$VARIANT_TESTS" = 1 ] && VARIANT_TESTS="cuda_variant"
 if [ "$VARIANT_TESTS" != 0 ]; then
     : >"$OUT/tests-variants.log"

@@ -16,6 +16,8 @@
  *                                the next built kernel); and kva_attention (dense)
  *   cuda_variant_prefill_mma     the paged sweep on the mma.sync kernels (KVA_PREFILL_PATH=mma)
  *   cuda_variant_prefill_wgmma   and on the wgmma kernel (KVA_PREFILL_PATH=wgmma, Hopper)
+ *   cuda_variant_alibi_barriers_below_base  native ALiBi with its mbarriers in the alignment's
+ *                                slack (a test shift of its shared memory; the H200 never gives it)
  *   cuda_variant_graph_replay    a KVA_PLAN_GRAPH decode run with a variant captured in a CUDA
  *                                graph replays correctly after re-planning
  *   cuda_variant_errors          a compile error on a GPU context (status, NVRTC's log, nothing
@@ -526,6 +528,52 @@ KVA_TEST(cuda_variant_alibi_tiny_scale) {
             }
     printf("    %d prefill cases\n", cases);
 out:
+    ex_free(ctx, &e);
+    kva_context_destroy(ctx);
+}
+/* Native ALiBi with its mbarriers below the aligned base of its shared memory: the H200 starts a
+ * block's dynamic shared memory 1024-aligned, so that branch of the Hopper kernel's layout (see
+ * kva__hopper_geom::PLAIN_SMEM) never runs in the other tests. A copy of the built-in source that
+ * defines KVA__HP_TEST_SMEM_SHIFT (the kernel takes its shared memory as starting 16 bytes later:
+ * a slack of 1008 bytes, the largest) runs under the kva_alibi name, so natively: paged and
+ * ragged, f16 and bf16, d64 / d128 / d256, against the float64 reference (under memcheck in the
+ * GPU script's variant step too: every byte it touches must lie in the launch). */
+KVA_TEST(cuda_variant_alibi_barriers_below_base) {
+    kva_context *ctx = cuda_test_context();
+    if (!ctx) return;
+    use_test_cache();
+    kva_rng rng;
+    kva_rng_seed(&rng, kva_test_seed());
+    const kva_variant_options pf = {KVA_VARIANT_PREFILL, (1u << KVA_F16) | (1u << KVA_BF16), 0};
+    ex_variant e;
+    char *src = NULL;
+    if (!ex_make(ctx, &rng, EX_ALIBI, &pf, &e)) goto out;
+    kva_variant_destroy(e.v);
+    e.v = NULL;
+    const char *shift = "#define KVA__HP_TEST_SMEM_SHIFT 16\n", *alibi = kva_variant_alibi_source();
+    src = kva_test_alloc(strlen(shift) + strlen(alibi) + 1);
+    strcpy(src, shift);
+    strcat(src, alibi);
+    if (kva_variant_create(ctx, src, "kva_alibi", &pf, &e.v) != KVA_OK) {
+        kva_test_fail(__FILE__, __LINE__, "creating the shifted ALiBi: %s", kva_last_error());
+        goto out;
+    }
+    static const kva_dtype dts[2] = {KVA_F16, KVA_BF16};
+    static const int32_t dims[3] = {64, 128, 256};
+    int cases = 0;
+    for (int t = 0; t < 2; ++t)
+        for (int d = 0; d < 3; ++d)
+            for (int mode = 0; mode < 2; ++mode) {
+                const int causal = (t + d + mode) % 2;
+                char name[160];
+                snprintf(name, sizeof name, "%s prefill alibi (barriers below the base) %s d%d 8/2 %s",
+                         mode == 0 ? "paged" : "ragged", kva_dtype_name(dts[t]), dims[d], causal ? "causal" : "full");
+                prefill_case(ctx, &rng, &e, dts[t], dims[d], 8, 2, mode == 0, causal, kva_rng_int(&rng, 0, 1), 0, name);
+                ++cases;
+            }
+    printf("    %d prefill cases\n", cases);
+out:
+    free(src);
     ex_free(ctx, &e);
     kva_context_destroy(ctx);
 }

@@ -131,6 +131,13 @@ static_assert(KVA__HP_CWG_D64 == 2 || KVA__HP_CWG_D64 == 3, "KVA__HP_CWG_D64: 2 
 #define KVA__HP_SMEM_RECORDS 0
 #endif
 
+/* (tests only: see G::PLAIN_SMEM; a multiple of 16 below 1024) */
+#ifndef KVA__HP_TEST_SMEM_SHIFT
+#define KVA__HP_TEST_SMEM_SHIFT 0
+#endif
+static_assert(KVA__HP_TEST_SMEM_SHIFT % 16 == 0 && KVA__HP_TEST_SMEM_SHIFT >= 0 && KVA__HP_TEST_SMEM_SHIFT < 1024,
+              "KVA__HP_TEST_SMEM_SHIFT: a multiple of 16 below 1024");
+
 /* the smallest head dim whose O is staged in shared memory for the store warp (see the
  * epilogue; -DKVA__HP_STAGED_MIN_D=128 leaves d64 to the consumers' direct stores, comparisons) */
 #ifndef KVA__HP_STAGED_MIN_D
@@ -235,8 +242,8 @@ struct kva__hopper_geom {
      * (top -> Q 164 cycles) but their stores took ~6300 cycles more per item (d256 32 x 512 full
      * 592 -> 548 TFLOP/s). A warpgroup's own slots: no slot passes between warpgroups, so their
      * epilogues do not wait for each other, and each slot's writers are always the same warps
-     * (as the Q rows were). The rings' 32 KB are the 8 KB the plain build reserved for native
-     * ALiBi's column tile and 24 KB that were free (~1.8 KB of the 227 KB left); that build
+     * (as the Q rows were). The rings' 32 KB were the 8 KB the plain build then reserved for
+     * native ALiBi's column tile (1 KB since v6.40) and 24 KB that were free; that build
      * (KVA__HP_ALIBI) stages in the Q rows and fits the same launch. -DKVA__HP_ORING=0 (default:
      * prefill_kernels.h; variant builds get the library's value): O in the Q rows (comparisons);
      * -DKVA__HP_EARLY_Q=1 with -DKVA__HP_STAGED_MIN_D=512: the early hand-back with direct
@@ -254,29 +261,40 @@ struct kva__hopper_geom {
     static constexpr int ORING_BYTES = ORING ? PLAIN_ORING_BYTES : 0;
     static constexpr int ORING_BARS = ORING ? 2 * CWG * O_SLOTS : 0;
     static constexpr bool EARLY_Q = !XITEM && (ORING || (KVA__HP_EARLY_Q && D < KVA__HP_STAGED_MIN_D));
-    /* A variant module's kernel is launched with the library's own shared-memory size
-     * (variant_load.cu), so the native ALiBi build -- the same Q buffers, its column-offset tile,
-     * and its mbarriers in the alignment slack below the base or after the tile -- may never need
-     * more than the library's build, which reserves the bytes (where its O rings do not cover
-     * them). */
     static constexpr int Q_BUFS = XITEM ? KVA__HP_QBUFS : 1;
     /* mbarriers: full/empty K/V per stage, the tail; full/empty per record slot, the K/V
      * producer's item starts; Q full, Q empty and O full per Q buffer; full / empty per O ring
-     * slot (rounded to 16 bytes) */
+     * slot (rounded to 16 bytes); then the record slots (KVA__HP_SMEM_RECORDS) -- in the
+     * library's (plain) build and in a native ALiBi build, which has neither rings nor slots */
     static constexpr int RECORD_BYTES = KVA__HP_SMEM_RECORDS && !KVA__HP_ALIBI ? RING * 64 : 0; /* (after the mbarriers) */
-    static constexpr int BAR_BYTES = (8 * (4 * STAGES + 2 + 2 * RING + 3 * Q_BUFS + ORING_BARS) + 15) / 16 * 16 + RECORD_BYTES;
-    /* Native ALiBi: the mbarriers go below the 1024-aligned base where the slack (0 .. 1008
-     * bytes) holds them, else after the tile, i.e. at most slack + BAR_BYTES < 2 BAR_BYTES <=
-     * 1024 bytes beyond the tile's end: the 1024 bytes reserved for the alignment cover both
-     * cases. The library's build reserves what the tile needs beyond its own barriers. */
-    static_assert(!KVA__HP_ALIBI || 2 * BAR_BYTES <= 1024, "native ALiBi's barriers must fit the alignment's 1024 bytes");
+    static constexpr int PLAIN_BAR_BYTES =
+        (8 * (4 * STAGES + 2 + 2 * RING + 3 * Q_BUFS + (PLAIN_ORING ? 2 * CWG * O_SLOTS : 0)) + 15) / 16 * 16 +
+        (KVA__HP_SMEM_RECORDS ? RING * 64 : 0);
+    static constexpr int ALIBI_BAR_BYTES = (8 * (4 * STAGES + 2 + 2 * RING + 3 * Q_BUFS) + 15) / 16 * 16;
+    static constexpr int BAR_BYTES = KVA__HP_ALIBI ? ALIBI_BAR_BYTES : PLAIN_BAR_BYTES;
+    static_assert(BAR_BYTES == (8 * (4 * STAGES + 2 + 2 * RING + 3 * Q_BUFS + ORING_BARS) + 15) / 16 * 16 + RECORD_BYTES,
+                  "the barrier block's size");
+    /* A variant module's kernel is launched with the library's own shared-memory size
+     * (variant_load.cu, the plain build's PLAIN_SMEM), so the native ALiBi build may never need
+     * more: its column-offset tile first, the same Q buffers and K/V stages, and its mbarriers
+     * below the 1024-aligned base where the alignment's slack (0 .. 1008 bytes) holds them, else
+     * after the K/V stages. The library's build reserves what the tile needs beyond its own
+     * barriers (its O rings cover it at d256). KVA__HP_TEST_SMEM_SHIFT (tests: the kernel takes
+     * its dynamic shared memory as starting that many bytes later, so that the slack is large and
+     * the barriers go below the base, which the H200's 1024-aligned start never gives) counts as
+     * bytes the launch gives away. */
     static constexpr int PLAIN_POS_BYTES =
-        PLAIN_ORING || ALIBI_POS_BYTES <= BAR_BYTES ? 0 : (ALIBI_POS_BYTES - BAR_BYTES);
+        PLAIN_ORING || ALIBI_POS_BYTES <= PLAIN_BAR_BYTES ? 0 : (ALIBI_POS_BYTES - PLAIN_BAR_BYTES);
+    static constexpr int PLAIN_SMEM =
+        1024 + Q_BUFS * Q_BYTES + STAGES * 2 * TILE_BYTES + PLAIN_POS_BYTES + PLAIN_ORING_BYTES + PLAIN_BAR_BYTES;
+    static constexpr int ALIBI_DATA = ALIBI_POS_BYTES + Q_BUFS * Q_BYTES + STAGES * 2 * TILE_BYTES;
+    static_assert(1008 + KVA__HP_TEST_SMEM_SHIFT + ALIBI_DATA <= PLAIN_SMEM,
+                  "native ALiBi with its barriers below the base: beyond the library's launch");
+    static_assert(ALIBI_BAR_BYTES - 16 + KVA__HP_TEST_SMEM_SHIFT + ALIBI_DATA + ALIBI_BAR_BYTES <= PLAIN_SMEM,
+                  "native ALiBi with its barriers after the K/V stages: beyond the library's launch");
     static constexpr int POS_BYTES = KVA__HP_ALIBI ? ALIBI_POS_BYTES : PLAIN_POS_BYTES;
-    static constexpr int SMEM = 1024 + Q_BUFS * Q_BYTES + STAGES * 2 * TILE_BYTES + POS_BYTES + ORING_BYTES +
-                                (KVA__HP_ALIBI ? 0 : BAR_BYTES);
-    static_assert(ALIBI_POS_BYTES <= PLAIN_POS_BYTES + PLAIN_ORING_BYTES + BAR_BYTES,
-                  "the native ALiBi kernel needs more shared memory than the library's launch gives it");
+    /* (a native ALiBi build's: what it needs at most, not a launch size) */
+    static constexpr int SMEM = KVA__HP_ALIBI ? 1024 + ALIBI_DATA : PLAIN_SMEM;
     /* an sm_90 block gets at most 227 KB (e.g. -DKVA__HP_STAGES_D128=3 does not fit, with or
      * without the cross-item tail) */
     static_assert(SMEM <= 232448, "the Hopper prefill kernel's shared memory exceeds 227 KB");
@@ -469,7 +487,7 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
         return;
     }
 
-    const uint32_t smem_raw = kva__smem_addr(smem);
+    const uint32_t smem_raw = kva__smem_addr(smem) + KVA__HP_TEST_SMEM_SHIFT;
     const uint32_t base_s = (smem_raw + 1023u) & ~1023u;
     /* native ALiBi's column-offset tile first: compute-sanitizer takes its k-step's read for
      * both k-halves' bytes (BN x 32, twice the tile), which then fall in the Q buffers, not past
