@@ -7,8 +7,10 @@
 # The defines below copy variant_compile.c's program head (compile_module) by hand: keep them in step.
 # Usage: bench/probes/variant_ptxas.sh [softcap|identity|alibi] [hopper|hopper-turns|wgmma|mma] [64|128|256] [tree]
 # (tree: a source tree with src/ and include/, default this one; e.g. a `git worktree` of a base)
+# PROBE_T=f16 compiles the f16 instantiation (default bf16).
 set -euo pipefail
 mod=${1:-softcap}; kern=${2:-hopper}; D=${3:-128}; tree=${4:-$(cd "$(dirname "$0")/../.." && pwd)}
+T=__nv_bfloat16; [ "${PROBE_T:-bf16}" = f16 ] && T=__half # (PROBE_T=f16: the f16 kernel)
 out=$(mktemp -d); trap 'rm -rf "$out"' EXIT
 case $mod in
   softcap)  fn=softcap; extra='#define KVA_VARIANT_PINGPONG 1'
@@ -24,12 +26,12 @@ case $mod in
 esac
 warps=8; [ "$D" = 64 ] && warps=12
 case $kern in
-  hopper) hdr=prefill_hopper.cuh; inst="template __global__ void kva__prefill_hopper_kernel<__nv_bfloat16, $D>(const __grid_constant__ kva__hopper_prefill_args);" ;;
+  hopper) hdr=prefill_hopper.cuh; inst="template __global__ void kva__prefill_hopper_kernel<$T, $D>(const __grid_constant__ kva__hopper_prefill_args);" ;;
   hopper-turns) # (a d128 module's second TMA build, with the consumers' turns: KVA__VMOD_PF_TMA_TURNS)
-          hdr=prefill_hopper.cuh; inst="template __global__ void kva__prefill_hopper_kernel<__nv_bfloat16, $D, $D, 1>(const __grid_constant__ kva__hopper_prefill_args);" ;;
-  wgmma)  hdr=prefill_kernel.cuh; inst="template __global__ void kva__prefill_kernel<__nv_bfloat16, $D, 1, $warps, 64, true>(const __grid_constant__ kva__prefill_args);" ;;
+          hdr=prefill_hopper.cuh; inst="template __global__ void kva__prefill_hopper_kernel<$T, $D, $D, 1>(const __grid_constant__ kva__hopper_prefill_args);" ;;
+  wgmma)  hdr=prefill_kernel.cuh; inst="template __global__ void kva__prefill_kernel<$T, $D, 1, $warps, 64, true>(const __grid_constant__ kva__prefill_args);" ;;
   mma)    mt=2; w=4; [ "$D" = 256 ] && { mt=1; w=8; }
-          hdr=prefill_kernel.cuh; inst="template __global__ void kva__prefill_kernel<__nv_bfloat16, $D, $mt, $w, 64, false>(const __grid_constant__ kva__prefill_args);" ;;
+          hdr=prefill_kernel.cuh; inst="template __global__ void kva__prefill_kernel<$T, $D, $mt, $w, 64, false>(const __grid_constant__ kva__prefill_args);" ;;
   *) echo "kernel: hopper, hopper-turns, wgmma or mma" >&2; exit 2 ;;
 esac
 cat >"$out/v.cu" <<X
