@@ -33,9 +33,11 @@ enum {
                               memory; where o is stored directly, those stores too) */
     /* the gap from the epilogue to the next item's top, in parts: */
     KVA__HPT_GAP_DONE = 8, /* the item's record handed back (work_done) */
-    KVA__HPT_GAP_NEXT = 9  /* the record after next tried early (before the next Q's own
-                              copies: read at the loop's end, the point made the d128 build spill
-                              328 bytes and the d64 one 1084 and moved every phase) */
+    KVA__HPT_GAP_NEXT = 9  /* the record after next tried early (cross-item tail; at d256
+                              nothing happens between done and next), read before the next Q's
+                              own copies, which count to the gap's top part: read at the loop's
+                              end, after them, it made the d128 trace build spill 328 bytes and
+                              the d64 one 1084, moving every phase */
 };
 /* producer warpgroup points (and KVA__HPT_TILES): the K producer's (warp 0; the V warp's copies
  * are not traced), the scheduler warp's (item
