@@ -120,16 +120,6 @@ static_assert(KVA__HP_QBUFS == 2 || KVA__HP_QBUFS == 3, "KVA__HP_QBUFS: 2 or 3 Q
  * "d64: where the softmax's cycles go"). */
 static_assert(KVA__HP_CWG_D64 == 2 || KVA__HP_CWG_D64 == 3, "KVA__HP_CWG_D64: 2 or 3 consumer warpgroups");
 
-/* Work records from the scheduler warp to the other warps: in the workspace's per-block ring
- * (default), or with -DKVA__HP_SMEM_RECORDS=1 in shared-memory slots beside their mbarriers, so
- * that a warp's fetch of a published record is four shared loads instead of an L2 round trip (the
- * traces of 2026-11-30 put ~600 cycles of the ~850-cycle gap between items in the fetch of the
- * record after next: bench/NOTES.md). A comparison knob for now: the library's launch size is the
- * same either way at d64 / d128 (the bytes come out of those it reserves for native ALiBi's tile),
- * and variant modules, native ALiBi's build always, keep the workspace ring. */
-#ifndef KVA__HP_SMEM_RECORDS
-#define KVA__HP_SMEM_RECORDS 0
-#endif
 
 /* (tests only: see G::PLAIN_SMEM; a multiple of 16 below 1024) */
 #ifndef KVA__HP_TEST_SMEM_SHIFT
@@ -264,13 +254,14 @@ struct kva__hopper_geom {
     static constexpr int Q_BUFS = XITEM ? KVA__HP_QBUFS : 1;
     /* mbarriers: full/empty K/V per stage, the tail; full/empty per record slot, the K/V
      * producer's item starts; Q full, Q empty and O full per Q buffer; full / empty per O ring
-     * slot (rounded to 16 bytes); then the record slots (KVA__HP_SMEM_RECORDS) -- in the
-     * library's (plain) build and in a native ALiBi build, which has neither rings nor slots */
-    static constexpr int RECORD_BYTES = KVA__HP_SMEM_RECORDS && !KVA__HP_ALIBI ? RING * 64 : 0; /* (after the mbarriers) */
+     * slot (rounded to 16 bytes); then the record slots (KVA__HP_SMEM_RECORDS,
+     * prefill_kernels.h) -- in the library's (plain) build and in a native ALiBi build, which has
+     * no rings */
+    static constexpr int RECORD_BYTES = KVA__HP_SMEM_RECORDS ? RING * 64 : 0; /* (after the mbarriers) */
     static constexpr int PLAIN_BAR_BYTES =
         (8 * (4 * STAGES + 2 + 2 * RING + 3 * Q_BUFS + (PLAIN_ORING ? 2 * CWG * O_SLOTS : 0)) + 15) / 16 * 16 +
-        (KVA__HP_SMEM_RECORDS ? RING * 64 : 0);
-    static constexpr int ALIBI_BAR_BYTES = (8 * (4 * STAGES + 2 + 2 * RING + 3 * Q_BUFS) + 15) / 16 * 16;
+        RECORD_BYTES;
+    static constexpr int ALIBI_BAR_BYTES = (8 * (4 * STAGES + 2 + 2 * RING + 3 * Q_BUFS) + 15) / 16 * 16 + RECORD_BYTES;
     static constexpr int BAR_BYTES = KVA__HP_ALIBI ? ALIBI_BAR_BYTES : PLAIN_BAR_BYTES;
     static_assert(BAR_BYTES == (8 * (4 * STAGES + 2 + 2 * RING + 3 * Q_BUFS + ORING_BARS) + 15) / 16 * 16 + RECORD_BYTES,
                   "the barrier block's size");
@@ -279,12 +270,14 @@ struct kva__hopper_geom {
      * more: its column-offset tile first, the same Q buffers and K/V stages, and its mbarriers
      * below the 1024-aligned base where the alignment's slack (0 .. 1008 bytes) holds them, else
      * after the K/V stages. The library's build reserves what the tile needs beyond its own
-     * barriers (its O rings cover it at d256). KVA__HP_TEST_SMEM_SHIFT (tests: the kernel takes
+     * barriers, and what barriers of more than 512 bytes need beyond the alignment's 1024 (its O
+     * rings cover it all at d256). KVA__HP_TEST_SMEM_SHIFT (tests: the kernel takes
      * its dynamic shared memory as starting that many bytes later, so that the slack is large and
      * the barriers go below the base, which the H200's 1024-aligned start never gives) counts as
      * bytes the launch gives away. */
+    static constexpr int ALIBI_EXTRA_BYTES = ALIBI_POS_BYTES + (2 * ALIBI_BAR_BYTES > 1024 ? 2 * ALIBI_BAR_BYTES - 1024 : 0);
     static constexpr int PLAIN_POS_BYTES =
-        PLAIN_ORING || ALIBI_POS_BYTES <= PLAIN_BAR_BYTES ? 0 : (ALIBI_POS_BYTES - PLAIN_BAR_BYTES);
+        PLAIN_ORING || ALIBI_EXTRA_BYTES <= PLAIN_BAR_BYTES ? 0 : (ALIBI_EXTRA_BYTES - PLAIN_BAR_BYTES);
     static constexpr int PLAIN_SMEM =
         1024 + Q_BUFS * Q_BYTES + STAGES * 2 * TILE_BYTES + PLAIN_POS_BYTES + PLAIN_ORING_BYTES + PLAIN_BAR_BYTES;
     static constexpr int ALIBI_DATA = ALIBI_POS_BYTES + Q_BUFS * Q_BYTES + STAGES * 2 * TILE_BYTES;
@@ -504,7 +497,7 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
     const uint32_t bars = KVA__HP_ALIBI && base_s - smem_raw >= (uint32_t)G::BAR_BYTES ? base_s - (uint32_t)G::BAR_BYTES
                                                                                        : oring_s + G::ORING_BYTES;
     auto bar_at = [&](int i) { return bars + 8u * (uint32_t)i; };
-    const uint32_t records_s = bars + (uint32_t)(G::BAR_BYTES - G::RECORD_BYTES); /* (KVA__HP_SMEM_RECORDS) */
+    const uint32_t records_s = bars + (uint32_t)(G::BAR_BYTES - G::RECORD_BYTES); /* (G::RECORD_BYTES) */
     auto full_k = [&](int s) { return bar_at(s); };
     auto full_v = [&](int s) { return bar_at(G::STAGES + s); };
     auto empty_k = [&](int s) { return bar_at(2 * G::STAGES + s); };
@@ -563,7 +556,7 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
             int x, y, z, v;
-            if constexpr (KVA__HP_SMEM_RECORDS)
+            if constexpr (G::RECORD_BYTES > 0)
                 asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
                              : "=r"(x), "=r"(y), "=r"(z), "=r"(v)
                              : "r"(records_s + (uint32_t)(64 * i + 16 * k)));
@@ -690,7 +683,7 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
                     kva__mbar_wait_idle(slot_empty(i), ((uint32_t)(m / G::RING) & 1u) ^ 1u);
                     if (lane == 0) {
                         const int *wd = reinterpret_cast<const int *>(&nx); /* (14 words) */
-                        if constexpr (KVA__HP_SMEM_RECORDS) {
+                        if constexpr (G::RECORD_BYTES > 0) {
 #pragma unroll
                             for (int k = 0; k < 4; ++k)
                                 asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(

@@ -41,6 +41,17 @@
 #ifndef KVA__HP_ORING
 #define KVA__HP_ORING 1
 #endif
+/* Work records from the warp-specialised Hopper kernel's scheduler warp to its other warps
+ * (prefill_hopper.cuh): in the workspace's per-block ring (0), or (1) in shared-memory slots after
+ * the block's mbarriers, so that a fetch of a published record is four shared loads instead of an
+ * L2 round trip: in the SASS the fetched words go into uniform registers right behind the loads,
+ * and the traces of 2026-11-30 put ~600 cycles of the ~850-cycle gap between items there
+ * (bench/NOTES.md). Off until measured; the launch size is the same either way at d64 / d128 (the
+ * bytes come out of those reserved for native ALiBi's tile). Variant builds get the library's
+ * value (variant_compile.c): their shared memory differs. */
+#ifndef KVA__HP_SMEM_RECORDS
+#define KVA__HP_SMEM_RECORDS 0
+#endif
 /* Whether a variant's native ALiBi build of that kernel (KVA__HP_ALIBI) has the consumers' turns
  * on the d128 layout (d64 keeps them, as plain d64 does: unmeasured without). Off: paired on the
  * H200 (2026-11-29, d128 bf16 16k causal, two rounds each) without them ALiBi ran 1.4-1.6%

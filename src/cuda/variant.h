@@ -44,6 +44,8 @@ int kva__prefill_wg_warps(int built_dim);
 int kva__prefill_hp_qbufs(void);
 /* Whether it stages O in its own rings (KVA__HP_ORING, prefill_kernels.h): likewise. */
 int kva__prefill_hp_oring(void);
+/* Whether it passes work records through shared memory (KVA__HP_SMEM_RECORDS): likewise. */
+int kva__prefill_hp_smem_records(void);
 /* Whether its native ALiBi build takes the turns (KVA__HP_ALIBI_TURNS): likewise. */
 int kva__prefill_hp_alibi_turns(void);
 
