@@ -536,8 +536,9 @@ out:
  * kva__hopper_geom::PLAIN_SMEM) never runs in the other tests. A copy of the built-in source that
  * defines KVA__HP_TEST_SMEM_SHIFT (the kernel takes its shared memory as starting 16 bytes later:
  * a slack of 1008 bytes, the largest) runs under the kva_alibi name, so natively: paged and
- * ragged, f16 and bf16, d64 / d128 / d256, against the float64 reference (under memcheck in the
- * GPU script's variant step too: every byte it touches must lie in the launch). */
+ * ragged (these on a persistent grid of 3 blocks, so each block walks many items and hands their
+ * records over), f16 and bf16, d64 / d128 / d256, against the float64 reference (the GPU script's
+ * memcheck step runs it too, quick: every byte it touches must lie in the launch). */
 KVA_TEST(cuda_variant_alibi_barriers_below_base) {
     kva_context *ctx = cuda_test_context();
     if (!ctx) return;
@@ -546,10 +547,18 @@ KVA_TEST(cuda_variant_alibi_barriers_below_base) {
     kva_rng_seed(&rng, kva_test_seed());
     const kva_variant_options pf = {KVA_VARIANT_PREFILL, (1u << KVA_F16) | (1u << KVA_BF16), 0};
     ex_variant e;
+    memset(&e, 0, sizeof e);
     char *src = NULL;
-    if (!ex_make(ctx, &rng, EX_ALIBI, &pf, &e)) goto out;
-    kva_variant_destroy(e.v);
-    e.v = NULL;
+    {
+        /* the slopes as ex_make's ALiBi has them (without compiling its unshifted modules) */
+        float *s = kva_test_alloc(sizeof(float) * MAX_HEADS);
+        kva_alibi_slopes(MAX_HEADS, s);
+        for (int h = 0; h < MAX_HEADS; ++h) s[h] *= 0.05f;
+        e.host_user = s;
+        e.cpu = alibi_cpu;
+        e.dev_user = cuda_test_upload(ctx, s, sizeof(float) * MAX_HEADS);
+        if (!e.dev_user) goto out;
+    }
     const char *shift = "#define KVA__HP_TEST_SMEM_SHIFT 16\n", *alibi = kva_variant_alibi_source();
     src = kva_test_alloc(strlen(shift) + strlen(alibi) + 1);
     strcpy(src, shift);
@@ -568,7 +577,10 @@ KVA_TEST(cuda_variant_alibi_barriers_below_base) {
                 char name[160];
                 snprintf(name, sizeof name, "%s prefill alibi (barriers below the base) %s d%d 8/2 %s",
                          mode == 0 ? "paged" : "ragged", kva_dtype_name(dts[t]), dims[d], causal ? "causal" : "full");
+                kva_test_env env;
+                if (mode == 1) kva_test_env_set(&env, "KVA_PREFILL_PERSISTENT", "3");
                 prefill_case(ctx, &rng, &e, dts[t], dims[d], 8, 2, mode == 0, causal, kva_rng_int(&rng, 0, 1), 0, name);
+                if (mode == 1) kva_test_env_restore(&env);
                 ++cases;
             }
     printf("    %d prefill cases\n", cases);
