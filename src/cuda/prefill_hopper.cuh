@@ -113,6 +113,7 @@
  * (ncu of 32 x 512 causal d128: that wait was the consumers' largest single stall, 4% of their
  * samples; bench/NOTES.md, v6.33). Native ALiBi builds have as many since v6.40 (see POS_BYTES). */
 static_assert(KVA__HP_QBUFS == 2 || KVA__HP_QBUFS == 3, "KVA__HP_QBUFS: 2 or 3 Q buffers");
+static_assert(!(KVA__HP_LANE_RECORDS && KVA__HP_SMEM_RECORDS), "KVA__HP_LANE_RECORDS reads the workspace ring: not with KVA__HP_SMEM_RECORDS");
 
 /* Consumer warpgroups at d64 (KVA__HP_CWG_D64, prefill_kernels.h): three (192-row items,
  * FlashAttention-3's choice there), so that three warps' softmaxes share each scheduler against
@@ -121,7 +122,8 @@ static_assert(KVA__HP_QBUFS == 2 || KVA__HP_QBUFS == 3, "KVA__HP_QBUFS: 2 or 3 Q
 static_assert(KVA__HP_CWG_D64 == 2 || KVA__HP_CWG_D64 == 3, "KVA__HP_CWG_D64: 2 or 3 consumer warpgroups");
 
 
-/* (tests only: see G::PLAIN_SMEM; a multiple of 16 below 1024) */
+/* (tests only: see G::PLAIN_SMEM; a multiple of 16 below 1024, of which the launch size leaves
+ * room for 16: the static_asserts there say so for larger ones) */
 #ifndef KVA__HP_TEST_SMEM_SHIFT
 #define KVA__HP_TEST_SMEM_SHIFT 0
 #endif
@@ -286,7 +288,8 @@ struct kva__hopper_geom {
     static_assert(ALIBI_BAR_BYTES - 16 + KVA__HP_TEST_SMEM_SHIFT + ALIBI_DATA + ALIBI_BAR_BYTES <= PLAIN_SMEM,
                   "native ALiBi with its barriers after the K/V stages: beyond the library's launch");
     static constexpr int POS_BYTES = KVA__HP_ALIBI ? ALIBI_POS_BYTES : PLAIN_POS_BYTES;
-    /* (a native ALiBi build's: what it needs at most, not a launch size) */
+    /* (a native ALiBi build's: its tile, Q and K/V stages past the alignment, not a launch
+     * size; with its barriers it needs up to max(1008, 2 BAR_BYTES - 16) + ALIBI_DATA) */
     static constexpr int SMEM = KVA__HP_ALIBI ? 1024 + ALIBI_DATA : PLAIN_SMEM;
     /* an sm_90 block gets at most 227 KB (e.g. -DKVA__HP_STAGES_D128=3 does not fit, with or
      * without the cross-item tail) */
@@ -515,7 +518,9 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
      * its epilogue), each reading warp arriving on the slot's "empty" barrier once it used the
      * record. (Global memory, not shared: racecheck does not follow mbarrier hand-overs of
      * shared memory and reported the slots -- every one with ordinary stores, 14 hazards with
-     * bulk copies filling them.) The ticket of item m + 1 is
+     * bulk copies filling them. -DKVA__HP_SMEM_RECORDS=1 puts them back in shared memory for
+     * comparisons; -DKVA__HP_LANE_RECORDS=1 keeps them here and has the consumers fetch the
+     * record after next a word per lane: prefill_kernels.h.) The ticket of item m + 1 is
      * drawn once warp 0 began item m (kv_top). Item m's Q goes to buffer m % Q_BUFS, by a
      * tensor copy where the item is whole (else the consumers copy it themselves: the
      * scheduler then only passes the buffer on, "q full"); the consumers stage the item's O in
@@ -1246,14 +1251,46 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
      * statements: left alone, the compiler moved every word into a uniform register right
      * behind the loads, so the warps waited there for the L2 round trip (ncu of 32 x 512
      * causal: 2% of the consumers' samples, bench/NOTES.md v6.35) */
+#if KVA__HP_LANE_RECORDS
+    /* (KVA__HP_LANE_RECORDS, prefill_kernels.h) the early record as one word per lane -- word
+     * lane % 16 -- loaded by each lane from its own address, so that no uniform move waits for
+     * the load; the tail gathers the words by shuffles */
+    static_assert(sizeof(kva__hp_work) <= 16 * 4, "one record word per lane");
+    uint32_t nx_lane = 0u;
+    kva__hp_work nx_static{}; /* (the static walk's record: computed, uniform) */
+    auto try_fetch_early = [&](int me) -> bool {
+        if (!dyn) {
+            work_fetch(me, nx_static);
+            return true;
+        }
+        const int i = (me - 1) % G::RING;
+        const uint32_t parity = (uint32_t)((me - 1) / G::RING) & 1u;
+        if (!__any_sync(0xffffffffu, kva__mbar_test(slot_full(i), parity))) return false;
+        kva__mbar_wait(slot_full(i), parity);
+        const unsigned *src = a.sched + KVA__SCHED_HEAD + (size_t)blockIdx.x * a.sched_ring + 16 * i;
+        asm volatile("ld.global.cg.u32 %0, [%1];\n" : "=r"(nx_lane) : "l"(src + (lane & 15)));
+        return true;
+    };
+    auto take_early = [&]() {
+        if (!dyn) {
+            nx = nx_static;
+            return;
+        }
+        int *wd = reinterpret_cast<int *>(&nx);
+#pragma unroll
+        for (int k = 0; k < (int)(sizeof(kva__hp_work) / 4); ++k) wd[k] = (int)__shfl_sync(0xffffffffu, nx_lane, k);
+    };
+#else
     kva__hp_work nx_early{};
+    auto try_fetch_early = [&](int me) -> bool { return work_try_fetch(me, nx_early); };
     auto take_early = [&]() {
         int *wd = reinterpret_cast<int *>(&nx_early);
 #pragma unroll
         for (int k = 0; k < (int)(sizeof(kva__hp_work) / 4); ++k) asm volatile("" : "+r"(wd[k]));
         nx = nx_early;
     };
-    if constexpr (G::XITEM) nx_pending = !work_try_fetch(1, nx_early);
+#endif
+    if constexpr (G::XITEM) nx_pending = !try_fetch_early(1);
     q_own(0, wk);
     int trace_n = 0;      /* (KVA__HP_TRACE: items so far) */
     for (;;) {
@@ -1525,7 +1562,7 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
         if (!have_nx) break;
         if (!nx_s0) wk = nx;
         qb = qb + 1 == G::Q_BUFS ? 0 : qb + 1;
-        if constexpr (G::XITEM) nx_pending = !work_try_fetch(m + 1, nx_early);
+        if constexpr (G::XITEM) nx_pending = !try_fetch_early(m + 1);
         KVA__HP_TRACE_AT(1 + cw, trace_n - 1, KVA__HPT_GAP_NEXT, clock64());
         if (!s0_done) {
             q_own(m, wk);

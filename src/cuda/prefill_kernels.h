@@ -46,11 +46,24 @@
  * the block's mbarriers, so that a fetch of a published record is four shared loads instead of an
  * L2 round trip: in the SASS the fetched words go into uniform registers right behind the loads,
  * and the traces of 2026-11-30 put ~600 cycles of the ~850-cycle gap between items there
- * (bench/NOTES.md). Off until measured; the launch size is the same either way at d64 / d128 (the
- * bytes come out of those reserved for native ALiBi's tile). Variant builds get the library's
- * value (variant_compile.c): their shared memory differs. */
+ * (bench/NOTES.md). Off until measured: racecheck does not follow mbarrier hand-overs of shared
+ * memory and reported such slots before (the reason the records went to the workspace,
+ * prefill_hopper.cuh), so with it expect racecheck reports on them. The launch size: d128
+ * unchanged (the bytes come out of those reserved for native ALiBi's tile), d64 +64 bytes,
+ * d256 +256. Variant builds get the library's value (variant_compile.c): their shared memory
+ * differs. */
 #ifndef KVA__HP_SMEM_RECORDS
 #define KVA__HP_SMEM_RECORDS 0
+#endif
+/* Another way past the same wait, records staying in the workspace (racecheck does not follow
+ * mbarrier hand-overs of shared memory, which is why they went there: prefill_hopper.cuh): the
+ * consumers' early fetch of the record after next loads one word per lane, each lane from its
+ * own address, so the compiler sees no uniform value to move right behind the loads; the tail
+ * gathers the words with 14 shuffles, long after they landed (and one register per thread holds
+ * the record in flight instead of 14). Off until measured; not with KVA__HP_SMEM_RECORDS.
+ * Variant builds get the library's value too (variant_compile.c). */
+#ifndef KVA__HP_LANE_RECORDS
+#define KVA__HP_LANE_RECORDS 0
 #endif
 /* Whether a variant's native ALiBi build of that kernel (KVA__HP_ALIBI) has the consumers' turns
  * on the d128 layout (d64 keeps them, as plain d64 does: unmeasured without). Off: paired on the
