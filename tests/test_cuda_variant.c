@@ -491,6 +491,45 @@ static void prefill_sweep_on(const char *path) {
 
 KVA_TEST(cuda_variant_prefill_mma) { prefill_sweep_on("mma"); }
 
+/* A variant test's context (NULL: no CUDA device, the test skips), its private disk cache and
+ * its random generator. */
+static kva_context *variant_test_begin(kva_rng *rng) {
+    kva_context *ctx = cuda_test_context();
+    if (!ctx) return NULL;
+    use_test_cache();
+    kva_rng_seed(rng, kva_test_seed());
+    return ctx;
+}
+
+/* Native ALiBi's prefill cases of the tests below: paged and ragged, f16 and bf16, d64 / d128 /
+ * d256, causal on every other case, Hq / Hk heads. tiny: sm_scale 1e-5 or 3e-6 by turns (d128
+ * skipped under KVA_TEST_QUICK); else the default scale, the ragged cases on a persistent grid of
+ * 3 blocks (each block walks many items). */
+static void alibi_prefill_cases(kva_context *ctx, kva_rng *rng, const ex_variant *e, const char *what, int32_t Hq,
+                                int32_t Hk, bool tiny) {
+    static const kva_dtype dts[2] = {KVA_F16, KVA_BF16};
+    static const int32_t dims[3] = {64, 128, 256};
+    int cases = 0;
+    for (int t = 0; t < 2; ++t)
+        for (int d = 0; d < 3; ++d)
+            for (int mode = 0; mode < 2; ++mode) {
+                if (tiny && quick() && d == 1) continue;
+                const int causal = (t + d + mode) % 2, extra = !tiny ? 0 : (t + mode) % 2 ? 3 : 2;
+                char name[160];
+                snprintf(name, sizeof name, "%s prefill alibi %s %s d%d %d/%d %s%s", mode == 0 ? "paged" : "ragged",
+                         what, kva_dtype_name(dts[t]), dims[d], (int)Hq, (int)Hk, causal ? "causal" : "full",
+                         extra == 2 ? " sm_scale 1e-5" : extra == 3 ? " sm_scale 3e-6" : "");
+                const bool walk = !tiny && mode == 1;
+                kva_test_env env;
+                if (walk) kva_test_env_set(&env, "KVA_PREFILL_PERSISTENT", "3");
+                prefill_case(ctx, rng, e, dts[t], dims[d], Hq, Hk, mode == 0, causal, kva_rng_int(rng, 0, 1), extra,
+                             name);
+                if (walk) kva_test_env_restore(&env);
+                ++cases;
+            }
+    printf("    %d prefill cases\n", cases);
+}
+
 /* Native ALiBi with the usual (unscaled) slopes of 16 heads and a tiny sm_scale: with 1e-5,
  * slope / sm_scale runs from 8.4e4 (past f16's 65504) down to 6250 across one row group's 16
  * heads, so the Hopper kernel's rows on both sides of its 16-bit k-step's range (heads 0-9 add
@@ -498,11 +537,9 @@ KVA_TEST(cuda_variant_prefill_mma) { prefill_sweep_on("mma"); }
  * past it. The path the chooser picks (the Hopper kernel on sm_90a; the other paths add every
  * bias with FFMAs), paged and ragged, f16 and bf16. */
 KVA_TEST(cuda_variant_alibi_tiny_scale) {
-    kva_context *ctx = cuda_test_context();
-    if (!ctx) return;
-    use_test_cache();
     kva_rng rng;
-    kva_rng_seed(&rng, kva_test_seed());
+    kva_context *ctx = variant_test_begin(&rng);
+    if (!ctx) return;
     const kva_variant_options pf = {KVA_VARIANT_PREFILL, (1u << KVA_F16) | (1u << KVA_BF16), 0};
     ex_variant e;
     if (!ex_make(ctx, &rng, EX_ALIBI, &pf, &e)) goto out;
@@ -510,23 +547,7 @@ KVA_TEST(cuda_variant_alibi_tiny_scale) {
     kva_free(ctx, e.dev_user);
     e.dev_user = cuda_test_upload(ctx, e.host_user, sizeof(float) * MAX_HEADS);
     if (!e.dev_user) goto out;
-    static const kva_dtype dts[2] = {KVA_F16, KVA_BF16};
-    static const int32_t dims[3] = {64, 128, 256};
-    int cases = 0;
-    for (int t = 0; t < 2; ++t)
-        for (int d = 0; d < 3; ++d)
-            for (int mode = 0; mode < 2; ++mode) {
-                if (quick() && d == 1) continue;
-                const int causal = (t + d + mode) % 2, extra = (t + mode) % 2 ? 3 : 2;
-                char name[160];
-                snprintf(name, sizeof name, "%s prefill alibi unscaled %s d%d 16/1 %s sm_scale %s",
-                         mode == 0 ? "paged" : "ragged", kva_dtype_name(dts[t]), dims[d], causal ? "causal" : "full",
-                         extra == 2 ? "1e-5" : "3e-6");
-                prefill_case(ctx, &rng, &e, dts[t], dims[d], 16, 1, mode == 0, causal, kva_rng_int(&rng, 0, 1),
-                             extra, name);
-                ++cases;
-            }
-    printf("    %d prefill cases\n", cases);
+    alibi_prefill_cases(ctx, &rng, &e, "unscaled", 16, 1, true);
 out:
     ex_free(ctx, &e);
     kva_context_destroy(ctx);
@@ -540,11 +561,9 @@ out:
  * records over), f16 and bf16, d64 / d128 / d256, against the float64 reference (the GPU script's
  * memcheck step runs it too, quick: every byte it touches must lie in the launch). */
 KVA_TEST(cuda_variant_alibi_barriers_below_base) {
-    kva_context *ctx = cuda_test_context();
-    if (!ctx) return;
-    use_test_cache();
     kva_rng rng;
-    kva_rng_seed(&rng, kva_test_seed());
+    kva_context *ctx = variant_test_begin(&rng);
+    if (!ctx) return;
     const kva_variant_options pf = {KVA_VARIANT_PREFILL, (1u << KVA_F16) | (1u << KVA_BF16), 0};
     ex_variant e;
     memset(&e, 0, sizeof e);
@@ -567,23 +586,7 @@ KVA_TEST(cuda_variant_alibi_barriers_below_base) {
         kva_test_fail(__FILE__, __LINE__, "creating the shifted ALiBi: %s", kva_last_error());
         goto out;
     }
-    static const kva_dtype dts[2] = {KVA_F16, KVA_BF16};
-    static const int32_t dims[3] = {64, 128, 256};
-    int cases = 0;
-    for (int t = 0; t < 2; ++t)
-        for (int d = 0; d < 3; ++d)
-            for (int mode = 0; mode < 2; ++mode) {
-                const int causal = (t + d + mode) % 2;
-                char name[160];
-                snprintf(name, sizeof name, "%s prefill alibi (barriers below the base) %s d%d 8/2 %s",
-                         mode == 0 ? "paged" : "ragged", kva_dtype_name(dts[t]), dims[d], causal ? "causal" : "full");
-                kva_test_env env;
-                if (mode == 1) kva_test_env_set(&env, "KVA_PREFILL_PERSISTENT", "3");
-                prefill_case(ctx, &rng, &e, dts[t], dims[d], 8, 2, mode == 0, causal, kva_rng_int(&rng, 0, 1), 0, name);
-                if (mode == 1) kva_test_env_restore(&env);
-                ++cases;
-            }
-    printf("    %d prefill cases\n", cases);
+    alibi_prefill_cases(ctx, &rng, &e, "(barriers below the base)", 8, 2, false);
 out:
     free(src);
     ex_free(ctx, &e);
