@@ -121,7 +121,6 @@ static_assert(!(KVA__HP_LANE_RECORDS && KVA__HP_SMEM_RECORDS), "KVA__HP_LANE_REC
  * "d64: where the softmax's cycles go"). */
 static_assert(KVA__HP_CWG_D64 == 2 || KVA__HP_CWG_D64 == 3, "KVA__HP_CWG_D64: 2 or 3 consumer warpgroups");
 
-
 /* (tests only: see G::PLAIN_SMEM; a multiple of 16 below 1024, of which the launch size leaves
  * room for 16: the static_asserts there say so for larger ones) */
 #ifndef KVA__HP_TEST_SMEM_SHIFT
@@ -165,7 +164,8 @@ struct kva__hopper_geom {
     static_assert(128 * PRODUCER_REGS + 128 * CWG * CONSUMER_REGS <= THREADS * (65536 / THREADS / 8 * 8),
                   "register reallocation exceeds what the launch gives the block");
     /* work records in flight from the scheduler warp to the other warps (slots of 16 words in
-     * the workspace, see the kernel and KVA__SCHED_RING) */
+     * the workspace, see the kernel and KVA__SCHED_RING; in shared memory with
+     * KVA__HP_SMEM_RECORDS) */
     static constexpr int RING = 4;
     /* native ALiBi's column-offset tile (BN rows of 16 bytes, unswizzled; see the top) */
     static constexpr int ALIBI_POS_BYTES = BN * 16;
@@ -1250,7 +1250,10 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
     /* (G::XITEM) the record as loaded early. Its words reach nx in the tail through empty asm
      * statements: left alone, the compiler moved every word into a uniform register right
      * behind the loads, so the warps waited there for the L2 round trip (ncu of 32 x 512
-     * causal: 2% of the consumers' samples, bench/NOTES.md v6.35) */
+     * causal: 2% of the consumers' samples, bench/NOTES.md v6.35). The SASS of 2026-11-30 still
+     * has every word moved into a uniform register right behind the early loads (the empty asm
+     * statements do not stop it): the ~600 cycles of the gap between items that
+     * KVA__HP_LANE_RECORDS / _SMEM_RECORDS (prefill_kernels.h) are there to remove */
 #if KVA__HP_LANE_RECORDS
     /* (KVA__HP_LANE_RECORDS, prefill_kernels.h) the early record as one word per lane -- word
      * lane % 16 -- loaded by each lane from its own address, so that no uniform move waits for
