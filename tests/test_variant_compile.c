@@ -272,6 +272,22 @@ static bool rewrite(const char *path, int mode, const char *other_path) {
     return fclose(f) == 0 && ok;
 }
 
+/* The cache key sees the whole function name: two names of the longest length
+ * kva_variant_create takes (200) that differ only in their last character get different keys
+ * (the key's text once cut names off after ~140 characters). */
+KVA_TEST(variant_key_long_function_names) {
+    char a[201], b[201];
+    memset(a, 'f', 200);
+    a[200] = '\0';
+    memcpy(b, a, sizeof b);
+    b[199] = 'g';
+    const kva__vmod_id id = {KVA__VMOD_PREFILL, KVA_F32, 64};
+    uint64_t ka[2], kb[2];
+    kva__variant_key(k_mod_src, a, &id, 90, ka);
+    kva__variant_key(k_mod_src, b, &id, 90, kb);
+    CHECK(ka[0] != kb[0] || ka[1] != kb[1]);
+}
+
 KVA_TEST(variant_cache_corruption) {
     char dir[64];
     if (!temp_dir(dir, sizeof dir)) {

@@ -149,7 +149,7 @@ void kva__variant_key(const char *source, const char *function, const kva__vmod_
     char arch_opt[64];
     int ptx = 0;
     nvrtc_options(arch, arch_opt, &ptx);
-    char head[256];
+    char head[512]; /* (room for the longest function name kva_variant_create takes, 200) */
     snprintf(head, sizeof head,
              "lib %016llx nvrtc %d.%d %s ptx %d kind %d dtype %d dim %d wg %d qb %d or %d at %d sr %d lr %d fn %s\n",
              (unsigned long long)library_hash(), maj, min, arch_opt, ptx, id->kind, (int)id->dtype, id->dim,
