@@ -51,7 +51,7 @@
  * prefill_hopper.cuh), so with it expect racecheck reports on them. The launch size: d128
  * unchanged (the bytes come out of those reserved for native ALiBi's tile), d64 +64 bytes,
  * d256 +256. Variant builds get the library's value (variant_compile.c): their shared memory
- * differs. */
+ * differs. (It turns KVA__HP_LANE_RECORDS, below, off.) */
 #ifndef KVA__HP_SMEM_RECORDS
 #define KVA__HP_SMEM_RECORDS 0
 #endif
@@ -60,10 +60,13 @@
  * consumers' early fetch of the record after next loads one word per lane, each lane from its
  * own address, so the compiler sees no uniform value to move right behind the loads; the tail
  * gathers the words with 14 shuffles, long after they landed (and one register per thread holds
- * the record in flight instead of 14). Off until measured; not with KVA__HP_SMEM_RECORDS.
- * Variant builds get the library's value too (variant_compile.c). */
+ * the record in flight instead of 14). On: paired on the H200 (2026-11-30, bench/NOTES.md v6.41)
+ * the gap between items at d128 went from ~800 to ~470 cycles, 32 x 512 rows +1.0-1.6%, the
+ * rest level, racecheck clean (the shared-memory slots measured +0.8% more at d128 and +1.5-2%
+ * at d64, but with 112 racecheck reports). Variant builds get the library's value too
+ * (variant_compile.c). -DKVA__HP_LANE_RECORDS=0: the four-load fetch (comparisons). */
 #ifndef KVA__HP_LANE_RECORDS
-#define KVA__HP_LANE_RECORDS 0
+#define KVA__HP_LANE_RECORDS (!KVA__HP_SMEM_RECORDS)
 #endif
 /* Whether a variant's native ALiBi build of that kernel (KVA__HP_ALIBI) has the consumers' turns
  * on the d128 layout (d64 keeps them, as plain d64 does: unmeasured without). Off: paired on the
