@@ -7,9 +7,9 @@
 # The defines below copy variant_compile.c's program head (compile_module) by hand: keep them in step.
 # Usage: bench/probes/variant_ptxas.sh [softcap|identity|alibi] [hopper|hopper-turns|wgmma|mma] [64|128|256] [tree]
 # (tree: a source tree with src/ and include/, default this one; e.g. a `git worktree` of a base)
-# PROBE_T=f16 compiles the f16 instantiation (default bf16); PROBE_SMEM_RECORDS=1 /
-# PROBE_LANE_RECORDS=0 as the library built with -DKVA__HP_SMEM_RECORDS=1 / _LANE_RECORDS=0
-# (the library's default: lane records on unless the shared-memory slots are).
+# PROBE_T=f16 compiles the f16 instantiation (default bf16); PROBE_SMEM_RECORDS=1 as the library
+# built with -DKVA__HP_SMEM_RECORDS=1; PROBE_LANE_RECORDS=1 with lane records (variant builds
+# never take them: variant_compile.c; the library's own kernels do by default).
 set -euo pipefail
 mod=${1:-softcap}; kern=${2:-hopper}; D=${3:-128}; tree=${4:-$(cd "$(dirname "$0")/../.." && pwd)}
 T=__nv_bfloat16; [ "${PROBE_T:-bf16}" = f16 ] && T=__half # (PROBE_T=f16: the f16 kernel)
@@ -43,7 +43,7 @@ cat >"$out/v.cu" <<X
 #define KVA__HP_ORING 1
 #define KVA__HP_ALIBI_TURNS 0
 #define KVA__HP_SMEM_RECORDS ${PROBE_SMEM_RECORDS:-0}
-#define KVA__HP_LANE_RECORDS ${PROBE_LANE_RECORDS:-$(( ${PROBE_SMEM_RECORDS:-0} ? 0 : 1 ))}
+#define KVA__HP_LANE_RECORDS ${PROBE_LANE_RECORDS:-0}
 #define KVA__DECODE_PDL 1
 #define KVA__VARIANT_FAST_TANH 1
 $extra

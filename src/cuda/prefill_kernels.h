@@ -63,8 +63,9 @@
  * the record in flight instead of 14). On: paired on the H200 (2026-11-30, bench/NOTES.md v6.41)
  * the gap between items at d128 went from ~800 to ~470 cycles, 32 x 512 rows +1.0-1.6%, the
  * rest level, racecheck clean (the shared-memory slots measured +0.8% more at d128 and +1.5-2%
- * at d64, but with 112 racecheck reports). Variant builds get the library's value too
- * (variant_compile.c). -DKVA__HP_LANE_RECORDS=0: the four-load fetch (comparisons). */
+ * at d64, but with 112 racecheck reports). Variant builds keep the four-load fetch (measured
+ * slower with lane records at 16k: variant_compile.c). -DKVA__HP_LANE_RECORDS=0: the four-load
+ * fetch here too (comparisons). */
 #ifndef KVA__HP_LANE_RECORDS
 #define KVA__HP_LANE_RECORDS (!KVA__HP_SMEM_RECORDS)
 #endif

@@ -62,7 +62,6 @@ extern "C" int kva__prefill_wg_warps(int built_dim) { return KVA__PREFILL_WG_WAR
 extern "C" int kva__prefill_hp_qbufs(void) { return KVA__HP_QBUFS; }
 extern "C" int kva__prefill_hp_oring(void) { return KVA__HP_ORING; }
 extern "C" int kva__prefill_hp_smem_records(void) { return KVA__HP_SMEM_RECORDS; }
-extern "C" int kva__prefill_hp_lane_records(void) { return KVA__HP_LANE_RECORDS; }
 extern "C" int kva__prefill_hp_alibi_turns(void) { return KVA__HP_ALIBI_TURNS; }
 
 bool kva__prefill_choose(kva_dtype dtype, int head_dim, int rows_wanted,

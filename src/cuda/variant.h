@@ -46,8 +46,6 @@ int kva__prefill_hp_qbufs(void);
 int kva__prefill_hp_oring(void);
 /* Whether it passes work records through shared memory (KVA__HP_SMEM_RECORDS): likewise. */
 int kva__prefill_hp_smem_records(void);
-/* Whether its consumers fetch the record after next a word per lane (KVA__HP_LANE_RECORDS): likewise. */
-int kva__prefill_hp_lane_records(void);
 /* Whether its native ALiBi build takes the turns (KVA__HP_ALIBI_TURNS): likewise. */
 int kva__prefill_hp_alibi_turns(void);
 

@@ -151,10 +151,10 @@ void kva__variant_key(const char *source, const char *function, const kva__vmod_
     nvrtc_options(arch, arch_opt, &ptx);
     char head[512]; /* (room for the longest function name kva_variant_create takes, 200) */
     snprintf(head, sizeof head,
-             "lib %016llx nvrtc %d.%d %s ptx %d kind %d dtype %d dim %d wg %d qb %d or %d at %d sr %d lr %d fn %s\n",
+             "lib %016llx nvrtc %d.%d %s ptx %d kind %d dtype %d dim %d wg %d qb %d or %d at %d sr %d fn %s\n",
              (unsigned long long)library_hash(), maj, min, arch_opt, ptx, id->kind, (int)id->dtype, id->dim,
              kva__prefill_wg_warps(id->dim), kva__prefill_hp_qbufs(), kva__prefill_hp_oring(),
-             kva__prefill_hp_alibi_turns(), kva__prefill_hp_smem_records(), kva__prefill_hp_lane_records(), function);
+             kva__prefill_hp_alibi_turns(), kva__prefill_hp_smem_records(), function);
     /* two FNV-1a streams from different offset bases: 128 bits against accidental collisions
      * (the file also stores the key, so a colliding file name is a miss, not a wrong hit) */
     uint64_t h0 = 0xcbf29ce484222325ull, h1 = 0x84222325cbf29ce4ull;
@@ -213,6 +213,10 @@ static kva_status compile_module(const char *source, const char *function, int a
      * may then compute natively (with its KVA_VARIANT_ALIBI_SLOPES: see variant_alibi.cuh) */
     /* KVA__VARIANT_FAST_TANH: kva_tanhf is the hardware tanh of the built-in soft cap in the
      * 16-bit prefill kernels (variant_prelude.cuh) */
+    /* KVA__HP_LANE_RECORDS 0: variant builds fetch the record after next as four loads whatever the
+     * library's kernels do (prefill_kernels.h): paired on the H200 (2026-11-30, bench/NOTES.md
+     * v6.41), lane records made the soft-cap snippet 2% and ALiBi 1% slower at 16k causal for 1%
+     * at 32 x 512 causal (the records' place in the workspace is the same either way) */
     /* KVA__DECODE_PDL 1: decode kernels always hold the programmatic-launch wait (harmless when
      * launched without the attribute), whatever the header's default: variant_load.cu lets them
      * launch as dependents on sm_90+ */
@@ -227,13 +231,12 @@ static kva_status compile_module(const char *source, const char *function, int a
     snprintf(prog, prog_size,
              "#define KVA_SCORE_MOD_FN %s\n#define KVA__HP_CWG_D64 %d\n#define KVA__HP_QBUFS %d\n"
              "#define KVA__HP_ORING %d\n#define KVA__HP_ALIBI_TURNS %d\n#define KVA__HP_SMEM_RECORDS %d\n"
-             "#define KVA__HP_LANE_RECORDS %d\n#define KVA__DECODE_PDL 1\n%s%s%s"
+             "#define KVA__HP_LANE_RECORDS 0\n#define KVA__DECODE_PDL 1\n%s%s%s"
              "#include \"cuda_common.cuh\"\n"
              "#include \"variant_prelude.cuh\"\n"
              "#line 1 \"variant.cu\"\n%s\n#line 1 \"kvattn-kernels.cu\"\n#include \"%s\"\n",
              function, kva__prefill_wg_warps(64) / 4, kva__prefill_hp_qbufs(), kva__prefill_hp_oring(),
-             kva__prefill_hp_alibi_turns(), kva__prefill_hp_smem_records(), kva__prefill_hp_lane_records(),
-             strcmp(function, "kva_alibi") == 0 ? "#define KVA__FN_IS_KVA_ALIBI 1\n" : "",
+             kva__prefill_hp_alibi_turns(), kva__prefill_hp_smem_records(), strcmp(function, "kva_alibi") == 0 ? "#define KVA__FN_IS_KVA_ALIBI 1\n" : "",
              fast_tanh ? "#define KVA__VARIANT_FAST_TANH 1\n" : "", trace, source, kernel_file(&img->id, arch));
     if (nvrtcCreateProgram(&p, prog, "variant.cu", nh, hdr, names) != NVRTC_SUCCESS) {
         st = KVA_ERR_OUT_OF_MEMORY;
