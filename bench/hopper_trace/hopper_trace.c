@@ -4,8 +4,8 @@
  * Built with -DKVA_HP_TRACE=ON (the library's bf16 Hopper kernel then records a clock64 trace,
  * src/cuda/prefill_hopper_trace.cuh). For each head dim given (default 128) it runs ragged prefill
  * plans of 32 q / 8 kv heads, bf16, random inputs, 16384 tokens as 32 x 512, 8 x 2048 and
- * 1 x 16384, full and causal: warm-up, 20 timed calls (wall clock around them, the trace from the
- * last), then per consumer warpgroup the median cycles of each phase of a work item over blocks
+ * 1 x 16384, full and causal: warm-up, 20 timed calls (wall clock around them), one more launch
+ * traced alone, then per consumer warpgroup the median cycles of each phase of a work item over blocks
  * 0-1 (the last item of each block left out):
  *   top->Q     the item's top until its Q landed (0 when the last item's tail took its S_0)
  *   S_0        until its first tile's softmax is done
@@ -36,8 +36,9 @@
  * --alibi-slopes passes ALiBi slopes as caller data without a variant (for a scratch build whose
  * bf16 Hopper kernel is the native ALiBi one; the plain kernel ignores them); --cap X sets every
  * call's logits_soft_cap (the library's built-in cap, beside --variant softcap's snippet, whose cap
- * is 50). Exits 1 if a launch
- * left no trace (another kernel ran: run with KVA_PREFILL_TMA_STRICT=1).
+ * is 50). Exits 1 if a traced
+ * launch left no complete item in blocks 0-1: another kernel ran (run with
+ * KVA_PREFILL_TMA_STRICT=1), or the call gave those blocks fewer than two items each.
  * Usage: hopper_trace [--raw] [--chunked [--page N ...]] [--variant NAME | --alibi-slopes] [--cap X] [head_dim ...]
  */
 #include "kvattn.h"
@@ -105,7 +106,7 @@ static int report(int raw) {
     static const char *names[] = {"top->Q", "S_0", "loop", "tail", "normalise", "store", "gap",
                                   "(gap: done", "next", "top)"};
     for (int w = 0; w < ROLES - 1; ++w) { /* (a third consumer warpgroup at d64) */
-        if (w >= 2 && trace[0][1 + w][0][TOP] == 0) break; /* (no third warpgroup) */
+        if (w >= 2 && trace[0][1 + w][0][TOP] == 0 && trace[1][1 + w][0][TOP] == 0) break; /* (no third warpgroup) */
         long long v[10][BLOCKS * ITEMS], item[BLOCKS * ITEMS], tiles = 0, item_sum = 0;
         int n = 0;
         for (int b = 0; b < BLOCKS; ++b)
@@ -176,7 +177,8 @@ static int report(int raw) {
     return 1;
 }
 
-/* One traced case: warm-up, `reps` timed calls, the trace of the last; false if none was traced. */
+/* One traced case: warm-up, `reps` timed calls, then one more launch traced alone; false if none
+ * was traced. */
 typedef struct trace_case {
     kva_context *ctx;
     kva_plan plan;
@@ -190,6 +192,14 @@ static kva_status run_case(trace_case *c) {
                     : kva_prefill_run_ragged(c->ctx, &c->plan, &c->p, c->q, c->k, c->v, c->o, NULL);
 }
 
+/* the trace buffer of c's kernel into `trace`, then cleared (a variant's module at the head dim's
+ * built size: 64, 128 or 256 here); the CUDA error */
+static int read_trace(const trace_case *c) {
+    const size_t n = sizeof trace / sizeof(long long);
+    return c->p.variant ? kva__variant_trace_read(c->p.variant, c->p.head_dim, &trace[0][0][0][0], n)
+                        : kva__hp_trace_read(&trace[0][0][0][0], n);
+}
+
 static int time_and_report(trace_case *c, const char *label, double flop, int raw) {
     for (int i = 0; i < 3; ++i) OK(run_case(c));
     OK(kva_synchronize(c->ctx));
@@ -198,19 +208,15 @@ static int time_and_report(trace_case *c, const char *label, double flop, int ra
     for (int i = 0; i < reps; ++i) OK(run_case(c));
     OK(kva_synchronize(c->ctx));
     const double us = (now_us() - t0) / reps;
-    /* (a variant's module at the head dim's built size: 64, 128 or 256 here) */
-    const size_t n = sizeof trace / sizeof(long long);
-#define READ_TRACE()                                                                               \
-    (c->p.variant ? kva__variant_trace_read(c->p.variant, c->p.head_dim, &trace[0][0][0][0], n)    \
-                  : kva__hp_trace_read(&trace[0][0][0][0], n))
     /* The buffer holds what every launch wrote: cleared (read), then one more launch, read
      * alone. (Tickets hand a block a different number of items each launch, and a launch with
      * fewer left its predecessors' later items behind: the whole-item means and block spans of
      * 2026-11-30 came out negative.) */
-    int e = READ_TRACE();
-    if (e == 0 && run_case(c) != KVA_OK) e = -1;
-    if (e == 0) e = READ_TRACE();
-#undef READ_TRACE
+    int e = read_trace(c);
+    if (e == 0) {
+        OK(run_case(c));
+        e = read_trace(c);
+    }
     if (e != 0) {
         fprintf(stderr, "reading the trace failed\n");
         exit(1);

@@ -519,8 +519,9 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
      * record. (Global memory, not shared: racecheck does not follow mbarrier hand-overs of
      * shared memory and reported the slots -- every one with ordinary stores, 14 hazards with
      * bulk copies filling them. -DKVA__HP_SMEM_RECORDS=1 puts them back in shared memory for
-     * comparisons; KVA__HP_LANE_RECORDS (on by default) keeps them here and has the consumers
-     * fetch the record after next a word per lane: prefill_kernels.h.) The ticket of item m + 1 is
+     * comparisons; KVA__HP_LANE_RECORDS (on by default in the library's kernels, off in variant
+     * builds) keeps them here and has the consumers fetch the record after next a word per
+     * lane: prefill_kernels.h.) The ticket of item m + 1 is
      * drawn once warp 0 began item m (kv_top). Item m's Q goes to buffer m % Q_BUFS, by a
      * tensor copy where the item is whole (else the consumers copy it themselves: the
      * scheduler then only passes the buffer on, "q full"); the consumers stage the item's O in
@@ -1250,8 +1251,9 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
     /* (G::XITEM) the record as loaded early. Loaded whole (-DKVA__HP_LANE_RECORDS=0), every
      * word goes into a uniform register right behind the loads in the SASS (2026-11-30; empty
      * asm statements before its use in the tail do not stop it), so the warps wait there for
-     * the L2 round trip: ~600 cycles of the gap between items, which the lane records
-     * (default) and the shared-memory slots remove (prefill_kernels.h, bench/NOTES.md v6.41) */
+     * the L2 round trip: ~600 cycles of the gap between items, which the lane records (the
+     * library's default; variant builds keep the four loads) and the shared-memory slots
+     * remove (prefill_kernels.h, bench/NOTES.md v6.41) */
 #if KVA__HP_LANE_RECORDS
     /* (KVA__HP_LANE_RECORDS, prefill_kernels.h) the early record as one word per lane -- word
      * lane % 16 -- loaded by each lane from its own address, so that no uniform move waits for

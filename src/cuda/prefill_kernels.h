@@ -46,9 +46,10 @@
  * the block's mbarriers, so that a fetch of a published record is four shared loads instead of an
  * L2 round trip: in the SASS the fetched words go into uniform registers right behind the loads,
  * and the traces of 2026-11-30 put ~600 cycles of the ~850-cycle gap between items there
- * (bench/NOTES.md). Off until measured: racecheck does not follow mbarrier hand-overs of shared
- * memory and reported such slots before (the reason the records went to the workspace,
- * prefill_hopper.cuh), so with it expect racecheck reports on them. The launch size: d128
+ * (bench/NOTES.md). Off: measured on the H200 (2026-11-30, v6.41) ~0.8% faster than the lane
+ * records below at d128 32 x 512 and ~1.5% at d64 32 x 512, level at 16k, but racecheck does not
+ * follow mbarrier hand-overs of shared memory (the reason the records went to the workspace,
+ * prefill_hopper.cuh) and reported 112 errors on the slots. The launch size: d128
  * unchanged (the bytes come out of those reserved for native ALiBi's tile), d64 +64 bytes,
  * d256 +256. Variant builds get the library's value (variant_compile.c): their shared memory
  * differs. (It turns KVA__HP_LANE_RECORDS, below, off.) */
@@ -61,9 +62,8 @@
  * own address, so the compiler sees no uniform value to move right behind the loads; the tail
  * gathers the words with 14 shuffles, long after they landed (and one register per thread holds
  * the record in flight instead of 14). On: paired on the H200 (2026-11-30, bench/NOTES.md v6.41)
- * the gap between items at d128 went from ~800 to ~470 cycles, 32 x 512 rows +1.0-1.6%, the
- * rest level, racecheck clean (the shared-memory slots measured +0.8% more at d128 and +1.5-2%
- * at d64, but with 112 racecheck reports). Variant builds keep the four-load fetch (measured
+ * the gap between items at d128 went from ~800 to ~440-490 cycles, 32 x 512 rows +0.9..+1.6%,
+ * the rest level, racecheck clean. Variant builds keep the four-load fetch (measured
  * slower with lane records at 16k: variant_compile.c). -DKVA__HP_LANE_RECORDS=0: the four-load
  * fetch here too (comparisons). */
 #ifndef KVA__HP_LANE_RECORDS

@@ -142,6 +142,17 @@ static uint64_t library_hash(void) {
     return h ? h : 1;
 }
 
+/* The NVRTC program of a module: the build's settings, the modifier's source, the kernel header
+ * (compile_module). Its text is part of the disk cache's key, so that editing a constant here
+ * (as KVA__HP_LANE_RECORDS) cannot reuse a module compiled before. */
+#define KVA__PROGRAM_HEAD                                                                          \
+    "#define KVA_SCORE_MOD_FN %s\n#define KVA__HP_CWG_D64 %d\n#define KVA__HP_QBUFS %d\n"             \
+    "#define KVA__HP_ORING %d\n#define KVA__HP_ALIBI_TURNS %d\n#define KVA__HP_SMEM_RECORDS %d\n"      \
+    "#define KVA__HP_LANE_RECORDS 0\n#define KVA__DECODE_PDL 1\n%s%s%s"                              \
+    "#include \"cuda_common.cuh\"\n"                                                                 \
+    "#include \"variant_prelude.cuh\"\n"                                                             \
+    "#line 1 \"variant.cu\"\n%s\n#line 1 \"kvattn-kernels.cu\"\n#include \"%s\"\n"
+
 void kva__variant_key(const char *source, const char *function, const kva__vmod_id *id, int arch,
                       uint64_t key[2]) {
     int maj = 0, min = 0;
@@ -164,6 +175,8 @@ void kva__variant_key(const char *source, const char *function, const kva__vmod_
     }
     h0 = kva__fnv1a64(h0, head, strlen(head));
     h1 = kva__fnv1a64(h1, head, strlen(head));
+    h0 = kva__fnv1a64(h0, KVA__PROGRAM_HEAD, sizeof KVA__PROGRAM_HEAD - 1);
+    h1 = kva__fnv1a64(h1, KVA__PROGRAM_HEAD, sizeof KVA__PROGRAM_HEAD - 1);
     h0 = kva__fnv1a64(h0, source, strlen(source));
     h1 = kva__fnv1a64(h1 ^ 0x5bd1e995u, source, strlen(source));
     key[0] = h0;
@@ -190,7 +203,8 @@ static kva_status compile_module(const char *source, const char *function, int a
     const int nh = kva__embedded_file_count + 3;
     const char **hdr = (const char **)malloc(sizeof(char *) * (size_t)nh);
     const char **names = (const char **)malloc(sizeof(char *) * (size_t)nh);
-    const size_t prog_size = strlen(source) + strlen(function) + 768; /* (the defines and includes around it: ~450 bytes) */
+    /* (the format's text, plus the defines it inserts and the kernel header's name: < 256 bytes) */
+    const size_t prog_size = strlen(source) + strlen(function) + sizeof KVA__PROGRAM_HEAD + 256;
     char *prog = (char *)malloc(prog_size);
     kva_status st = KVA_OK;
     nvrtcProgram p = NULL;
@@ -215,8 +229,8 @@ static kva_status compile_module(const char *source, const char *function, int a
      * 16-bit prefill kernels (variant_prelude.cuh) */
     /* KVA__HP_LANE_RECORDS 0: variant builds fetch the record after next as four loads whatever the
      * library's kernels do (prefill_kernels.h): paired on the H200 (2026-11-30, bench/NOTES.md
-     * v6.41), lane records made the soft-cap snippet 2% and ALiBi 1% slower at 16k causal for 1%
-     * at 32 x 512 causal (the records' place in the workspace is the same either way) */
+     * v6.41), lane records made the soft-cap snippet 2-3% and ALiBi ~1% slower at 16k causal for
+     * under 1% at 32 x 512 causal (the records' place in the workspace is the same either way) */
     /* KVA__DECODE_PDL 1: decode kernels always hold the programmatic-launch wait (harmless when
      * launched without the attribute), whatever the header's default: variant_load.cu lets them
      * launch as dependents on sm_90+ */
@@ -228,15 +242,9 @@ static kva_status compile_module(const char *source, const char *function, int a
 #else
     const char *trace = "";
 #endif
-    snprintf(prog, prog_size,
-             "#define KVA_SCORE_MOD_FN %s\n#define KVA__HP_CWG_D64 %d\n#define KVA__HP_QBUFS %d\n"
-             "#define KVA__HP_ORING %d\n#define KVA__HP_ALIBI_TURNS %d\n#define KVA__HP_SMEM_RECORDS %d\n"
-             "#define KVA__HP_LANE_RECORDS 0\n#define KVA__DECODE_PDL 1\n%s%s%s"
-             "#include \"cuda_common.cuh\"\n"
-             "#include \"variant_prelude.cuh\"\n"
-             "#line 1 \"variant.cu\"\n%s\n#line 1 \"kvattn-kernels.cu\"\n#include \"%s\"\n",
-             function, kva__prefill_wg_warps(64) / 4, kva__prefill_hp_qbufs(), kva__prefill_hp_oring(),
-             kva__prefill_hp_alibi_turns(), kva__prefill_hp_smem_records(), strcmp(function, "kva_alibi") == 0 ? "#define KVA__FN_IS_KVA_ALIBI 1\n" : "",
+    snprintf(prog, prog_size, KVA__PROGRAM_HEAD, function, kva__prefill_wg_warps(64) / 4, kva__prefill_hp_qbufs(),
+             kva__prefill_hp_oring(), kva__prefill_hp_alibi_turns(), kva__prefill_hp_smem_records(),
+             strcmp(function, "kva_alibi") == 0 ? "#define KVA__FN_IS_KVA_ALIBI 1\n" : "",
              fast_tanh ? "#define KVA__VARIANT_FAST_TANH 1\n" : "", trace, source, kernel_file(&img->id, arch));
     if (nvrtcCreateProgram(&p, prog, "variant.cu", nh, hdr, names) != NVRTC_SUCCESS) {
         st = KVA_ERR_OUT_OF_MEMORY;
