@@ -21,6 +21,10 @@ static const char *names[] = {"ex2.approx.ftz", "tanh.approx", "tanh + ex2 (1:1)
 /* results counted per case: the special-function ones (FFMA for K_FFMA) per loop trip and chain */
 static const double per_trip[] = {1, 1, 2, 1, 1, 1};
 
+/* four dependent FFMAs on the asm statement's operand %0 */
+#define FFMA_1 "\n\tfma.rn.f32 %0, %0, 0f3F7FFFFF, 0f33800000;"
+#define FOUR_FFMA FFMA_1 FFMA_1 FFMA_1 FFMA_1
+
 template <int K>
 __global__ void __launch_bounds__(THREADS, 1) rate_kernel(float seed, long long *cycles, float *sink) {
     float x[CHAINS];
@@ -34,18 +38,10 @@ __global__ void __launch_bounds__(THREADS, 1) rate_kernel(float seed, long long 
             float y = x[c];
             if (K == K_EX2) asm volatile("ex2.approx.ftz.f32 %0, %0;" : "+f"(y));
             if (K == K_TANH) asm volatile("tanh.approx.f32 %0, %0;" : "+f"(y));
-            if (K == K_EX2_FFMA4)
-                asm volatile("ex2.approx.ftz.f32 %0, %0;\n\tfma.rn.f32 %0, %0, 0f3F7FFFFF, 0f33800000;\n\t"
-                             "fma.rn.f32 %0, %0, 0f3F7FFFFF, 0f33800000;\n\tfma.rn.f32 %0, %0, 0f3F7FFFFF, 0f33800000;\n\t"
-                             "fma.rn.f32 %0, %0, 0f3F7FFFFF, 0f33800000;"
-                             : "+f"(y));
+            if (K == K_EX2_FFMA4) asm volatile("ex2.approx.ftz.f32 %0, %0;" FOUR_FFMA : "+f"(y));
             if (K == K_MIX) asm volatile("tanh.approx.f32 %0, %0;\n\tex2.approx.ftz.f32 %0, %0;" : "+f"(y));
             if (K == K_FFMA) asm volatile("fma.rn.f32 %0, %0, 0f3F7FFFFF, 0f33800000;" : "+f"(y));
-            if (K == K_TANH_FFMA4)
-                asm volatile("tanh.approx.f32 %0, %0;\n\tfma.rn.f32 %0, %0, 0f3F7FFFFF, 0f33800000;\n\t"
-                             "fma.rn.f32 %0, %0, 0f3F7FFFFF, 0f33800000;\n\tfma.rn.f32 %0, %0, 0f3F7FFFFF, 0f33800000;\n\t"
-                             "fma.rn.f32 %0, %0, 0f3F7FFFFF, 0f33800000;"
-                             : "+f"(y));
+            if (K == K_TANH_FFMA4) asm volatile("tanh.approx.f32 %0, %0;" FOUR_FFMA : "+f"(y));
             x[c] = y;
         }
     }
