@@ -12,7 +12,8 @@
 #   5. the benchmark (bench/bench_torch.py: decode table -- read ceiling, ours vs PyTorch SDPA,
 #      graph replays -- and prefill table -- bf16 GEMM ceiling, ours ragged / paged / dense vs
 #      SDPA flash and cuDNN; both tables printed at the end, numbers in bench.json (in logs.tgz); the board's
-#      power, SM clock and throttle reasons sampled meanwhile into bench-power.csv),
+#      power, SM clock and throttle reasons sampled meanwhile into bench-power.csv; then the
+#      special-function unit's ex2 / tanh rates, bench/probes/mufu_rate.cu, into mufu_rate.log),
 #   6. a summary, printed last.
 # Logs go to $OUT (default ./gpu-check-out; packed, see "Logs" below). Knobs: GPU_CHECK_SOAK=S adds a soak of S seconds
 # (kvattn run --duration, prefix sharing on; host and device memory must stay flat),
@@ -320,6 +321,14 @@ if [ "${GPU_CHECK_BENCH:-1}" != 0 ]; then
                                     n, cmin, cmax, wmax, cap); print note }' "$OUT/bench-power.csv" >"$OUT/bench-power.txt" 2>/dev/null
     [ -s "$OUT/bench-power.txt" ] && note "$(cat "$OUT/bench-power.txt")"
     sed -n '/^## kvattn/,$p' "$OUT/bench.log"
+    # The special-function unit's rates (ex2, tanh: the softmax's and the soft cap's), the
+    # ceiling a capped softmax is held to (bench/probes/mufu_rate.cu, ~3 s)
+    if nvcc -O3 -arch=sm_90a -o "$BUILD/mufu_rate" bench/probes/mufu_rate.cu >"$OUT/mufu_rate.log" 2>&1 &&
+       "./$BUILD/mufu_rate" >>"$OUT/mufu_rate.log" 2>&1; then
+        note "special-function unit: $(grep -E 'tanh.approx|ex2.approx' "$OUT/mufu_rate.log" | tr -s ' ' | tr '\n' ';')"
+    else
+        note "special-function unit probe: FAILED (see mufu_rate.log)"
+    fi
     # The other prefill paths beside it (d = 128 rows), for the path comparison.
     if [ "${GPU_CHECK_BENCH_MMA:-1}" != 0 ]; then
         KVA_PREFILL_PATH=wgmma PYTHONUNBUFFERED=1 python3 bench/bench_torch.py --build "$BUILD" --prefill-only \
