@@ -166,10 +166,11 @@ KVA_TEST(variant_compile_every_kernel) {
         CHECK_MSG(have == want, "module %d: %d kernels, expected %d", m, have, want);
     }
     CHECK(img[3].names[KVA__VMOD_PF_HOPPER] && strstr(img[3].names[KVA__VMOD_PF_HOPPER], "Lb1E"));
-    /* (the d128 TMA kernel's two builds: the default's TURNS = -1 and 1) */
+    /* (the d128 TMA kernel's two builds: the default's TURNS = -1 and 1, both uncapped -- CAP = 0,
+     * the template's last argument: a module takes the soft cap at run time) */
     if (kva__variant_hopper_hooked())
-        CHECK(img[3].names[KVA__VMOD_PF_TMA_TURNS] && strstr(img[3].names[KVA__VMOD_PF_TMA_TURNS], "ELi1EEv") &&
-              strstr(img[3].names[KVA__VMOD_PF_TMA], "ELin1EEv") && !img[4].names[KVA__VMOD_PF_TMA_TURNS]);
+        CHECK(img[3].names[KVA__VMOD_PF_TMA_TURNS] && strstr(img[3].names[KVA__VMOD_PF_TMA_TURNS], "ELi1ELi0EEv") &&
+              strstr(img[3].names[KVA__VMOD_PF_TMA], "ELin1ELi0EEv") && !img[4].names[KVA__VMOD_PF_TMA_TURNS]);
     kva__vmod_images_free(img, n);
     /* a source whose own build takes the turns (KVA_VARIANT_PINGPONG): no second d128 TMA build */
     if (kva__variant_hopper_hooked()) {

@@ -168,6 +168,10 @@ static kva_status prepare_kernels(kva__cuda_private *priv) {
                 cudaError_t err = cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, k.smem);
                 if (err == cudaSuccess && k.fn_no_turns)
                     err = cudaFuncSetAttribute(k.fn_no_turns, cudaFuncAttributeMaxDynamicSharedMemorySize, k.smem);
+                if (err == cudaSuccess && k.fn_cap)
+                    err = cudaFuncSetAttribute(k.fn_cap, cudaFuncAttributeMaxDynamicSharedMemorySize, k.smem);
+                if (err == cudaSuccess && k.fn_cap_no_turns)
+                    err = cudaFuncSetAttribute(k.fn_cap_no_turns, cudaFuncAttributeMaxDynamicSharedMemorySize, k.smem);
                 if (err != cudaSuccess)
                     return kva__fail(KVA_ERR_DEVICE,
                                      "CUDA context: preparing the prefill kernel (%s, head_dim %d, %d rows, %d B "

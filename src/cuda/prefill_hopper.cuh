@@ -426,7 +426,7 @@ __device__ __forceinline__ float kva__hp_tree(float *t) {
  * d128 layout is Phi-3's d96: Q K^T takes 6 k16 steps instead of 8 and P V is n96, where the
  * d128 kernel spent a quarter of both on the zero columns (the copies past the real dim still
  * land zeros, the O store's box is clipped to it). */
-template <typename T, int D, int DW = D, int TURNS = -1>
+template <typename T, int D, int DW = D, int TURNS = -1, int CAP = 0>
 __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefill_hopper_kernel(const __grid_constant__ kva__hopper_prefill_args ha) {
 #if KVA__HAVE_WGMMA
     static_assert(DW <= D && DW % 16 == 0, "the matrix products' head dim: a multiple of 16 within the layout's");
@@ -928,7 +928,12 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
     auto release = [&](uint32_t bar) {
         if (lane == 0) kva__mbar_arrive(bar);
     };
-    const bool capped = a.cap_log2 > 0.0f;
+    /* CAP (KVA__HP_CAP_KERNEL, prefill_kernels.h; the library's kernels only): the soft cap a
+     * compile-time property of the build, launched by the cap (prefill_launch.cu, hopper_fn) */
+    constexpr bool CAP_BUILDS = KVA__HP_CAP_KERNEL && !KVA__HP_ALIBI && !KVA__HAS_SCORE_MOD;
+    const bool capped = CAP_BUILDS ? CAP != 0 : a.cap_log2 > 0.0f;
+    /* (CAP_BUILDS) the capped build's row max from the raw scores (softmax) */
+    constexpr bool RAW_MAX = CAP_BUILDS && CAP != 0;
     /* with a variant (KVA__HAS_SCORE_MOD) scores reach the softmax in natural-log units
      * (native ALiBi: raw or capped like the built-in path's, the bias in them or in alibi_pre/_post) */
     const float mul = KVA__HAS_SCORE_MOD && !KVA__HP_ALIBI ? KVA__PF_LOG2E : capped ? 1.0f : a.scale_log2;
@@ -1085,7 +1090,51 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
          * NaN without a cap -- never a mask (as prefill_kernel.cuh, which turns -inf into NaN
          * and lets +inf make the row NaN through its max; here both become NaN before a
          * variant's modifier sees them) */
-        if (capped) {
+        /* (RAW_MAX) each row's capped max from the max of its visible raw scores by one tanh
+         * (monotonic: the same float as that score's), so that the max's tree and shuffles need
+         * not wait for the scores' tanh (-inf where the row sees no key of the tile) */
+        float cap_mx[2] = {-INFINITY, -INFINITY};
+        if constexpr (RAW_MAX) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                float tr[NT];
+                bool seen = true;
+                if (need_mask) { /* (the mask below, on the raw scores) */
+                    const int k_lo = max(t.kmin, qlo[h]);
+                    const int k_hi = max(k_lo, min(hi, qhi[h]));
+                    const int base = t.kb + 2 * (lane & 3);
+                    const int lo_c = k_lo - base, hi_c = k_hi - base;
+#pragma unroll
+                    for (int nt = 0; nt < NT; ++nt) {
+                        const int c = nt * 8;
+                        const float x0 = c >= lo_c && c < hi_c ? sc[nt][2 * h] : -INFINITY;
+                        const float x1 = c + 1 >= lo_c && c + 1 < hi_c ? sc[nt][2 * h + 1] : -INFINITY;
+                        tr[nt] = fmaxf(x0, x1);
+                    }
+                    seen = max(k_lo, t.kb) < min(k_hi, t.kb + BN);
+                } else {
+#pragma unroll
+                    for (int nt = 0; nt < NT; ++nt) tr[nt] = fmaxf(sc[nt][2 * h], sc[nt][2 * h + 1]);
+                }
+                float r = kva__hp_tree<NT, true>(tr);
+                r = fmaxf(r, __shfl_xor_sync(0xffffffffu, r, 1));
+                r = fmaxf(r, __shfl_xor_sync(0xffffffffu, r, 2));
+                cap_mx[h] = seen ? a.cap_log2 * kva__pf_tanh_fast(r * a.cap_inv_scale) : -INFINITY;
+            }
+        }
+        if constexpr (RAW_MAX) {
+            /* the last 3/4 of my scores' tanh made to depend on the max (x 0 + inv, in asm: not
+             * folded), so that the max's tanh enters the unit's queue ahead of them and the
+             * exponentials can follow the tanh (left alone, ptxas issued all 64 first) */
+            const float dep = fmaxf(fmaxf(cap_mx[0], cap_mx[1]), -3.402823466e38f);
+            float inv_late;
+            asm("fma.rn.f32 %0, %1, 0f00000000, %2;" : "=f"(inv_late) : "f"(dep), "f"(a.cap_inv_scale));
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e)
+                    sc[nt][e] = a.cap_log2 * kva__pf_tanh_fast(sc[nt][e] * (nt >= NT / 4 ? inv_late : a.cap_inv_scale));
+        } else if (capped) {
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
@@ -1161,11 +1210,13 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
              * its latency on the critical path (the softmax runs alone on its warp) */
             float tr[NT];
 #pragma unroll
-            for (int nt = 0; nt < NT; ++nt) tr[nt] = fmaxf(sc[nt][2 * h], sc[nt][2 * h + 1]);
-            float mx = kva__hp_tree<NT, true>(tr);
+            for (int nt = 0; nt < NT; ++nt) tr[nt] = RAW_MAX ? 0.0f : fmaxf(sc[nt][2 * h], sc[nt][2 * h + 1]);
+            float mx = RAW_MAX ? cap_mx[h] : kva__hp_tree<NT, true>(tr); /* (RAW_MAX: see above) */
             if constexpr (KVA__HP_ALIBI) mx += alibi_pre[h];
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            if constexpr (!RAW_MAX) {
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            }
             float ms = __fmul_rn(mx, mul);
             if constexpr (KVA__HP_ALIBI) ms = __fadd_rn(ms, alibi_post[h]);
             /* as prefill_kernel.cuh: a row whose visible scores all left f32 range keeps
@@ -1580,17 +1631,26 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
 #endif
 }
 
-/* The warp-specialised kernel of one element type for a head dim, or NULL. */
+/* The warp-specialised kernel of one element type for a head dim, or NULL. (The capped builds
+ * exist only with KVA__HP_CAP_KERNEL: a reference would instantiate them.) */
+#if KVA__HP_CAP_KERNEL
+#define KVA__HP_FN(T, D, DW, TURNS)                                                              \
+    (capped ? (const void *)kva__prefill_hopper_kernel<T, D, DW, TURNS, 1>                     \
+            : (const void *)kva__prefill_hopper_kernel<T, D, DW, TURNS>)
+#else
+#define KVA__HP_FN(T, D, DW, TURNS) ((void)capped, (const void *)kva__prefill_hopper_kernel<T, D, DW, TURNS>)
+#endif
 #define KVA__HP_CASE(T, D, DW, TURNS)                                                          \
     *smem = kva__hopper_geom<T, D>::SMEM;                                                      \
     *threads = kva__hopper_geom<T, D>::THREADS;                                                \
     *rows = kva__hopper_geom<T, D>::ROWS;                                                      \
     *block_n = kva__hopper_geom<T, D>::BN;                                                     \
-    return (const void *)kva__prefill_hopper_kernel<T, D, DW, TURNS>;
+    return KVA__HP_FN(T, D, DW, TURNS);
 /* (head_dim: a built dim, or 96 -- the d128 layout with d96 products; no_turns: the d128
- * layout's build without the ping-pong turns, elsewhere the one build) */
+ * layout's build without the ping-pong turns, elsewhere the one build; capped: with
+ * KVA__HP_CAP_KERNEL the soft-capped build) */
 #define KVA__PREFILL_HOPPER_INSTANTIATE(T, NAME)                                               \
-    const void *NAME(int head_dim, int no_turns, int *smem, int *threads, int *rows, int *block_n) { \
+    const void *NAME(int head_dim, int no_turns, int capped, int *smem, int *threads, int *rows, int *block_n) { \
         switch (head_dim) {                                                                    \
         case 64: KVA__HP_CASE(T, 64, 64, -1)                                                   \
         case 96:                                                                               \

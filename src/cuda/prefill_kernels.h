@@ -69,6 +69,19 @@
 #ifndef KVA__HP_LANE_RECORDS
 #define KVA__HP_LANE_RECORDS (!KVA__HP_SMEM_RECORDS)
 #endif
+/* A build of the warp-specialised Hopper kernel for soft-capped calls (1), chosen at launch, whose
+ * softmax takes each row's max from the raw scores (tanh is monotonic: the capped max is the cap
+ * of the raw max, the same float) and has the max's tanh ahead of most of the scores' tanh in the
+ * special-function unit's queue, so that the exponentials need not wait for every tanh; the
+ * other build then has no soft-cap code. With the cap a run-time flag (0), a capped d128 tile ran
+ * ~3820 cycles against plain's ~2623 with the unit ~54% busy (tanh costs what ex2 does:
+ * bench/probes/mufu_rate.cu), in serial phases -- all tanh, the max, the exponentials -- and a
+ * raw max under the run-time flag was if-converted (both maxima computed, one selected:
+ * bench/NOTES.md v6.41). Off (0) until measured; the library's kernels only (variant modules keep
+ * the run-time cap). */
+#ifndef KVA__HP_CAP_KERNEL
+#define KVA__HP_CAP_KERNEL 0
+#endif
 /* Whether a variant's native ALiBi build of that kernel (KVA__HP_ALIBI) has the consumers' turns
  * on the d128 layout (d64 keeps them, as plain d64 does: unmeasured without). Off: paired on the
  * H200 (2026-11-29, d128 bf16 16k causal, two rounds each) without them ALiBi ran 1.4-1.6%
@@ -143,6 +156,8 @@ typedef struct kva__prefill_kernel {
     const void *fn_no_turns; /* tma, d128 layout: the build without the consumers' ping-pong
                                 turns, for all but causal items of <= 1024 keys and decode
                                 records (hopper_fn, prefill_launch.cu); else NULL */
+    const void *fn_cap, *fn_cap_no_turns; /* tma, KVA__HP_CAP_KERNEL: the soft-capped builds of
+                                             fn and fn_no_turns (hopper_fn); else NULL */
     int rows;          /* packed query rows per block */
     int smem;          /* dynamic shared memory, bytes */
     int threads;
@@ -196,9 +211,12 @@ const void *kva__prefill_f32(int head_dim, int rows, int *smem, int *threads);
  * (192 at d64, else 128), *threads (a producer warpgroup and one per 64 rows), *block_n keys per
  * tile; head_dim a built dim (64, 128, 256) or 96 (the d128 layout with d96 products); NULL for
  * another. no_turns != 0: on the d128 layout the build without the ping-pong turns (the same
- * launch shape), elsewhere the one build. */
-const void *kva__prefill_hopper_bf16(int head_dim, int no_turns, int *smem, int *threads, int *rows, int *block_n);
-const void *kva__prefill_hopper_f16(int head_dim, int no_turns, int *smem, int *threads, int *rows, int *block_n);
+ * launch shape), elsewhere the one build. capped != 0: with KVA__HP_CAP_KERNEL the soft-capped
+ * build (the same launch shape), without it the one build. */
+const void *kva__prefill_hopper_bf16(int head_dim, int no_turns, int capped, int *smem, int *threads, int *rows,
+                                     int *block_n);
+const void *kva__prefill_hopper_f16(int head_dim, int no_turns, int capped, int *smem, int *threads, int *rows,
+                                    int *block_n);
 
 /* The merge of split prefill work items (prefill_merge.cu). */
 typedef struct kva__prefill_merge_args {

@@ -39,8 +39,8 @@ static int slot_smem(const kva__vmod_id *id, int slot, int *threads) {
     }
     if (slot == KVA__VMOD_PF_TMA || slot == KVA__VMOD_PF_TMA_TURNS) {
         int smem = 0, rows = 0, block_n = 0;
-        const void *fn = id->dtype == KVA_BF16   ? kva__prefill_hopper_bf16(id->dim, 0, &smem, threads, &rows, &block_n)
-                         : id->dtype == KVA_F16 ? kva__prefill_hopper_f16(id->dim, 0, &smem, threads, &rows, &block_n)
+        const void *fn = id->dtype == KVA_BF16   ? kva__prefill_hopper_bf16(id->dim, 0, 0, &smem, threads, &rows, &block_n)
+                         : id->dtype == KVA_F16 ? kva__prefill_hopper_f16(id->dim, 0, 0, &smem, threads, &rows, &block_n)
                                                 : NULL;
         return fn ? smem : 0;
     }
