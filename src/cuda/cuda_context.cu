@@ -165,13 +165,11 @@ static kva_status prepare_kernels(kva__cuda_private *priv) {
                 kva__prefill_choice k;
                 const kva__prefill_target target = {(kva__prefill_path)path, priv->smem_optin};
                 if (!kva__prefill_choose(dts[ti], dims[di], rows, &target, &k)) continue;
-                cudaError_t err = cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, k.smem);
-                if (err == cudaSuccess && k.fn_no_turns)
-                    err = cudaFuncSetAttribute(k.fn_no_turns, cudaFuncAttributeMaxDynamicSharedMemorySize, k.smem);
-                if (err == cudaSuccess && k.fn_cap)
-                    err = cudaFuncSetAttribute(k.fn_cap, cudaFuncAttributeMaxDynamicSharedMemorySize, k.smem);
-                if (err == cudaSuccess && k.fn_cap_no_turns)
-                    err = cudaFuncSetAttribute(k.fn_cap_no_turns, cudaFuncAttributeMaxDynamicSharedMemorySize, k.smem);
+                /* (the Hopper kernel's other builds: the same launch shape) */
+                const void *const builds[4] = {k.fn, k.fn_no_turns, k.fn_cap, k.fn_cap_no_turns};
+                cudaError_t err = cudaSuccess;
+                for (int b = 0; b < 4 && err == cudaSuccess; ++b)
+                    if (builds[b]) err = cudaFuncSetAttribute(builds[b], cudaFuncAttributeMaxDynamicSharedMemorySize, k.smem);
                 if (err != cudaSuccess)
                     return kva__fail(KVA_ERR_DEVICE,
                                      "CUDA context: preparing the prefill kernel (%s, head_dim %d, %d rows, %d B "

@@ -932,7 +932,8 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
      * compile-time property of the build, launched by the cap (prefill_launch.cu, hopper_fn) */
     constexpr bool CAP_BUILDS = KVA__HP_CAP_KERNEL && !KVA__HP_ALIBI && !KVA__HAS_SCORE_MOD;
     const bool capped = CAP_BUILDS ? CAP != 0 : a.cap_log2 > 0.0f;
-    /* (CAP_BUILDS) the capped build's row max from the raw scores (softmax) */
+    /* (CAP_BUILDS) the capped build takes its row max from the raw scores, so that its
+     * exponentials need not wait for every tanh (softmax) */
     constexpr bool RAW_MAX = CAP_BUILDS && CAP != 0;
     /* with a variant (KVA__HAS_SCORE_MOD) scores reach the softmax in natural-log units
      * (native ALiBi: raw or capped like the built-in path's, the bias in them or in alibi_pre/_post) */
@@ -1086,6 +1087,15 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
         const kva__hp_tile t = kva__hp_tile_of<BN>(G::REVERSE ? wk.n_tiles - 1 - j : j, lo, wk.lo_al, hi, paged);
         const bool need_mask = t.kb + BN > hi || t.kb < t.kmin || (a.causal && t.kb + BN - 1 > wk.it.q_pos0) ||
                                (a.window_left >= 0 && (int64_t)t.kb < (int64_t)q_last - a.window_left);
+        /* (need_mask) the columns [lo_c, hi_c) of my scores that row h sees, c = 8 nt + e % 2 for
+         * key kb + 2 (lane % 4) + c (the mask below, and RAW_MAX's max before it: one rule) */
+        auto row_cols = [&](int h, int &lo_c, int &hi_c) {
+            const int k_lo = max(t.kmin, qlo[h]);
+            const int k_hi = max(k_lo, min(hi, qhi[h]));
+            const int base = t.kb + 2 * (lane & 3);
+            lo_c = k_lo - base;
+            hi_c = k_hi - base;
+        };
         /* an overflowed dot product: capped (tanh saturates, as in the float64 reference), or
          * NaN without a cap -- never a mask (as prefill_kernel.cuh, which turns -inf into NaN
          * and lets +inf make the row NaN through its max; here both become NaN before a
@@ -1098,12 +1108,10 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 float tr[NT];
-                bool seen = true;
+                bool row_sees_tile = true;
                 if (need_mask) { /* (the mask below, on the raw scores) */
-                    const int k_lo = max(t.kmin, qlo[h]);
-                    const int k_hi = max(k_lo, min(hi, qhi[h]));
-                    const int base = t.kb + 2 * (lane & 3);
-                    const int lo_c = k_lo - base, hi_c = k_hi - base;
+                    int lo_c, hi_c;
+                    row_cols(h, lo_c, hi_c);
 #pragma unroll
                     for (int nt = 0; nt < NT; ++nt) {
                         const int c = nt * 8;
@@ -1111,7 +1119,9 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
                         const float x1 = c + 1 >= lo_c && c + 1 < hi_c ? sc[nt][2 * h + 1] : -INFINITY;
                         tr[nt] = fmaxf(x0, x1);
                     }
-                    seen = max(k_lo, t.kb) < min(k_hi, t.kb + BN);
+                    /* (the quad's columns together: [lo_c, hi_c) shifted back to the tile's 0..BN) */
+                    const int shift = 2 * (lane & 3);
+                    row_sees_tile = max(lo_c + shift, 0) < min(hi_c + shift, BN);
                 } else {
 #pragma unroll
                     for (int nt = 0; nt < NT; ++nt) tr[nt] = fmaxf(sc[nt][2 * h], sc[nt][2 * h + 1]);
@@ -1119,14 +1129,16 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
                 float r = kva__hp_tree<NT, true>(tr);
                 r = fmaxf(r, __shfl_xor_sync(0xffffffffu, r, 1));
                 r = fmaxf(r, __shfl_xor_sync(0xffffffffu, r, 2));
-                cap_mx[h] = seen ? a.cap_log2 * kva__pf_tanh_fast(r * a.cap_inv_scale) : -INFINITY;
+                cap_mx[h] = row_sees_tile ? a.cap_log2 * kva__pf_tanh_fast(r * a.cap_inv_scale) : -INFINITY;
             }
         }
         if constexpr (RAW_MAX) {
             /* the last 3/4 of my scores' tanh made to depend on the max (x 0 + inv, in asm: not
              * folded), so that the max's tanh enters the unit's queue ahead of them and the
              * exponentials can follow the tanh (left alone, ptxas issued all 64 first) */
-            const float dep = fmaxf(fmaxf(cap_mx[0], cap_mx[1]), -3.402823466e38f);
+            /* (finite, so that dep x 0 is 0 and inv_late is inv: a row seeing no key has -inf,
+             * a cap whose log2 overflowed +inf) */
+            const float dep = fminf(fmaxf(fmaxf(cap_mx[0], cap_mx[1]), -3.402823466e38f), 3.402823466e38f);
             float inv_late;
             asm("fma.rn.f32 %0, %1, 0f00000000, %2;" : "=f"(inv_late) : "f"(dep), "f"(a.cap_inv_scale));
 #pragma unroll
@@ -1150,10 +1162,8 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
                  * shifted last tile of a ragged block); the diagonal tile of a causal mask has
                  * only the upper one. An overflowed dot product (+-inf) becomes NaN by an FMA
                  * (0 x inf), never a mask. */
-                const int k_lo = max(t.kmin, qlo[h]);
-                const int k_hi = max(k_lo, min(hi, qhi[h]));
-                const int base = t.kb + 2 * (lane & 3);
-                const int lo_c = k_lo - base, hi_c = k_hi - base;
+                int lo_c, hi_c;
+                row_cols(h, lo_c, hi_c);
                 if (__any_sync(0xffffffffu, lo_c > 0)) {
 #pragma unroll
                     for (int nt = 0; nt < NT; ++nt)
@@ -1209,8 +1219,10 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
             /* max and sum as trees: a chain of NT dependent instructions per row would put
              * its latency on the critical path (the softmax runs alone on its warp) */
             float tr[NT];
+            if constexpr (!RAW_MAX) {
 #pragma unroll
-            for (int nt = 0; nt < NT; ++nt) tr[nt] = RAW_MAX ? 0.0f : fmaxf(sc[nt][2 * h], sc[nt][2 * h + 1]);
+                for (int nt = 0; nt < NT; ++nt) tr[nt] = fmaxf(sc[nt][2 * h], sc[nt][2 * h + 1]);
+            }
             float mx = RAW_MAX ? cap_mx[h] : kva__hp_tree<NT, true>(tr); /* (RAW_MAX: see above) */
             if constexpr (KVA__HP_ALIBI) mx += alibi_pre[h];
             if constexpr (!RAW_MAX) {

@@ -15,6 +15,7 @@
 #include "prefill_kernels.h"
 #include "variant.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,24 +40,24 @@ static bool lookup(kva_dtype dtype, int head_dim, int rows, kva__prefill_choice 
 /* The warp-specialised Hopper kernel, or false. */
 static bool lookup_hopper(kva_dtype dtype, int head_dim, kva__prefill_choice *k) {
     int smem = 0, threads = 0, rows = 0, block_n = 0;
-    const void *fn = NULL, *fn_nt = NULL, *fc = NULL, *fc_nt = NULL;
+    const void *fn = NULL, *fn_nt = NULL, *fn_cap = NULL, *fn_cap_nt = NULL;
     if (dtype == KVA_BF16) {
         fn = kva__prefill_hopper_bf16(head_dim, 0, 0, &smem, &threads, &rows, &block_n);
         fn_nt = kva__prefill_hopper_bf16(head_dim, 1, 0, &smem, &threads, &rows, &block_n);
-        fc = kva__prefill_hopper_bf16(head_dim, 0, 1, &smem, &threads, &rows, &block_n);
-        fc_nt = kva__prefill_hopper_bf16(head_dim, 1, 1, &smem, &threads, &rows, &block_n);
+        fn_cap = kva__prefill_hopper_bf16(head_dim, 0, 1, &smem, &threads, &rows, &block_n);
+        fn_cap_nt = kva__prefill_hopper_bf16(head_dim, 1, 1, &smem, &threads, &rows, &block_n);
     } else if (dtype == KVA_F16) {
         fn = kva__prefill_hopper_f16(head_dim, 0, 0, &smem, &threads, &rows, &block_n);
         fn_nt = kva__prefill_hopper_f16(head_dim, 1, 0, &smem, &threads, &rows, &block_n);
-        fc = kva__prefill_hopper_f16(head_dim, 0, 1, &smem, &threads, &rows, &block_n);
-        fc_nt = kva__prefill_hopper_f16(head_dim, 1, 1, &smem, &threads, &rows, &block_n);
+        fn_cap = kva__prefill_hopper_f16(head_dim, 0, 1, &smem, &threads, &rows, &block_n);
+        fn_cap_nt = kva__prefill_hopper_f16(head_dim, 1, 1, &smem, &threads, &rows, &block_n);
     }
     if (!fn) return false;
     k->fn = fn;
     k->fn_no_turns = fn_nt != fn ? fn_nt : NULL;
     /* (without KVA__HP_CAP_KERNEL the same kernels: none) */
-    k->fn_cap = fc != fn ? fc : NULL;
-    k->fn_cap_no_turns = k->fn_cap && fc_nt != fc ? fc_nt : NULL;
+    k->fn_cap = fn_cap != fn ? fn_cap : NULL;
+    k->fn_cap_no_turns = k->fn_cap && fn_cap_nt != fn_cap ? fn_cap_nt : NULL;
     k->rows = rows;
     k->smem = smem;
     k->threads = threads;
@@ -280,14 +281,16 @@ static kva_status launch(kva_context *ctx, const kva__prefill_choice *k, int64_t
 #define KVA__HP_TURNS_MAX_KEYS 1024
 static const void *hopper_fn(const kva__prefill_choice *k, const kva__prefill_args *a, int64_t keys_per_item) {
     /* (KVA__HP_CAP_KERNEL: a soft-capped call takes the capped builds, which must not run
-     * uncapped calls nor the other builds capped ones) */
-    const bool capped = k->fn_cap && a->cap_log2 > 0.0f;
-    const void *with = capped ? k->fn_cap : k->fn, *without = capped ? k->fn_cap_no_turns : k->fn_no_turns;
-    if (!without) return with;
+     * uncapped calls nor the other builds capped ones. The kernels read the cap flushing
+     * subnormals to zero, so a cap whose log2 is subnormal counts as none here too.) */
+    const bool capped = k->fn_cap && a->cap_log2 >= FLT_MIN;
+    const void *turns_fn = capped ? k->fn_cap : k->fn;
+    const void *no_turns_fn = capped ? k->fn_cap_no_turns : k->fn_no_turns;
+    if (!no_turns_fn) return turns_fn;
     const char *env = getenv("KVA_PREFILL_TURNS");
-    if (env && *env) return strcmp(env, "0") == 0 ? without : with;
+    if (env && *env) return strcmp(env, "0") == 0 ? no_turns_fn : turns_fn;
     const bool turns = a->decode_records || (a->causal && keys_per_item <= KVA__HP_TURNS_MAX_KEYS);
-    return turns ? with : without;
+    return turns ? turns_fn : no_turns_fn;
 }
 
 /* Launches the chosen kernel. The Hopper kernel gets tensor maps of K and V; where a map

@@ -144,7 +144,9 @@ static uint64_t library_hash(void) {
 
 /* The NVRTC program of a module: the build's settings, the modifier's source, the kernel header
  * (compile_module). Its text is part of the disk cache's key, so that editing a constant here
- * (as KVA__HP_LANE_RECORDS) cannot reuse a module compiled before. */
+ * (as KVA__HP_LANE_RECORDS) cannot reuse a module compiled before. (The header shims and the
+ * kernels' name expressions in compile_module are not hashed: a change there needs a new
+ * library version, as a kernel header's does not -- those are hashed, library_hash.) */
 #define KVA__PROGRAM_HEAD                                                                          \
     "#define KVA_SCORE_MOD_FN %s\n#define KVA__HP_CWG_D64 %d\n#define KVA__HP_QBUFS %d\n"             \
     "#define KVA__HP_ORING %d\n#define KVA__HP_ALIBI_TURNS %d\n#define KVA__HP_SMEM_RECORDS %d\n"      \
@@ -242,10 +244,17 @@ static kva_status compile_module(const char *source, const char *function, int a
 #else
     const char *trace = "";
 #endif
-    snprintf(prog, prog_size, KVA__PROGRAM_HEAD, function, kva__prefill_wg_warps(64) / 4, kva__prefill_hp_qbufs(),
-             kva__prefill_hp_oring(), kva__prefill_hp_alibi_turns(), kva__prefill_hp_smem_records(),
-             strcmp(function, "kva_alibi") == 0 ? "#define KVA__FN_IS_KVA_ALIBI 1\n" : "",
-             fast_tanh ? "#define KVA__VARIANT_FAST_TANH 1\n" : "", trace, source, kernel_file(&img->id, arch));
+    const int written = snprintf(prog, prog_size, KVA__PROGRAM_HEAD, function, kva__prefill_wg_warps(64) / 4,
+                                 kva__prefill_hp_qbufs(), kva__prefill_hp_oring(), kva__prefill_hp_alibi_turns(),
+                                 kva__prefill_hp_smem_records(),
+                                 strcmp(function, "kva_alibi") == 0 ? "#define KVA__FN_IS_KVA_ALIBI 1\n" : "",
+                                 fast_tanh ? "#define KVA__VARIANT_FAST_TANH 1\n" : "", trace, source,
+                                 kernel_file(&img->id, arch));
+    if (written < 0 || (size_t)written >= prog_size) { /* (prog_size's margin outgrown: a bug here) */
+        *err = strdup("the NVRTC program did not fit its buffer (variant_compile.c)");
+        st = KVA_ERR_BAD_STATE;
+        goto done;
+    }
     if (nvrtcCreateProgram(&p, prog, "variant.cu", nh, hdr, names) != NVRTC_SUCCESS) {
         st = KVA_ERR_OUT_OF_MEMORY;
         goto done;
