@@ -928,13 +928,14 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
     auto release = [&](uint32_t bar) {
         if (lane == 0) kva__mbar_arrive(bar);
     };
-    /* CAP (KVA__HP_CAP_KERNEL, prefill_kernels.h; the library's kernels only): the soft cap a
-     * compile-time property of the build, launched by the cap (prefill_launch.cu, hopper_fn) */
-    constexpr bool CAP_BUILDS = KVA__HP_CAP_KERNEL && !KVA__HP_ALIBI && !KVA__HAS_SCORE_MOD;
+    /* CAP (KVA__HP_CAP_KERNEL, prefill_kernels.h; the library's kernels only, the layouts of
+     * KVA__HP_CAP_BUILT): the soft cap a compile-time property of the build, launched by the cap
+     * (prefill_launch.cu, hopper_fn) */
+    constexpr bool CAP_BUILDS = KVA__HP_CAP_KERNEL && KVA__HP_CAP_BUILT(D) && !KVA__HP_ALIBI && !KVA__HAS_SCORE_MOD;
     const bool capped = CAP_BUILDS ? CAP != 0 : a.cap_log2 > 0.0f;
-    /* (CAP_BUILDS) the capped build takes its row max from the raw scores, so that its
-     * exponentials need not wait for every tanh (softmax) */
-    constexpr bool RAW_MAX = CAP_BUILDS && CAP != 0;
+    /* (CAP_BUILDS, -DKVA__HP_CAP_RAW_MAX=1) the capped build takes its row max from the raw
+     * scores, so that its exponentials need not wait for every tanh (softmax) */
+    constexpr bool RAW_MAX = CAP_BUILDS && CAP != 0 && KVA__HP_CAP_RAW_MAX != 0;
     /* with a variant (KVA__HAS_SCORE_MOD) scores reach the softmax in natural-log units
      * (native ALiBi: raw or capped like the built-in path's, the bias in them or in alibi_pre/_post) */
     const float mul = KVA__HAS_SCORE_MOD && !KVA__HP_ALIBI ? KVA__PF_LOG2E : capped ? 1.0f : a.scale_log2;
@@ -1644,14 +1645,18 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
 }
 
 /* The warp-specialised kernel of one element type for a head dim, or NULL. (The capped builds
- * exist only with KVA__HP_CAP_KERNEL: a reference would instantiate them.) */
-#if KVA__HP_CAP_KERNEL
-#define KVA__HP_FN(T, D, DW, TURNS)                                                              \
-    (capped ? (const void *)kva__prefill_hopper_kernel<T, D, DW, TURNS, 1>                     \
-            : (const void *)kva__prefill_hopper_kernel<T, D, DW, TURNS>)
-#else
-#define KVA__HP_FN(T, D, DW, TURNS) ((void)capped, (const void *)kva__prefill_hopper_kernel<T, D, DW, TURNS>)
+ * exist only where KVA__HP_CAP_KERNEL builds them, KVA__HP_CAP_BUILT: a reference would
+ * instantiate them; elsewhere a capped call gets the one build, whose cap is a run-time flag.) */
+#ifndef __CUDACC_RTC__ /* (host code: not in a variant's program) */
+template <typename T, int D, int DW, int TURNS>
+static const void *kva__hp_fn(int capped) {
+    if constexpr (KVA__HP_CAP_KERNEL && KVA__HP_CAP_BUILT(D))
+        if (capped) return (const void *)kva__prefill_hopper_kernel<T, D, DW, TURNS, 1>;
+    (void)capped;
+    return (const void *)kva__prefill_hopper_kernel<T, D, DW, TURNS>;
+}
 #endif
+#define KVA__HP_FN(T, D, DW, TURNS) kva__hp_fn<T, D, DW, TURNS>(capped)
 #define KVA__HP_CASE(T, D, DW, TURNS)                                                          \
     *smem = kva__hopper_geom<T, D>::SMEM;                                                      \
     *threads = kva__hopper_geom<T, D>::THREADS;                                                \

@@ -69,18 +69,34 @@
 #ifndef KVA__HP_LANE_RECORDS
 #define KVA__HP_LANE_RECORDS (!KVA__HP_SMEM_RECORDS)
 #endif
-/* A build of the warp-specialised Hopper kernel for soft-capped calls (1), chosen at launch, whose
- * softmax takes each row's max from the raw scores (tanh is monotonic: the capped max is the cap
- * of the raw max, the same float) and has the max's tanh ahead of most of the scores' tanh in the
- * special-function unit's queue, so that the exponentials need not wait for every tanh; the
- * other build then has no soft-cap code. With the cap a run-time flag (0), a capped d128 tile ran
- * ~3820 cycles against plain's ~2623 with the unit ~54% busy (tanh costs what ex2 does:
- * bench/probes/mufu_rate.cu), in serial phases -- all tanh, the max, the exponentials -- and a
- * raw max under the run-time flag was if-converted (both maxima computed, one selected:
- * bench/NOTES.md v6.41). Off (0) until measured; the library's kernels only (variant modules keep
- * the run-time cap). */
+/* Soft-capped builds of the warp-specialised Hopper kernel (1), chosen at launch by the call's cap
+ * (prefill_launch.cu, hopper_fn): the cap a compile-time property, so the capped build has no
+ * run-time cap checks and the other build no soft-cap code at all. Paired on the H200
+ * (2026-11-30, bench/NOTES.md v6.42, trace builds, three alternated rounds, d128 bf16): capped
+ * 16k full 9000 -> 8724 us, 16k causal ~4410 -> ~4270, 8 x 2048 causal 617 -> 594, 32 x 512 causal
+ * level (216 -> 215.5); uncapped 1-1.6% faster on every row (32 x 512 causal 181.6 -> 178.5).
+ * d256 (two rounds): capped level, uncapped 2-5% faster (8 x 2048 full 1444 -> 1376 us). d64 keeps
+ * one build, the cap a run-time flag (KVA__HP_CAP_BUILT): its capped build spills 376 bytes (the
+ * one build 156) and ran 2-12% slower (32 x 512 causal 191 -> 214 us), its uncapped build mixed
+ * (32 x 512 -1..-2%, 16k +1..+1.5%); -DKVA__HP_CAP_D64=1 builds them. Variant modules keep the
+ * run-time cap (a variant may be used with a cap). 0: one build everywhere (comparisons). */
 #ifndef KVA__HP_CAP_KERNEL
-#define KVA__HP_CAP_KERNEL 0
+#define KVA__HP_CAP_KERNEL 1
+#endif
+#ifndef KVA__HP_CAP_D64
+#define KVA__HP_CAP_D64 0
+#endif
+#define KVA__HP_CAP_BUILT(D) ((D) != 64 || KVA__HP_CAP_D64)
+/* -DKVA__HP_CAP_RAW_MAX=1: the capped build takes each row's max from the raw scores (tanh is
+ * monotonic: the capped max is the cap of the raw max, the same float) and has the max's tanh
+ * ahead of 3/4 of the scores' tanh in the special-function unit's queue (with the cap a run-time
+ * flag a capped d128 tile ran ~3820 cycles against plain's ~2623, the unit ~54% busy in serial
+ * phases: all tanh, the max, the exponentials). Measured (v6.42): 16k -6..-7% but 32 x 512 causal
+ * +10% (238 against 216 us) -- its d128 build spills 8 bytes, reloaded at each item's top, where
+ * the post-tanh max's does not; taking the raw max only in tiles without masks, or without the
+ * max-first dependency, spilled the same and ran as slow. Off (0): the max after the tanh. */
+#ifndef KVA__HP_CAP_RAW_MAX
+#define KVA__HP_CAP_RAW_MAX 0
 #endif
 /* Whether a variant's native ALiBi build of that kernel (KVA__HP_ALIBI) has the consumers' turns
  * on the d128 layout (d64 keeps them, as plain d64 does: unmeasured without). Off: paired on the
