@@ -18,9 +18,11 @@ command -v nvcc >/dev/null || { echo "check-ptxas: no nvcc, skipped"; exit 0; }
 out=$(mktemp -d) || exit 1
 trap 'rm -rf "$out"' EXIT
 bad=0
-# (the last two: the Hopper kernel's capped builds with the raw-max softmax, and the kernel with
-# the cap a run-time flag -- off in the library, compiled here so that the options keep building)
-for spec in prefill_bf16 prefill_f16 prefill_hopper_bf16 prefill_hopper_f16 "prefill_hopper_bf16 -DKVA__HP_CAP_RAW_MAX=1" \
+# (the last two: the Hopper kernel's capped builds with the raw-max softmax and at d64 too, and the
+# kernel with the cap a run-time flag everywhere -- options off in the library, compiled here so
+# that they keep building)
+for spec in prefill_bf16 prefill_f16 prefill_hopper_bf16 prefill_hopper_f16 \
+    "prefill_hopper_bf16 -DKVA__HP_CAP_RAW_MAX=1 -DKVA__HP_CAP_D64=1" \
     "prefill_hopper_f16 -DKVA__HP_CAP_KERNEL=0"; do
     tu=${spec%% *}; def=; [ "$spec" != "$tu" ] && def=${spec#* }
     # shellcheck disable=SC2086

@@ -931,7 +931,7 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
     /* CAP (KVA__HP_CAP_KERNEL, prefill_kernels.h; the library's kernels only, the layouts of
      * KVA__HP_CAP_BUILT): the soft cap a compile-time property of the build, launched by the cap
      * (prefill_launch.cu, hopper_fn) */
-    constexpr bool CAP_BUILDS = KVA__HP_CAP_KERNEL && KVA__HP_CAP_BUILT(D) && !KVA__HP_ALIBI && !KVA__HAS_SCORE_MOD;
+    constexpr bool CAP_BUILDS = KVA__HP_CAP_BUILT(D) && !KVA__HP_ALIBI && !KVA__HAS_SCORE_MOD;
     const bool capped = CAP_BUILDS ? CAP != 0 : a.cap_log2 > 0.0f;
     /* (CAP_BUILDS, -DKVA__HP_CAP_RAW_MAX=1) the capped build takes its row max from the raw
      * scores, so that its exponentials need not wait for every tanh (softmax) */
@@ -1645,12 +1645,12 @@ __global__ void __launch_bounds__(kva__hopper_geom<T, D>::THREADS, 1) kva__prefi
 }
 
 /* The warp-specialised kernel of one element type for a head dim, or NULL. (The capped builds
- * exist only where KVA__HP_CAP_KERNEL builds them, KVA__HP_CAP_BUILT: a reference would
- * instantiate them; elsewhere a capped call gets the one build, whose cap is a run-time flag.) */
+ * exist only on the layouts of KVA__HP_CAP_BUILT: a reference would instantiate them; elsewhere a
+ * capped call gets the one build, whose cap is a run-time flag.) */
 #ifndef __CUDACC_RTC__ /* (host code: not in a variant's program) */
 template <typename T, int D, int DW, int TURNS>
 static const void *kva__hp_fn(int capped) {
-    if constexpr (KVA__HP_CAP_KERNEL && KVA__HP_CAP_BUILT(D))
+    if constexpr (KVA__HP_CAP_BUILT(D))
         if (capped) return (const void *)kva__prefill_hopper_kernel<T, D, DW, TURNS, 1>;
     (void)capped;
     return (const void *)kva__prefill_hopper_kernel<T, D, DW, TURNS>;
@@ -1664,8 +1664,8 @@ static const void *kva__hp_fn(int capped) {
     *block_n = kva__hopper_geom<T, D>::BN;                                                     \
     return KVA__HP_FN(T, D, DW, TURNS);
 /* (head_dim: a built dim, or 96 -- the d128 layout with d96 products; no_turns: the d128
- * layout's build without the ping-pong turns, elsewhere the one build; capped: with
- * KVA__HP_CAP_KERNEL the soft-capped build) */
+ * layout's build without the ping-pong turns, elsewhere the one build; capped: on the layouts of
+ * KVA__HP_CAP_BUILT the soft-capped build, elsewhere the one build) */
 #define KVA__PREFILL_HOPPER_INSTANTIATE(T, NAME)                                               \
     const void *NAME(int head_dim, int no_turns, int capped, int *smem, int *threads, int *rows, int *block_n) { \
         switch (head_dim) {                                                                    \

@@ -69,32 +69,35 @@
 #ifndef KVA__HP_LANE_RECORDS
 #define KVA__HP_LANE_RECORDS (!KVA__HP_SMEM_RECORDS)
 #endif
-/* Soft-capped builds of the warp-specialised Hopper kernel (1), chosen at launch by the call's cap
- * (prefill_launch.cu, hopper_fn): the cap a compile-time property, so the capped build has no
- * run-time cap checks and the other build no soft-cap code at all. Paired on the H200
- * (2026-11-30, bench/NOTES.md v6.42, trace builds, three alternated rounds, d128 bf16): capped
- * 16k full 9000 -> 8724 us, 16k causal ~4410 -> ~4270, 8 x 2048 causal 617 -> 594, 32 x 512 causal
- * level (216 -> 215.5); uncapped 1-1.6% faster on every row (32 x 512 causal 181.6 -> 178.5).
- * d256 (two rounds): capped level, uncapped 2-5% faster (8 x 2048 full 1444 -> 1376 us). d64 keeps
- * one build, the cap a run-time flag (KVA__HP_CAP_BUILT): its capped build spills 376 bytes (the
- * one build 156) and ran 2-12% slower (32 x 512 causal 191 -> 214 us), its uncapped build mixed
- * (32 x 512 -1..-2%, 16k +1..+1.5%); -DKVA__HP_CAP_D64=1 builds them. Variant modules keep the
- * run-time cap (a variant may be used with a cap). 0: one build everywhere (comparisons). */
+/* Soft-capped builds of the warp-specialised Hopper kernel (1) on the layouts of KVA__HP_CAP_BUILT
+ * (d128 -- d96 too -- and d256), chosen at launch by the call's cap (prefill_launch.cu, hopper_fn):
+ * the cap a compile-time property, so the capped build has no run-time cap checks and the other
+ * build no soft-cap code at all. Paired on the H200 (2026-11-30, bench/NOTES.md v6.42, trace
+ * builds, three alternated rounds, d128 bf16): capped 16k full 9000 -> 8724 us, 16k causal ~4410 ->
+ * ~4270, 8 x 2048 -3.2..-3.9%, 32 x 512 causal level (216 -> 215.5); uncapped 32 x 512 and 8 x 2048
+ * -0.7..-1.7% (32 x 512 causal 181.6 -> 178.5), 16k noisy in the traces and -1.3..-1.6% in paired
+ * cuda_variant_bench rounds. d256 (two rounds): capped level, uncapped 2-5% faster (8 x 2048 full
+ * 1444 -> 1376 us). d64 keeps one build, the cap a run-time flag: its capped build spills 376 bytes
+ * (the one build 156) and ran 1-12% slower (32 x 512 causal 191 -> 214 us), its uncapped build
+ * mixed (32 x 512 -1..-2%, 16k +1..+1.5%); -DKVA__HP_CAP_D64=1 builds them. Variant modules keep
+ * the run-time cap (a variant may be used with a cap). 0: one build everywhere (comparisons). */
 #ifndef KVA__HP_CAP_KERNEL
 #define KVA__HP_CAP_KERNEL 1
 #endif
 #ifndef KVA__HP_CAP_D64
 #define KVA__HP_CAP_D64 0
 #endif
-#define KVA__HP_CAP_BUILT(D) ((D) != 64 || KVA__HP_CAP_D64)
+/* whether the layout of head dim D has the soft-capped builds (host and kernel: one rule) */
+#define KVA__HP_CAP_BUILT(D) (KVA__HP_CAP_KERNEL && ((D) != 64 || KVA__HP_CAP_D64))
 /* -DKVA__HP_CAP_RAW_MAX=1: the capped build takes each row's max from the raw scores (tanh is
  * monotonic: the capped max is the cap of the raw max, the same float) and has the max's tanh
  * ahead of 3/4 of the scores' tanh in the special-function unit's queue (with the cap a run-time
  * flag a capped d128 tile ran ~3820 cycles against plain's ~2623, the unit ~54% busy in serial
- * phases: all tanh, the max, the exponentials). Measured (v6.42): 16k -6..-7% but 32 x 512 causal
- * +10% (238 against 216 us) -- its d128 build spills 8 bytes, reloaded at each item's top, where
- * the post-tanh max's does not; taking the raw max only in tiles without masks, or without the
- * max-first dependency, spilled the same and ran as slow. Off (0): the max after the tanh. */
+ * phases: all tanh, the max, the exponentials). Measured (v6.42, against the default's max after
+ * the tanh): 16k -3..-4%, but 8 x 2048 causal +4.6% and 32 x 512 causal +10% (238 against 216 us)
+ * -- its d128 build spills 8 bytes, reloaded at each item's top, where the post-tanh max's does
+ * not; taking the raw max only in tiles without masks, or without the max-first dependency,
+ * spilled the same and ran as slow. Off (0): the max after the tanh. */
 #ifndef KVA__HP_CAP_RAW_MAX
 #define KVA__HP_CAP_RAW_MAX 0
 #endif
@@ -172,8 +175,8 @@ typedef struct kva__prefill_kernel {
     const void *fn_no_turns; /* tma, d128 layout: the build without the consumers' ping-pong
                                 turns, for all but causal items of <= 1024 keys and decode
                                 records (hopper_fn, prefill_launch.cu); else NULL */
-    const void *fn_cap, *fn_cap_no_turns; /* tma, KVA__HP_CAP_KERNEL: the soft-capped builds of
-                                             fn and fn_no_turns (hopper_fn); else NULL */
+    const void *fn_cap, *fn_cap_no_turns; /* tma, layouts of KVA__HP_CAP_BUILT: the soft-capped
+                                             builds of fn and fn_no_turns (hopper_fn); else NULL */
     int rows;          /* packed query rows per block */
     int smem;          /* dynamic shared memory, bytes */
     int threads;
@@ -227,8 +230,8 @@ const void *kva__prefill_f32(int head_dim, int rows, int *smem, int *threads);
  * (192 at d64, else 128), *threads (a producer warpgroup and one per 64 rows), *block_n keys per
  * tile; head_dim a built dim (64, 128, 256) or 96 (the d128 layout with d96 products); NULL for
  * another. no_turns != 0: on the d128 layout the build without the ping-pong turns (the same
- * launch shape), elsewhere the one build. capped != 0: with KVA__HP_CAP_KERNEL the soft-capped
- * build (the same launch shape), without it the one build. */
+ * launch shape), elsewhere the one build. capped != 0: on the layouts of KVA__HP_CAP_BUILT the
+ * soft-capped build (the same launch shape), elsewhere the one build (its cap a run-time flag). */
 const void *kva__prefill_hopper_bf16(int head_dim, int no_turns, int capped, int *smem, int *threads, int *rows,
                                      int *block_n);
 const void *kva__prefill_hopper_f16(int head_dim, int no_turns, int capped, int *smem, int *threads, int *rows,

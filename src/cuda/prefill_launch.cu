@@ -55,7 +55,7 @@ static bool lookup_hopper(kva_dtype dtype, int head_dim, kva__prefill_choice *k)
     if (!fn) return false;
     k->fn = fn;
     k->fn_no_turns = fn_nt != fn ? fn_nt : NULL;
-    /* (without KVA__HP_CAP_KERNEL the same kernels: none) */
+    /* (a layout without capped builds, KVA__HP_CAP_BUILT, returns the same kernels: none) */
     k->fn_cap = fn_cap != fn ? fn_cap : NULL;
     k->fn_cap_no_turns = k->fn_cap && fn_cap_nt != fn_cap ? fn_cap_nt : NULL;
     k->rows = rows;
@@ -280,9 +280,10 @@ static kva_status launch(kva_context *ctx, const kva__prefill_choice *k, int64_t
  * comparisons; checked at context creation). */
 #define KVA__HP_TURNS_MAX_KEYS 1024
 static const void *hopper_fn(const kva__prefill_choice *k, const kva__prefill_args *a, int64_t keys_per_item) {
-    /* (KVA__HP_CAP_KERNEL: a soft-capped call takes the capped builds, which must not run
-     * uncapped calls nor the other builds capped ones. The kernels read the cap flushing
-     * subnormals to zero, so a cap whose log2 is subnormal counts as none here too.) */
+    /* (Where the layout has soft-capped builds, KVA__HP_CAP_BUILT, fn_cap: a soft-capped call
+     * takes them, which must not run uncapped calls nor the other builds capped ones; elsewhere
+     * the one build reads the cap at run time. The kernels read the cap flushing subnormals to
+     * zero, so a cap whose log2 is subnormal counts as none here too.) */
     const bool capped = k->fn_cap && a->cap_log2 >= FLT_MIN;
     const void *turns_fn = capped ? k->fn_cap : k->fn;
     const void *no_turns_fn = capped ? k->fn_cap_no_turns : k->fn_no_turns;
