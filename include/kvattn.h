@@ -430,7 +430,8 @@ typedef struct kva_attn_params {
     float sm_scale;          /* <= 0 means 1/sqrt(head_dim); must be finite (NaN, inf refused) */
     int32_t causal;          /* 0 or 1 */
     int32_t window_left;     /* < 0: no sliding window */
-    float logits_soft_cap;   /* <= 0 or +inf: none; NaN refused */
+    float logits_soft_cap;   /* <= 0 or +inf: none; NaN refused, and so is a positive cap below
+                                FLT_MIN (subnormal) or below sm_scale / FLT_MAX */
     kva_score_mod_fn score_mod; /* NULL: none (CPU contexts only) */
     void *score_mod_user;       /* caller data: a host pointer given to score_mod, or a device
                                    pointer given to the variant's function */

@@ -8,6 +8,7 @@
 #include "harness.h"
 #include "test_util.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -673,6 +674,18 @@ KVA_TEST(api_errors_limits_params_and_pages_fields) {
     prm.logits_soft_cap = NAN;
     EXPECT_ERROR(kva_decode_run(f.ctx, &f.plan, &prm, q, &f.pages, o, f.lse), KVA_ERR_INVALID_ARG);
     CHECK(strstr(kva_last_error(), "params.logits_soft_cap") != NULL);
+    /* a subnormal cap (CUDA kernels would flush it to none, the CPU apply it), and one so small
+     * that sm_scale / cap overflows: refused; the smallest normal cap is a cap */
+    prm.logits_soft_cap = 1e-39f;
+    EXPECT_ERROR(kva_decode_run(f.ctx, &f.plan, &prm, q, &f.pages, o, f.lse), KVA_ERR_INVALID_ARG);
+    CHECK(strstr(kva_last_error(), "params.logits_soft_cap = 1e-39 is too small") != NULL);
+    prm.logits_soft_cap = FLT_MIN;
+    prm.sm_scale = 1e4f;
+    EXPECT_ERROR(kva_decode_run(f.ctx, &f.plan, &prm, q, &f.pages, o, f.lse), KVA_ERR_INVALID_ARG);
+    CHECK(outputs_untouched(&f));
+    prm.sm_scale = f.params.sm_scale;
+    REQUIRE_OK(kva_decode_run(f.ctx, &f.plan, &prm, q, &f.pages, o, f.lse));
+    poison_outputs(&f);
     prm = f.params;
     prm.head_dim = 2 * FX_D; /* the plan was made for FX_D */
     EXPECT_ERROR(kva_decode_run(f.ctx, &f.plan, &prm, q, &f.pages, o, f.lse), KVA_ERR_BAD_SHAPE);

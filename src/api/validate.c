@@ -5,6 +5,7 @@
 #include "../cuda/cuda_backend.h"
 #include "../cuda/variant.h"
 
+#include <float.h>
 #include <math.h>
 
 kva_status kva__check_params(const kva_context *ctx, const kva_attn_params *p) {
@@ -46,6 +47,15 @@ kva_status kva__check_params(const kva_context *ctx, const kva_attn_params *p) {
                          (double)p->sm_scale);
     if (isnan(p->logits_soft_cap))
         return kva__fail(KVA_ERR_INVALID_ARG, "%s: params.logits_soft_cap is NaN", kva__api());
+    /* A positive cap so small that the kernels' f32 constants leave the normal range -- a
+     * subnormal cap, which CUDA kernels (flushing subnormals to zero) would read as none while the
+     * CPU applies it, or sm_scale / cap overflowing -- would get two answers: refused. */
+    const float cap = kva__soft_cap(p->logits_soft_cap);
+    const float scale = p->sm_scale > 0 ? p->sm_scale : 1.0f / sqrtf((float)p->head_dim);
+    if (cap > 0 && (cap < FLT_MIN || isinf(scale / cap)))
+        return kva__fail(KVA_ERR_INVALID_ARG,
+                         "%s: params.logits_soft_cap = %g is too small (at least FLT_MIN and sm_scale / FLT_MAX)",
+                         kva__api(), (double)p->logits_soft_cap);
     return KVA_OK;
 }
 
