@@ -418,7 +418,9 @@ void kva_alibi_slopes(int32_t num_heads, float *slopes);
  * hardware tanh (relative error <= 2^-10.99, as FlashAttention-3 and FlashInfer do): its error sits
  * below the 16-bit rounding of P and V (bf16 output error against float64 measured the same with
  * and without a cap), and so does CUDA decode of GQA groups above 16 (it runs on the 16-bit prefill
- * kernels); the CPU, the decode kernel and the f32 kernels use a tanh accurate to ~1e-7. */
+ * kernels); the CPU, the decode kernel and the f32 kernels use a tanh accurate to ~1e-7 (on
+ * CUDA absolute, 1 - 2 / (e^2x + 1): a cap far above the scores adds up to cap * 6e-8 to a
+ * score there, e.g. 6e-4 at a cap of 1e4; the CPU's is relative near 0). */
 typedef struct kva_attn_params {
     int32_t num_qo_heads;
     int32_t num_kv_heads;    /* must divide num_qo_heads; CUDA decode: any group; CUDA
@@ -430,8 +432,11 @@ typedef struct kva_attn_params {
     float sm_scale;          /* <= 0 means 1/sqrt(head_dim); must be finite (NaN, inf refused) */
     int32_t causal;          /* 0 or 1 */
     int32_t window_left;     /* < 0: no sliding window */
-    float logits_soft_cap;   /* <= 0 or +inf: none; NaN refused, and so is a positive cap below
-                                FLT_MIN (subnormal) or below sm_scale / FLT_MAX */
+    float logits_soft_cap;   /* <= 0 or +inf: none; NaN refused, and so is a cap outside
+                                [max(FLT_MIN, s / FLT_MAX), min(FLT_MAX / log2(e), s / FLT_MIN)]
+                                for the effective sm_scale s (where the kernels' f32 constants
+                                cap * log2(e) and s / cap are normal; about 1.2e-38 .. 7.5e36 at
+                                d128's default scale) */
     kva_score_mod_fn score_mod; /* NULL: none (CPU contexts only) */
     void *score_mod_user;       /* caller data: a host pointer given to score_mod, or a device
                                    pointer given to the variant's function */

@@ -674,16 +674,27 @@ KVA_TEST(api_errors_limits_params_and_pages_fields) {
     prm.logits_soft_cap = NAN;
     EXPECT_ERROR(kva_decode_run(f.ctx, &f.plan, &prm, q, &f.pages, o, f.lse), KVA_ERR_INVALID_ARG);
     CHECK(strstr(kva_last_error(), "params.logits_soft_cap") != NULL);
-    /* a subnormal cap (CUDA kernels would flush it to none, the CPU apply it), and one so small
-     * that sm_scale / cap overflows: refused; the smallest normal cap is a cap */
-    prm.logits_soft_cap = 1e-39f;
+    /* caps whose kernel constants cap * log2(e) and sm_scale / cap leave the normal floats
+     * (CUDA kernels would flush or overflow them, the CPU divide by the cap): the largest
+     * subnormal cap; FLT_MIN where sm_scale / cap overflows; one where sm_scale / cap is
+     * subnormal; FLT_MAX, where cap * log2(e) overflows -- refused; FLT_MIN at the default
+     * scale is a cap */
+    prm.logits_soft_cap = nextafterf(FLT_MIN, 0.0f);
     EXPECT_ERROR(kva_decode_run(f.ctx, &f.plan, &prm, q, &f.pages, o, f.lse), KVA_ERR_INVALID_ARG);
-    CHECK(strstr(kva_last_error(), "params.logits_soft_cap = 1e-39 is too small") != NULL);
+    CHECK(strstr(kva_last_error(), "params.logits_soft_cap = 1.17549421e-38 is outside [1.17549435e-38,") != NULL);
     prm.logits_soft_cap = FLT_MIN;
     prm.sm_scale = 1e4f;
     EXPECT_ERROR(kva_decode_run(f.ctx, &f.plan, &prm, q, &f.pages, o, f.lse), KVA_ERR_INVALID_ARG);
+    CHECK(strstr(kva_last_error(), "(sm_scale 10000)") != NULL);
+    prm.sm_scale = f.params.sm_scale;
+    prm.logits_soft_cap = 1e38f;
+    EXPECT_ERROR(kva_decode_run(f.ctx, &f.plan, &prm, q, &f.pages, o, f.lse), KVA_ERR_INVALID_ARG);
+    prm.logits_soft_cap = FLT_MAX;
+    prm.sm_scale = 1e30f; /* (sm_scale / cap normal: only cap * log2(e) overflows) */
+    EXPECT_ERROR(kva_decode_run(f.ctx, &f.plan, &prm, q, &f.pages, o, f.lse), KVA_ERR_INVALID_ARG);
     CHECK(outputs_untouched(&f));
     prm.sm_scale = f.params.sm_scale;
+    prm.logits_soft_cap = FLT_MIN;
     REQUIRE_OK(kva_decode_run(f.ctx, &f.plan, &prm, q, &f.pages, o, f.lse));
     poison_outputs(&f);
     prm = f.params;

@@ -29,6 +29,9 @@ Positions: a request with n queries and m keys has its queries at m-n .. m-1 (bo
 aligned, as in chunked prefill and decode); `causal` masks keys after a query's position and
 `window_left >= 0` keys before position - window_left.
 """
+import math
+import struct
+
 from . import _ext
 from ._arrays import dtype_name, empty_like, framework, host_ints, last_int, max_plus_one, parse_device, where
 from ._ext import KvattnError, KVPages, NoSpaceError
@@ -84,6 +87,33 @@ def _scale(sm_scale):
     return s
 
 
+def _f32(x):
+    """x rounded to float32 as C's (float) cast does (+-inf beyond its range)."""
+    try:
+        return struct.unpack("f", struct.pack("f", x))[0]
+    except OverflowError:
+        return math.copysign(math.inf, x)
+
+
+def _check_soft_cap(soft_cap, sm_scale, head_dim):
+    """The C library's rule (kva__check_params), for calls that must check before they change
+    anything: NaN refused; a cap > 0 and < inf must keep the kernels' float32 constants
+    cap * log2(e) and sm_scale / cap normal."""
+    cap = _f32(float(soft_cap))
+    if cap != cap:
+        raise ValueError("soft_cap is NaN")
+    if not 0.0 < cap < math.inf:
+        return
+    scale = _f32(float(sm_scale)) if sm_scale else _f32(1.0 / _f32(math.sqrt(head_dim)))
+    flt_min, flt_max, log2e = 2.0 ** -126, _f32(3.4028234663852886e38), _f32(1.4426950408889634)
+    inv = _f32(scale / cap)
+    if cap < flt_min or _f32(cap * log2e) == math.inf or not flt_min <= inv < math.inf:
+        raise ValueError("soft_cap=%r is outside [%.9g, %.9g], where the kernels' cap * log2(e) and sm_scale / cap "
+                         "(sm_scale %g) are normal floats (0 or inf: no cap)"
+                         % (soft_cap, max(flt_min, _f32(scale / flt_max)), min(_f32(flt_max / log2e),
+                                                                             _f32(scale / flt_min)), scale))
+
+
 def _shape(x, name):
     s = getattr(x, "shape", None)
     if s is None or isinstance(x, (list, tuple)):
@@ -110,7 +140,8 @@ def attention(q, k, v, causal=False, sm_scale=None, window_left=-1, soft_cap=0.0
     Returns out shaped like q (and lse float32 [..., Lq, Hq] when return_lse).
     causal: bottom-right aligned (query i sits at position Lk - Lq + i). sm_scale None means
     1/sqrt(D) (a given one must be > 0); soft_cap > 0 applies soft_cap * tanh(s / soft_cap) to
-    the scores; window_left >= 0 keeps only keys with position >= query position - window_left.
+    the scores (0 or inf: none; a cap whose float32 constants cap * log2(e) or sm_scale / cap
+    leave the normal range is refused, KvattnError); window_left >= 0 keeps only keys with position >= query position - window_left.
     planned: True (default) plans the call as a prefill batch (keys split across work items when
     that fills the GPU better; a temporary workspace, see attention_varlen). False calls the C
     library's kva_attention once per sequence: no plan, no workspace, no split of the keys (the
@@ -726,9 +757,7 @@ def attention_with_kv_cache(q, k_new, v_new, cache, seq_ids, layer=0, num_new=No
     # after it would leave the sequences longer by slots that hold no K/V
     _variant_args(variant, variant_data, parse_device(cache.device), Hq)
     _check_cache_step(q, k_new, v_new, cache, layer, sum(num_new))
-    _scale(sm_scale)
-    if float(soft_cap) != float(soft_cap):
-        raise ValueError("soft_cap is NaN")
+    _check_soft_cap(soft_cap, _scale(sm_scale), D)
     if reserve is None:
         reserve = layer == 0
     if reserve:

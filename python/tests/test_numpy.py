@@ -52,6 +52,13 @@ def test_sm_scale_must_be_positive():
             kvattn.attention_with_kv_cache(q, k[:3], k[:3], c, [s], num_new=[3], sm_scale=bad)
     with pytest.raises(ValueError, match="soft_cap"):
         kvattn.attention_with_kv_cache(q, k[:3], k[:3], c, [s], num_new=[3], soft_cap=float("nan"))
+    # caps the library refuses (kernel constants outside the normal floats): refused before the
+    # cache changes, as the C call would refuse them after the reserve
+    for cap, scale in ((1e-39, None), (1.2e-38, 1e4), (3e38, None), (1e38, None)):
+        with pytest.raises(ValueError, match="soft_cap"):
+            kvattn.attention_with_kv_cache(q, k[:3], k[:3], c, [s], num_new=[3], soft_cap=cap, sm_scale=scale)
+        with pytest.raises(kvattn.KvattnError, match="logits_soft_cap"):
+            kvattn.attention(q, k, k, soft_cap=cap, sm_scale=scale)
     assert c.seq_len(s) == 0
     o = kvattn.attention(q, k, k, sm_scale=0.3)
     np.testing.assert_allclose(o, attention_ref(q, k, k, sm_scale=0.3)[0], atol=2e-4, rtol=2e-4)

@@ -47,15 +47,22 @@ kva_status kva__check_params(const kva_context *ctx, const kva_attn_params *p) {
                          (double)p->sm_scale);
     if (isnan(p->logits_soft_cap))
         return kva__fail(KVA_ERR_INVALID_ARG, "%s: params.logits_soft_cap is NaN", kva__api());
-    /* A positive cap so small that the kernels' f32 constants leave the normal range -- a
-     * subnormal cap, which CUDA kernels (flushing subnormals to zero) would read as none while the
-     * CPU applies it, or sm_scale / cap overflowing -- would get two answers: refused. */
+    /* A soft cap whose f32 constants leave the normal range would get two answers: the CUDA
+     * kernels take cap * log2(e) and sm_scale / cap, flush a subnormal one to 0 (a subnormal cap
+     * reads as none, a subnormal sm_scale / cap makes every score 0) and turn an infinite one
+     * into NaN rows, while the CPU divides by the cap itself. Refused, the cap a normal float too. */
     const float cap = kva__soft_cap(p->logits_soft_cap);
-    const float scale = p->sm_scale > 0 ? p->sm_scale : 1.0f / sqrtf((float)p->head_dim);
-    if (cap > 0 && (cap < FLT_MIN || isinf(scale / cap)))
-        return kva__fail(KVA_ERR_INVALID_ARG,
-                         "%s: params.logits_soft_cap = %g is too small (at least FLT_MIN and sm_scale / FLT_MAX)",
-                         kva__api(), (double)p->logits_soft_cap);
+    if (cap > 0) {
+        const float scale = p->sm_scale > 0 ? p->sm_scale : 1.0f / sqrtf((float)p->head_dim);
+        const float log2e = 1.4426950408889634f;
+        if (cap < FLT_MIN || isinf(cap * log2e) || !isnormal(scale / cap))
+            return kva__fail(KVA_ERR_INVALID_ARG,
+                             "%s: params.logits_soft_cap = %.9g is outside [%.9g, %.9g], where the kernels' "
+                             "cap * log2(e) and sm_scale / cap (sm_scale %g) are normal floats (0 or "
+                             "+inf: no cap)",
+                             kva__api(), (double)p->logits_soft_cap, (double)fmaxf(FLT_MIN, scale / FLT_MAX),
+                             (double)fminf(FLT_MAX / log2e, scale / FLT_MIN), (double)scale);
+    }
     return KVA_OK;
 }
 
