@@ -1656,13 +1656,12 @@ static const void *kva__hp_fn(int capped) {
     return (const void *)kva__prefill_hopper_kernel<T, D, DW, TURNS>;
 }
 #endif
-#define KVA__HP_FN(T, D, DW, TURNS) kva__hp_fn<T, D, DW, TURNS>(capped)
 #define KVA__HP_CASE(T, D, DW, TURNS)                                                          \
     *smem = kva__hopper_geom<T, D>::SMEM;                                                      \
     *threads = kva__hopper_geom<T, D>::THREADS;                                                \
     *rows = kva__hopper_geom<T, D>::ROWS;                                                      \
     *block_n = kva__hopper_geom<T, D>::BN;                                                     \
-    return KVA__HP_FN(T, D, DW, TURNS);
+    return kva__hp_fn<T, D, DW, TURNS>(capped);
 /* (head_dim: a built dim, or 96 -- the d128 layout with d96 products; no_turns: the d128
  * layout's build without the ping-pong turns, elsewhere the one build; capped: on the layouts of
  * KVA__HP_CAP_BUILT the soft-capped build, elsewhere the one build) */
