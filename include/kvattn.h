@@ -291,8 +291,8 @@ typedef float (*kva_score_mod_fn)(float score, int32_t q_pos, int32_t kv_pos, in
  * What it may use: float and integer arithmetic, the CUDA math functions (expf, logf, tanhf,
  * ...; compiled with --use_fast_math like the library, so tanhf/expf are the fast approximations:
  * kva_tanhf(x) is the tanh of the built-in soft cap in the same kernel -- the hardware tanh
- * (relative error <= 2^-10.99) in the f16/bf16 prefill kernels, tanh to ~1e-7 absolute in decode
- * and f32 -- so a soft cap written as a modifier computes what logits_soft_cap does), loads
+ * (relative error <= 2^-10.99) in the f16/bf16 prefill kernels, tanh to ~1e-7 (and a few ulp
+ * relative near 0) in decode and f32 -- so a soft cap written as a modifier computes what logits_soft_cap does), loads
  * through `user` (per score, though the decode kernels call it for a whole key tile at once, so
  * loads that do not depend on the positions are shared by the tile's calls: keep the others few;
  * likewise write a division by such a value as a product with its reciprocal, x * (1.0f / c):
@@ -418,9 +418,9 @@ void kva_alibi_slopes(int32_t num_heads, float *slopes);
  * hardware tanh (relative error <= 2^-10.99, as FlashAttention-3 and FlashInfer do): its error sits
  * below the 16-bit rounding of P and V (bf16 output error against float64 measured the same with
  * and without a cap), and so does CUDA decode of GQA groups above 16 (it runs on the 16-bit prefill
- * kernels); the CPU, the decode kernel and the f32 kernels use a tanh accurate to ~1e-7 (on
- * CUDA absolute, 1 - 2 / (e^2x + 1): a cap far above the scores adds up to cap * 6e-8 to a
- * score there, e.g. 6e-4 at a cap of 1e4; the CPU's is relative near 0). */
+ * kernels); the CPU, the decode kernel and the f32 kernels use a tanh accurate to ~1e-7 and to a
+ * few ulp relative near 0 (an odd series there), so a cap far above the scores (1e4 .. 1e6) gives
+ * the uncapped scores to f32 precision. */
 typedef struct kva_attn_params {
     int32_t num_qo_heads;
     int32_t num_kv_heads;    /* must divide num_qo_heads; CUDA decode: any group; CUDA

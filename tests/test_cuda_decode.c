@@ -2,7 +2,7 @@
  * test_cuda_decode.c -- GPU batched paged decode against the float64 reference, through the
  * public API: every dtype x head dim x page size (1, 3, 16, 64) x batch (1, 7, 37), with lengths
  * 0 / 1 / odd / long, shuffled physical pages, all pool layouts, GQA groups 1..16, the attention
- * variants (sliding window, soft cap, custom scale), split and unsplit plans, LSE, and poisoned
+ * variants (sliding window, soft cap -- also far above the scores --, custom scale), split and unsplit plans, LSE, and poisoned
  * outputs that must be fully written. Then head dims between the built ones (32..256, multiples
  * of 16, run on the next built kernel), GQA groups above 16 (sub-groups: 17, 48, 64, 71, 128),
  * the global-rowmax algorithm (two launches, plain-sum merge), and the two-level merge of
@@ -21,7 +21,8 @@
 typedef struct decode_case {
     kva_dtype dtype;
     int32_t head_dim, page_size, batch, num_qo_heads, num_kv_heads, layout, max_len;
-    int variant;   /* 0 plain, 1 sliding window, 2 soft cap, 3 causal + custom scale */
+    int variant;   /* 0 plain, 1 sliding window, 2 soft cap, 3 causal + custom scale, 4 a soft cap
+                    * far above the scores (1e4 .. 1e6: tanh(x) ~ x, which a cancelling tanh loses) */
     int plan_mode; /* 0 split by the planner, 1 KVA_PLAN_NO_SPLIT, 2 fixed chunk of 37 keys,
                     * 3 fixed_chunk keys, the workspace sized for it */
     bool with_lse;
@@ -30,8 +31,8 @@ typedef struct decode_case {
 } decode_case;
 
 static const char *variant_name(int v) {
-    static const char *n[] = {"plain", "window", "softcap", "causal+scale"};
-    return n[v & 3];
+    static const char *n[] = {"plain", "window", "softcap", "causal+scale", "large-softcap"};
+    return v >= 0 && v <= 4 ? n[v] : "?";
 }
 
 static bool quick(void) {
@@ -57,6 +58,7 @@ static void run_case(kva_context *ctx, kva_rng *rng, const decode_case *c, const
     kva_attn_params p = kva_attn_params_default(Hq, Hk, D);
     if (c->variant == 1) p.window_left = kva_rng_int(rng, 0, c->max_len);
     if (c->variant == 2) p.logits_soft_cap = kva_rng_uniform(rng, 0.5f, 3.0f);
+    if (c->variant == 4) p.logits_soft_cap = powf(10.0f, kva_rng_uniform(rng, 4.0f, 6.0f));
     if (c->variant == 3) {
         p.causal = 1;
         p.sm_scale = kva_rng_uniform(rng, 0.05f, 0.4f);
@@ -189,6 +191,39 @@ KVA_TEST(cuda_decode_long_context_split_matches_reference) {
         decode_case c = {dtypes[i], 128, 16, 3, 32, 8, i ? CUDA_TEST_HND : CUDA_TEST_NHD, 0, 0, 0, true, KVA_DECODE_PARTIAL_ROWMAX, 0};
         run_case(ctx, &rng, &c, lens);
     }
+    kva_context_destroy(ctx);
+}
+
+/* A soft cap far above the scores (1e4 .. 1e6) changes them by a relative ~1e-9 at most, so the
+ * results are the uncapped ones to each dtype's precision: the kernels' tanh must keep small
+ * arguments' digits (1 - 2 / (e^2x + 1) alone moved a score by up to cap * 6e-8). Every dtype and
+ * built head dim, split and unsplit plans. */
+KVA_TEST(cuda_decode_large_soft_cap_matches_reference) {
+    kva_context *ctx = cuda_test_context();
+    if (!ctx) return;
+    kva_rng rng;
+    kva_rng_seed(&rng, kva_test_seed());
+    const kva_dtype dtypes[] = {KVA_F32, KVA_BF16, KVA_F16};
+    const int32_t dims[] = {64, 128, 256};
+    int idx = 0;
+    for (int di = 0; di < 3; ++di)
+        for (int hi = 0; hi < 3; ++hi, ++idx) {
+            if (quick() && dims[hi] != 128) continue;
+            decode_case c = {0};
+            c.dtype = dtypes[di];
+            c.head_dim = dims[hi];
+            c.page_size = idx % 2 ? 16 : 3;
+            c.batch = idx % 2 ? 7 : 1;
+            c.num_qo_heads = 8;
+            c.num_kv_heads = 2;
+            c.layout = idx % CUDA_TEST_NUM_LAYOUTS;
+            c.max_len = c.batch == 1 ? 1000 : 200;
+            c.variant = 4;
+            c.plan_mode = idx % 2;
+            c.with_lse = true;
+            run_case(ctx, &rng, &c, NULL);
+            if (kva_test_failures > 20) break;
+        }
     kva_context_destroy(ctx);
 }
 

@@ -12,7 +12,8 @@
  *                               (fixed_chunk_size) and unsplit (KVA_PLAN_NO_SPLIT) plans
  *   cuda_prefill_paged_sweep    the same over a paged pool: page sizes 1 / 3 / 16 / 64, shuffled
  *                               physical pages, NHD and HND, separate, interleaved and padded pools
- *   cuda_prefill_variants       sliding window, logits soft cap, custom sm_scale, combined, no LSE
+ *   cuda_prefill_variants       sliding window, logits soft cap (also far above the scores), custom
+ *                               sm_scale, combined, no LSE
  *   cuda_prefill_dense          kva_attention (one sequence, no plan): qo_len ==, <, > kv_len,
  *                               no keys, one query, 1000 queries
  *   cuda_prefill_head_dims_match_reference   head dims between the built ones (32 .. 240) on
@@ -770,6 +771,10 @@ KVA_TEST(cuda_prefill_variants) {
         {KVA_BF16, 128, 4, 2, 1, 7, 1.5f, 0.05f, 3, true},   /* everything at once */
         {KVA_F16, 256, 8, 4, 1, -1, 0.f, 0.2f, 64, false},   /* no LSE */
         {KVA_F32, 256, 2, 1, 1, 40, 2.0f, 0.f, 1, true},
+        /* a cap far above the scores: tanh(x) ~ x must keep x's digits (f32: the accurate
+         * tanh's series; 16-bit: the hardware tanh's relative error) */
+        {KVA_F32, 128, 4, 2, 1, -1, 1.0e5f, 0.f, 16, true},
+        {KVA_BF16, 64, 8, 2, 0, -1, 3.0e4f, 0.f, 0, true},
     };
     const int nv = (int)(sizeof v / sizeof v[0]);
     for (int i = 0; i < nv; ++i) {

@@ -130,6 +130,26 @@ __device__ __forceinline__ float kva__softmax_lse(float M, float L) {
     return L > 0.0f ? (M + __log2f(L)) * 0.6931471805599453f : (L == 0.0f ? -INFINITY : NAN);
 }
 
+/* tanh(x) for the soft cap of the decode and f32 kernels (and a variant's kva_tanhf there): an
+ * odd series below |x| = 0.4 (error < 2e-9, a few ulp relative near 0), 1 - 2 / (e^2|x| + 1) above
+ * it, saturating to +-1. The second form alone cancels every digit of a small x (~1e-7 absolute,
+ * 0 below |x| ~3e-8), so a cap far above the scores moved them by up to cap * 6e-8; tanhf under
+ * --use_fast_math is tanh.approx (relative error ~5e-4), too coarse for f32 results. The CPU's
+ * kva__tanh (simd.h) has the same two parts. */
+__device__ __forceinline__ float kva__tanh_accurate(float x) {
+    const float ax = fabsf(x), x2 = x * x;
+    float p = 21844.0f / 6081075.0f;
+    p = fmaf(p, x2, -1382.0f / 155925.0f);
+    p = fmaf(p, x2, 62.0f / 2835.0f);
+    p = fmaf(p, x2, -17.0f / 315.0f);
+    p = fmaf(p, x2, 2.0f / 15.0f);
+    p = fmaf(p, x2, -1.0f / 3.0f);
+    const float series = fmaf(p * x2, x, x);
+    const float e = exp2f(ax * 2.8853900817779268f); /* exp(2|x|) */
+    const float big = copysignf(1.0f - __fdividef(2.0f, e + 1.0f), x);
+    return ax < 0.4f ? series : big;
+}
+
 /* Programmatic dependent launch (sm_90+): a kernel launched after this one on its stream with
  * the programmatic-serialization attribute may have its blocks placed once every block of this
  * grid has called kva__pdl_trigger (or ended), so its launch latency overlaps this grid's end;

@@ -131,13 +131,6 @@ __device__ __forceinline__ void kva__load_lane_f32(const unsigned char *base, in
     }
 }
 
-/* tanh to about 1e-7 absolute: under --use_fast_math tanhf becomes tanh.approx (relative
- * error ~5e-4), too coarse for f32 results. */
-__device__ __forceinline__ float kva__tanh(float x) {
-    const float e = exp2f(fabsf(x) * 2.8853900817779268f); /* exp(2|x|) */
-    return copysignf(1.0f - __fdividef(2.0f, e + 1.0f), x);
-}
-
 /* Score of a raw dot product of a visible key, in log2 units, with the optional soft cap. A
  * score outside f32 range becomes NaN, which the softmax carries into the row's sum and output:
  * -inf would look like a masked key (an empty row), +inf already gives NaN (inf - inf). The
@@ -145,7 +138,7 @@ __device__ __forceinline__ float kva__tanh(float x) {
  * scores its difference from the (rounded) max exceeds what exp2 can take. */
 __device__ __forceinline__ float kva__score(const kva__decode_args &a, float dot) {
     if (a.cap_log2 > 0.0f) /* an overflowed dot is capped (tanh saturates), as in the reference */
-        return a.cap_log2 * kva__tanh(dot * a.cap_inv_scale);
+        return a.cap_log2 * kva__tanh_accurate(dot * a.cap_inv_scale);
     const float x = __fmul_rn(dot, a.scale_log2); /* rounded: exp2(x - max) must not fuse it */
     return x == -INFINITY ? NAN : x;
 }

@@ -102,7 +102,7 @@ __global__ void __launch_bounds__(KVA__PREFILL_THREADS)
                 /* out of f32 range: NaN, carried into the row (kvattn.h, kva_attn_params); an
                  * overflowed dot product under a soft cap is the cap, as in the reference.
                  * __fmul_rn: rounded like the max, never fused into exp2(x - max). */
-                float x = a.cap_log2 > 0.0f ? a.cap_log2 * kva__pf_tanh(dot * a.cap_inv_scale)
+                float x = a.cap_log2 > 0.0f ? a.cap_log2 * kva__tanh_accurate(dot * a.cap_inv_scale)
                                             : __fmul_rn(dot, a.scale_log2);
                 if (x == -INFINITY) x = NAN;
                 const int p = it.q_pos0 + R / g;

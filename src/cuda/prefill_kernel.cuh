@@ -94,17 +94,11 @@ __device__ __forceinline__ void kva__pf_cp16(uint32_t dst, const void *src, bool
                  : "memory");
 }
 
-/* tanh to ~1e-7 absolute (tanhf under --use_fast_math is too coarse). */
-__device__ __forceinline__ float kva__pf_tanh(float x) {
-    const float e = exp2f(fabsf(x) * 2.8853900817779268f);
-    return copysignf(1.0f - __fdividef(2.0f, e + 1.0f), x);
-}
-
 /* The soft cap's tanh in the 16-bit kernels: one MUFU.TANH (relative error <= 2^-10.99, saturating
- * to +-1 at +-inf) instead of kva__pf_tanh's EX2 + RCP on the unit the softmax's EX2 already
+ * to +-1 at +-inf) instead of kva__tanh_accurate's EX2 + RCP on the unit the softmax's EX2 already
  * queues on: 16k causal d128 with a cap, 5575 -> 4487 us (H200). Its error is below what the
  * 16-bit P and V roundings already put in the output (the f16/bf16 tolerances hold); the f32
- * kernel keeps kva__pf_tanh. */
+ * kernel keeps kva__tanh_accurate. */
 __device__ __forceinline__ float kva__pf_tanh_fast(float x) {
     float t;
     asm("tanh.approx.f32 %0, %1;" : "=f"(t) : "f"(x));

@@ -12,16 +12,15 @@
  * the one-instruction hardware tanh (tanh.approx.f32, relative error <= 2^-10.99) in the f16/bf16
  * prefill modules (variant_compile.c defines KVA__VARIANT_FAST_TANH there), where its error is
  * below the 16-bit roundings of P and V and the accurate form costs a second unit-queue trip per
- * score; elsewhere (decode, f32) tanh to ~1e-7 absolute. tanhf under --use_fast_math is coarser
- * than either near 0. */
+ * score; elsewhere (decode, f32) kva__tanh_accurate (cuda_common.cuh, compiled in front of this
+ * file). tanhf under --use_fast_math is coarser than either near 0. */
 __device__ __forceinline__ float kva_tanhf(float x) {
 #if defined(KVA__VARIANT_FAST_TANH)
     float t;
     asm("tanh.approx.f32 %0, %1;" : "=f"(t) : "f"(x));
     return t;
 #else
-    const float e = exp2f(fabsf(x) * 2.8853900817779268f); /* exp(2|x|) */
-    return copysignf(1.0f - __fdividef(2.0f, e + 1.0f), x);
+    return kva__tanh_accurate(x);
 #endif
 }
 
