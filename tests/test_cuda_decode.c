@@ -2,12 +2,12 @@
  * test_cuda_decode.c -- GPU batched paged decode against the float64 reference, through the
  * public API: every dtype x head dim x page size (1, 3, 16, 64) x batch (1, 7, 37), with lengths
  * 0 / 1 / odd / long, shuffled physical pages, all pool layouts, GQA groups 1..16, the attention
- * variants (sliding window, soft cap -- also far above the scores --, custom scale), split and unsplit plans, LSE, and poisoned
- * outputs that must be fully written. Then head dims between the built ones (32..256, multiples
- * of 16, run on the next built kernel), GQA groups above 16 (sub-groups: 17, 48, 64, 71, 128),
- * the global-rowmax algorithm (two launches, plain-sum merge), and the two-level merge of
- * requests split into more than 16 chunks. KVA_TEST_QUICK=1 (sanitizer
- * runs) shrinks every sweep.
+ * variants (sliding window, soft cap -- also far above the scores --, custom scale), split and
+ * unsplit plans, LSE, and poisoned outputs that must be fully written. Then head dims between
+ * the built ones (32..256, multiples of 16, run on the next built kernel), GQA groups above 16
+ * (sub-groups: 17, 48, 64, 71, 128), the global-rowmax algorithm (two launches, plain-sum
+ * merge), the two-level merge of requests split into more than 16 chunks, and the shared merge
+ * (its withdrawal path too). KVA_TEST_QUICK=1 (sanitizer runs) shrinks every sweep.
  */
 #include "harness.h"
 #include "test_cuda_util.h"
@@ -243,8 +243,8 @@ KVA_TEST(cuda_decode_empty_requests_give_zero_and_neg_inf) {
 
 /* One plan serves several layers (pools) and repeated runs give identical results, so the
  * fused merge's counters are back at zero after every run (after both launches of global
- * rowmax). */
-static void repeated_runs(kva_decode_algo algo, int32_t Hq, int32_t Hk) {
+ * rowmax): runs alternate two query sets, each compared with its own first run. */
+static void repeated_runs(kva_decode_algo algo, int32_t Hq, int32_t Hk, int32_t fixed_chunk) {
     kva_context *ctx = cuda_test_context();
     if (!ctx) return;
     kva_rng rng;
@@ -255,42 +255,91 @@ static void repeated_runs(kva_decode_algo algo, int32_t Hq, int32_t Hk) {
     cuda_test_workspace w = {0};
     if (!cuda_paged_batch_make(ctx, &rng, KVA_BF16, B, lens, Hk, D, ps, CUDA_TEST_NHD, &pb)) goto out;
     kva_plan_limits lim = {B, pb.indptr[B], 0, 0, Hq, Hk, D, ps, 0};
+    lim.min_fixed_chunk = fixed_chunk;
     if (!cuda_test_workspace_make(ctx, &lim, &w)) goto out;
     size_t n = (size_t)B * Hq * D * 2;
-    void *qh = kva_test_alloc(n);
-    kva_fill_random(&rng, qh, KVA_BF16, (size_t)B * Hq * D, -1.f, 1.f);
-    void *q = cuda_test_upload(ctx, qh, n), *o = cuda_test_poisoned(ctx, n);
+    /* two query sets in turns (a, b, a, b, ...): a run whose merge read a state left over from
+     * the run before (the other set's) differs from the first run of its own set */
+    void *qh = kva_test_alloc(2 * n);
+    kva_fill_random(&rng, qh, KVA_BF16, (size_t)2 * B * Hq * D, -1.f, 1.f);
+    void *q = cuda_test_upload(ctx, qh, 2 * n);
     kva_plan plan;
     kva_attn_params p = kva_attn_params_default(Hq, Hk, D);
-    kva_plan_options opt = {0, 0, algo};
+    kva_plan_options opt = {0, fixed_chunk, algo};
     CHECK_OK(kva_decode_plan(ctx, &lim, &pb.table, pb.num_pages, &opt, w.ws, &plan));
     CHECK(plan.split_kv == 1);
-    void *first = NULL;
-    for (int rep = 0; rep < 5; ++rep) {
-        CHECK_OK(kva_decode_run(ctx, &plan, &p, kva_tensor_nhd(q, KVA_BF16, Hq, D), &pb.dev_pages,
+    void *first[2] = {NULL, NULL};
+    for (int rep = 0; rep < 6; ++rep) {
+        /* a fresh poisoned output each run: a run that leaves a merge undone cannot pass on the
+         * previous run's values */
+        void *o = cuda_test_poisoned(ctx, n);
+        void *qs = (char *)q + (size_t)(rep % 2) * n;
+        CHECK_OK(kva_decode_run(ctx, &plan, &p, kva_tensor_nhd(qs, KVA_BF16, Hq, D), &pb.dev_pages,
                                 kva_tensor_nhd(o, KVA_BF16, Hq, D), NULL));
         void *got = cuda_test_download(ctx, o, n);
-        if (!first) first = got;
+        kva_free(ctx, o);
+        if (!first[rep % 2]) first[rep % 2] = got;
         else {
-            CHECK_MSG(memcmp(first, got, n) == 0, "run %d differs from run 0", rep);
+            CHECK_MSG(memcmp(first[rep % 2], got, n) == 0, "run %d differs from run %d", rep, rep % 2);
             free(got);
         }
     }
-    free(first);
+    free(first[0]);
+    free(first[1]);
     free(qh);
     kva_free(ctx, q);
-    kva_free(ctx, o);
 out:
     cuda_test_workspace_free(ctx, &w);
     cuda_paged_batch_free(ctx, &pb);
     kva_context_destroy(ctx);
 }
 
-KVA_TEST(cuda_decode_repeated_runs_are_identical) { repeated_runs(KVA_DECODE_PARTIAL_ROWMAX, 16, 4); }
+KVA_TEST(cuda_decode_repeated_runs_are_identical) {
+    repeated_runs(KVA_DECODE_PARTIAL_ROWMAX, 16, 4, 0);
+    repeated_runs(KVA_DECODE_PARTIAL_ROWMAX, 16, 4, 100); /* 20 chunks: the shared merge's counters */
+}
+
+/* The shared merge (decode_kernel.cuh: a split request whose chunk blocks have no next unit
+ * merges on all of them) with KVA_DECODE_MERGE_WAIT_NS=0: every block that arrives before the
+ * request's last chunk withdraws at once unless the others are already there, so the remaining
+ * participants claim slices from a counter -- the path a GPU shared with other work takes. One
+ * KV head and 8 KV heads, 16 .. 125 chunks (the shared merge's minimum is 16; batch 1, so each
+ * request's chunks are their blocks' only units), every dtype, head dims 64 / 96 / 256; then
+ * repeated runs of one plan whose 20-chunk request merges shared and 10-chunk one on its last
+ * block (the counters back at zero, results bitwise equal whoever merged). */
+KVA_TEST(cuda_decode_shared_merge_withdrawals_match_reference) {
+    kva_test_env env;
+    kva_test_env_set(&env, "KVA_DECODE_MERGE_WAIT_NS", "0");
+    kva_context *ctx = cuda_test_context();
+    if (!ctx) {
+        kva_test_env_restore(&env);
+        return;
+    }
+    kva_rng rng;
+    kva_rng_seed(&rng, kva_test_seed());
+    const struct {
+        kva_dtype dt;
+        int32_t d, hq, hk, chunk, len;
+    } cases[] = {{KVA_BF16, 128, 8, 1, 64, 125 * 64 - 3}, {KVA_F16, 64, 32, 8, 100, 1601},
+                 {KVA_F32, 128, 4, 1, 37, 20 * 37},        {KVA_BF16, 96, 28, 4, 256, 8192},
+                 {KVA_BF16, 256, 16, 8, 512, 8000},        {KVA_F32, 256, 8, 2, 300, 5100}};
+    for (int i = 0; i < (int)(sizeof cases / sizeof cases[0]); ++i) {
+        if (quick() && i % 2) continue;
+        decode_case c = {cases[i].dt, cases[i].d, 16, 1, cases[i].hq, cases[i].hk, i % CUDA_TEST_NUM_LAYOUTS,
+                         0, i % 3 == 2 ? 2 : 0, 3, true, KVA_DECODE_PARTIAL_ROWMAX, cases[i].chunk};
+        const int32_t lens[1] = {cases[i].len};
+        run_case(ctx, &rng, &c, lens);
+        if (kva_test_failures > 20) break;
+    }
+    kva_context_destroy(ctx);
+    repeated_runs(KVA_DECODE_PARTIAL_ROWMAX, 16, 4, 100);
+    repeated_runs(KVA_DECODE_PARTIAL_ROWMAX, 8, 1, 100);
+    kva_test_env_restore(&env);
+}
 
 KVA_TEST(cuda_decode_global_rowmax_repeated_runs_are_identical) {
-    repeated_runs(KVA_DECODE_GLOBAL_ROWMAX, 16, 4);
-    repeated_runs(KVA_DECODE_GLOBAL_ROWMAX, 48, 1); /* three sub-groups share one counter */
+    repeated_runs(KVA_DECODE_GLOBAL_ROWMAX, 16, 4, 0);
+    repeated_runs(KVA_DECODE_GLOBAL_ROWMAX, 48, 1, 0); /* three sub-groups share one counter */
 }
 
 /* Head dims between the built kernels (64, 128, 256): each runs on the next built one with

@@ -60,6 +60,8 @@ typedef struct kva__cuda_private {
                                        sm_90+ code here: decode runs launch as programmatic
                                        dependents of the stream's previous kernel (decode_launch.cu) */
     int smem_optin;                 /* shared memory a block may opt into, bytes */
+    uint32_t decode_merge_wait_ns;  /* the decode kernel's shared-merge wait (KVA_DECODE_MERGE_WAIT_NS,
+                                       decode_kernel.cuh; default 100 us, tests 0) */
     int cc_major, cc_minor;         /* compute capability: the architecture variants compile for */
     void **vmods;                   /* kva__vmod_loaded *: every variant module loaded (variant_load.cu) */
     int num_vmods, cap_vmods;

@@ -233,6 +233,9 @@ extern "C" kva_status kva__cuda_context_init(kva_context *ctx) {
     if (st == KVA_OK) st = kva__env_knob("kva_context_create", "KVA_PREFILL_BALANCE_MIN_TILES", number, &knob);
     if (st == KVA_OK) st = kva__env_knob("kva_context_create", "KVA_PREFILL_TMA_STRICT", flag, &knob);
     if (st == KVA_OK) st = kva__env_knob("kva_context_create", "KVA_PREFILL_TURNS", flag, &knob);
+    /* the decode kernel's shared-merge wait, ns (tests: 0 makes early blocks withdraw) */
+    if (st == KVA_OK) st = kva__env_knob("kva_context_create", "KVA_DECODE_MERGE_WAIT_NS", number, &knob);
+    priv->decode_merge_wait_ns = knob ? (uint32_t)strtoul(knob, NULL, 10) : 100000u;
     bool sm90a = false;
 #ifdef KVA_HAVE_SM90A /* the build holds sm_90a code (KVA_CUDA_ARCHS has 90a) */
     sm90a = prop.major == 9;

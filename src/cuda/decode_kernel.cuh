@@ -412,6 +412,165 @@ __device__ __forceinline__ void kva__merge_states(const kva__decode_args &a, uns
     }
 }
 
+/* ---- the shared merge: a split request's chunk blocks merge its states together ----
+ * Where every chunk unit of a (request, KV head, sub-group) is its block's last unit (the
+ * block has nothing else to do), the blocks that arrive early do not leave: they wait for the
+ * last chunk and then each merges a slice of the outputs, so a merge of many states (64 chunks
+ * x 8 heads: 256 KB of partial states) is spread over many SMs' L2 bandwidth instead of one
+ * block's or a two-level tree's (bench/NOTES.md, "The shared merge"). A slice is one query
+ * head's 64 output columns (16 float4). The arrival counter holds arrivals (low 16 bits) and
+ * withdrawals (high 16 bits): a block that has waited a.merge_wait_ns (100 us) withdraws
+ * (only while chunks are still missing, by compare-and-swap), so the wait cannot deadlock where
+ * not every block of the grid is resident at once (a GPU shared with other work); once all have
+ * arrived, the participants are the n - withdrawals that did not withdraw, the same set for all.
+ * Without withdrawals participant t (arrival order) merges slices t, t + n, ...; otherwise
+ * slices are claimed from a counter. The last participant to finish resets the three counters
+ * (graph replays start from zero). */
+#ifndef KVA__SHARED_MERGE_MIN
+/* chunks of a request from which the shared merge is used: below 16 the last block's merge is
+ * cheaper (few states, one round trip) than the others' wait and their slices (bench/NOTES.md) */
+#define KVA__SHARED_MERGE_MIN 16
+#endif
+#define KVA__SLICE_COLS 16 /* float4 output columns of a merge slice */
+
+__device__ __forceinline__ unsigned kva__ld_acquire_u32(const unsigned *p) {
+    unsigned v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ uint64_t kva__globaltimer() {
+    uint64_t t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+/* Merges slice `slice` (query head hb + slice / parts, float4 columns (slice % parts) * 16 ..)
+ * of the n states at work items first .. first + n - 1 into o and lse. The block's 128 threads
+ * are 16 columns x 8 state groups (group g merges states g, g + 8, ..., all its loads issued
+ * before they are used), then group 0 combines the 8 partial states through shared memory
+ * (`scratch`, 6 KB, idle: the block has no next unit). */
+template <typename T>
+__device__ __forceinline__ void kva__merge_slice(const kva__decode_args &a, float *scratch, int tid, int hb,
+                                                 int b, int first, int n, int slice) {
+    constexpr int GROUPS = KVA__DECODE_THREADS / KVA__SLICE_COLS, MB = 8;
+    const int Hq = a.num_qo_heads, dh = a.head_dim, c4 = dh / 4;
+    const int parts = (c4 + KVA__SLICE_COLS - 1) / KVA__SLICE_COLS;
+    const int h = slice / parts, col = (slice - h * parts) * KVA__SLICE_COLS + (tid % KVA__SLICE_COLS);
+    const int grp = tid / KVA__SLICE_COLS, qh = hb + h, d = col * 4;
+    float M = -INFINITY, L = 0.0f;
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (col < c4) {
+        for (int s0 = grp; s0 < n; s0 += GROUPS * MB) {
+            float ls[MB];
+            float4 x[MB];
+#pragma unroll
+            for (int j = 0; j < MB; ++j) {
+                const int k = s0 + GROUPS * j < n ? s0 + GROUPS * j : s0;
+                const int64_t slot = first + k;
+                ls[j] = __fmul_rn(__ldcg(a.partial_lse + slot * Hq + qh), KVA__LOG2E_F);
+                x[j] = __ldcg(reinterpret_cast<const float4 *>(a.partial_o + (slot * Hq + qh) * dh + d));
+                if (s0 + GROUPS * j >= n) ls[j] = -INFINITY;
+            }
+#pragma unroll
+            for (int j = 0; j < MB; ++j) {
+                const float m_new = fmaxf(M, ls[j]);
+                const float m_use = m_new == -INFINITY ? 0.0f : m_new;
+                const float scale = exp2f(M - m_use), f = exp2f(ls[j] - m_use);
+                acc.x = acc.x * scale + f * x[j].x;
+                acc.y = acc.y * scale + f * x[j].y;
+                acc.z = acc.z * scale + f * x[j].z;
+                acc.w = acc.w * scale + f * x[j].w;
+                L = L * scale + f;
+                M = m_new;
+            }
+        }
+    }
+    float *sm = scratch, *sl = scratch + KVA__DECODE_THREADS;
+    float4 *sa = reinterpret_cast<float4 *>(scratch + 2 * KVA__DECODE_THREADS);
+    sm[tid] = M;
+    sl[tid] = L;
+    sa[tid] = acc;
+    __syncthreads();
+    if (grp == 0 && col < c4) {
+        float Mt = -INFINITY;
+#pragma unroll
+        for (int g = 0; g < GROUPS; ++g) Mt = fmaxf(Mt, sm[tid + g * KVA__SLICE_COLS]);
+        const float m_use = Mt == -INFINITY ? 0.0f : Mt;
+        float Lt = 0.0f;
+        float4 o4 = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+        for (int g = 0; g < GROUPS; ++g) {
+            const int i = tid + g * KVA__SLICE_COLS;
+            const float f = exp2f(sm[i] - m_use);
+            const float4 y = sa[i];
+            o4.x += f * y.x; o4.y += f * y.y; o4.z += f * y.z; o4.w += f * y.w;
+            Lt += f * sl[i];
+        }
+        const float inv = kva__softmax_inv(Lt);
+        o4.x *= inv; o4.y *= inv; o4.z *= inv; o4.w *= inv;
+        kva__store4<T>((T *)a.o + (int64_t)b * a.o_st + (int64_t)qh * a.o_sh + d, o4);
+        if (a.lse && d == 0) a.lse[(int64_t)b * Hq + qh] = kva__softmax_lse(Mt, Lt);
+    }
+    __syncthreads(); /* scratch is rewritten by the next slice */
+}
+
+/* The shared merge of one chunk block (see above): arrive, wait for the others (or withdraw),
+ * merge this participant's slices. counter / claims / departures: the request's three words,
+ * zero between runs. ctl: two ints of the block's shared memory. */
+template <typename T>
+__device__ __forceinline__ void kva__merge_shared(const kva__decode_args &a, unsigned char *ring, int tid, int hb,
+                                                  int gs, int b, int first, int n, unsigned *counter,
+                                                  unsigned *claims, unsigned *departures, int *ctl) {
+    __syncthreads(); /* the partial-state stores happen before thread 0's release fence */
+    if (tid == 0) {
+        __threadfence();
+        const unsigned prev = atomicAdd(counter, 1u);
+        unsigned all = prev + 1u;
+        int ticket = (int)(prev & 0xffffu);
+        if ((int)(all & 0xffffu) < n) {
+            /* wait for the last chunk; withdraw after the timeout while chunks are missing */
+            const uint64_t t0 = kva__globaltimer();
+            for (;;) {
+                all = kva__ld_acquire_u32(counter);
+                if ((int)(all & 0xffffu) == n) break;
+                if (kva__globaltimer() - t0 > (uint64_t)a.merge_wait_ns &&
+                    atomicCAS(counter, all, all + 0x10000u) == all) {
+                    ticket = -1;
+                    break;
+                }
+                __nanosleep(32);
+            }
+        }
+        __threadfence(); /* the other chunks' states are read after this */
+        const int withdrawn = (int)(all >> 16);
+        ctl[0] = ticket < 0 ? -1 : (withdrawn == 0 ? ticket : n); /* n: claim slices */
+        ctl[1] = n - withdrawn;                                     /* participants */
+    }
+    __syncthreads();
+    const int role = ctl[0], participants = ctl[1];
+    if (role < 0) return; /* withdrew: the participants merge without this block */
+    float *scratch = reinterpret_cast<float *>(ring);
+    const int parts = (a.head_dim / 4 + KVA__SLICE_COLS - 1) / KVA__SLICE_COLS, slices = gs * parts;
+    if (role < n) {
+        for (int s = role; s < slices; s += n) kva__merge_slice<T>(a, scratch, tid, hb, b, first, n, s);
+    } else {
+        for (;;) {
+            __syncthreads(); /* every thread has read ctl[0] of the last claim */
+            if (tid == 0) ctl[0] = (int)atomicAdd(claims, 1u);
+            __syncthreads();
+            const int s = ctl[0];
+            if (s >= slices) break;
+            kva__merge_slice<T>(a, scratch, tid, hb, b, first, n, s);
+        }
+    }
+    if (tid == 0 && atomicAdd(departures, 1u) == (unsigned)(participants - 1)) {
+        /* every participant has seen all arrivals and made its last claim */
+        *counter = 0u;
+        *claims = 0u;
+        *departures = 0u;
+    }
+}
+
 template <typename T, int D, int NT, bool GR>
 __global__ void __launch_bounds__(KVA__DECODE_THREADS)
     kva__decode_kernel(const __grid_constant__ kva__decode_args a) {
@@ -422,6 +581,7 @@ __global__ void __launch_bounds__(KVA__DECODE_THREADS)
     constexpr bool MMA = sizeof(T) == 2;
     extern __shared__ __align__(128) unsigned char smem[];
     __shared__ int s_last;
+    __shared__ int s_ctl[2]; /* the shared merge's role and participant count */
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     int u = blockIdx.x;
@@ -860,6 +1020,17 @@ __global__ void __launch_bounds__(KVA__DECODE_THREADS)
              * of a large group merge in parallel, each on its own block ---- */
             /* partial rowmax with more chunks than one merge run: a two-level tree (below);
              * this unit's run is [run_first, run_first + run_count) */
+            /* every chunk unit of this (request, KV head, sub-group) is its block's last: the
+             * shared merge (above); the smallest of them is the request's first work item's */
+            const bool shared = !GR && n_items >= KVA__SHARED_MERGE_MIN && n_items <= 0xffff &&
+                                cur.item_beg * a.units_per_work + cur.kh * a.nsub + cur.sg + (int)gridDim.x >= num_units;
+            if (shared) {
+                unsigned *words = a.run_counters + ((int64_t)cur.item_beg * a.num_kv_heads + kh) * a.nsub + cur.sg;
+                kva__merge_shared<T>(a, ring, tid, cur.hb, cur.gs, b, cur.item_beg, n_items,
+                                     a.counters + ((int64_t)b * a.num_kv_heads + kh) * a.nsub + cur.sg, words,
+                                     words + (int64_t)a.num_kv_heads * a.nsub, s_ctl);
+                break; /* (no next unit) */
+            }
             const bool tree = !GR && n_items > KVA__MERGE_RUN;
             const int run_first = cur.item_beg + (cur.w - cur.item_beg) / KVA__MERGE_RUN * KVA__MERGE_RUN;
             const int run_count = cur.item_end - run_first < KVA__MERGE_RUN ? cur.item_end - run_first

@@ -50,6 +50,8 @@ typedef struct kva__decode_args {
     float cap_inv_scale;         /* sm_scale / soft cap */
     const void *mod_user;         /* a variant's caller data (kva_attn_params.score_mod_user, device
                                    * memory); read only by kernels built with a score modifier */
+    uint32_t merge_wait_ns;       /* the shared merge's wait for a request's last chunk before a
+                                   * block withdraws (decode_kernel.cuh; KVA_DECODE_MERGE_WAIT_NS) */
 } kva__decode_args;
 
 /* Kernel for up to 8 (nt = 1) or 16 (nt = 2) query heads per unit, partial rowmax (gr = 0) or
