@@ -243,7 +243,8 @@ KVA_TEST(cuda_decode_empty_requests_give_zero_and_neg_inf) {
 
 /* One plan serves several layers (pools) and repeated runs give identical results, so the
  * fused merge's counters are back at zero after every run (after both launches of global
- * rowmax): runs alternate two query sets, each compared with its own first run. */
+ * rowmax; checked directly, in the workspace): runs alternate two query sets, each compared
+ * with its own first run. */
 static void repeated_runs(kva_decode_algo algo, int32_t Hq, int32_t Hk, int32_t fixed_chunk) {
     kva_context *ctx = cuda_test_context();
     if (!ctx) return;
@@ -278,6 +279,15 @@ static void repeated_runs(kva_decode_algo algo, int32_t Hq, int32_t Hk, int32_t 
                                 kva_tensor_nhd(o, KVA_BF16, Hq, D), NULL));
         void *got = cuda_test_download(ctx, o, n);
         kva_free(ctx, o);
+        /* the merge counters (per request, and the merge tree's and shared merge's per work
+         * item) are back at zero, where the next run or a graph replay needs them */
+        const kva__plan_header *h = kva__plan_header_of(plan.workspace.host);
+        const size_t cb = (size_t)(h->off_run_lse - h->off_counters);
+        unsigned char *cnt = cuda_test_download(ctx, (char *)plan.workspace.device + h->off_counters, cb);
+        size_t nonzero = 0;
+        for (size_t i = 0; cnt && i < cb; ++i) nonzero += cnt[i] != 0;
+        CHECK_MSG(cnt && nonzero == 0, "run %d left %zu counter bytes non-zero", rep, nonzero);
+        free(cnt);
         if (!first[rep % 2]) first[rep % 2] = got;
         else {
             CHECK_MSG(memcmp(first[rep % 2], got, n) == 0, "run %d differs from run %d", rep, rep % 2);
