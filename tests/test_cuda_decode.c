@@ -317,6 +317,31 @@ KVA_TEST(cuda_decode_repeated_runs_are_identical) {
  * request's chunks are their blocks' only units), every dtype, head dims 64 / 96 / 256; then
  * repeated runs of one plan whose 20-chunk request merges shared and 10-chunk one on its last
  * block (the counters back at zero, results bitwise equal whoever merged). */
+/* A ragged multi-round batch: one request of 20 chunks first in the plan's order, 60 short
+ * requests after it, 8 KV heads (480+ units, more than the grid has blocks on most GPUs): blocks
+ * walk their units last to first (non-graph plans), so the long request's chunks end their blocks
+ * and merge shared while the short units ran before them; bf16 and f32, head dims 128 and 64. */
+static void shared_merge_ragged(kva_context *ctx, kva_rng *rng) {
+    int32_t lens[61];
+    lens[0] = 20 * 128 - 5;
+    for (int i = 1; i < 61; ++i) lens[i] = 1 + (int32_t)kva_rng_int(rng, 0, 127);
+    const kva_dtype dts[2] = {KVA_BF16, KVA_F32};
+    for (int i = 0; i < 2; ++i) {
+        decode_case c = {dts[i], i ? 64 : 128, 16, 61, 32, 8, i % CUDA_TEST_NUM_LAYOUTS, 0, 0, 3, true,
+                         KVA_DECODE_PARTIAL_ROWMAX, 128};
+        run_case(ctx, rng, &c, lens);
+    }
+}
+
+KVA_TEST(cuda_decode_shared_merge_ragged_matches_reference) {
+    kva_context *ctx = cuda_test_context();
+    if (!ctx) return;
+    kva_rng rng;
+    kva_rng_seed(&rng, kva_test_seed());
+    shared_merge_ragged(ctx, &rng);
+    kva_context_destroy(ctx);
+}
+
 KVA_TEST(cuda_decode_shared_merge_withdrawals_match_reference) {
     kva_test_env env;
     kva_test_env_set(&env, "KVA_DECODE_MERGE_WAIT_NS", "0");
@@ -341,6 +366,7 @@ KVA_TEST(cuda_decode_shared_merge_withdrawals_match_reference) {
         run_case(ctx, &rng, &c, lens);
         if (kva_test_failures > 20) break;
     }
+    shared_merge_ragged(ctx, &rng);
     kva_context_destroy(ctx);
     repeated_runs(KVA_DECODE_PARTIAL_ROWMAX, 16, 4, 100);
     repeated_runs(KVA_DECODE_PARTIAL_ROWMAX, 8, 1, 100);

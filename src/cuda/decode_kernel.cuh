@@ -13,7 +13,8 @@
  *           heads (a.sub, a.nsub), one unit each; a chunk's sub-group units are adjacent in the
  *           unit order, so they run at the same time and the repeated K/V reads mostly hit L2.
  *   grid  = persistent: min(padded_work * num_kv_heads, blocks resident at once); block i runs
- *           units i, i + grid, i + 2*grid, ... < num_work * num_kv_heads. While a block streams
+ *           units i, i + grid, i + 2*grid, ... < num_work * num_kv_heads (a non-graph plan with
+ *           more units than blocks in the reverse order, last to first). While a block streams
  *           unit k it already fetches unit k+1's plan entries, page ids and query, and it issues
  *           unit k+1's first copies before unit k's epilogue, so one SM streams without a gap
  *           from unit to unit (blocks finishing and starting in lockstep left every SM idle for
@@ -63,6 +64,9 @@
 #define KVA__DECODE_STAGES 2 /* cp.async ring depth per warp; 2 keeps 2 blocks (8 streaming warps) per SM, which matters more than depth (bench/NOTES.md) */
 #endif
 #define KVA__DECODE_PFQ 2 /* page-id lookups in flight per warp, in tiles (>= stages - 1) */
+#ifndef KVA__DECODE_REVERSE
+#define KVA__DECODE_REVERSE 1 /* non-graph multi-round plans: blocks walk their units last to first */
+#endif
 #define KVA__LOG2E_F 1.4426950408889634f
 #define KVA__LN2_F 0.6931471805599453f
 
@@ -585,13 +589,23 @@ __global__ void __launch_bounds__(KVA__DECODE_THREADS)
     __shared__ int s_ctl[2]; /* the shared merge's role and participant count */
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    int u = blockIdx.x;
+    int u = blockIdx.x, step = (int)gridDim.x;
+#if KVA__DECODE_REVERSE
+    /* A non-graph plan with more units than blocks: each block walks its units from the last
+     * (u + k * grid) down to its first (u), so the plan's first units -- the longest requests'
+     * chunks, by the scheduler's order -- are their blocks' last ones and share their merge
+     * (kva__merge_shared), where the short units would otherwise follow them (bench/NOTES.md). */
+    if (a.num_work >= 0 && a.num_work * a.units_per_work > step && u < a.num_work * a.units_per_work) {
+        u += (a.num_work * a.units_per_work - 1 - u) / step * step;
+        step = -step;
+    }
+#endif
     /* The records of this block's first two units (they exist: u < grid <= max_units) are
      * loaded together with the unit count (graph plans), all in one round trip. From then on a
      * record is loaded two units ahead, so no unit start waits for plan data. */
     int4 rec0, rec1, rn0 = make_int4(0, 0, 0, 0), rn1 = make_int4(0, 0, 0, 0);
     kva__load_record(a, u, rec0, rec1);
-    if (u + (int)gridDim.x < a.max_units) kva__load_record(a, u + (int)gridDim.x, rn0, rn1);
+    if (step > 0 ? u + step < a.max_units : u + step >= 0) kva__load_record(a, u + step, rn0, rn1);
     const int num_work = a.num_work >= 0 ? a.num_work : __ldg(&a.hdr->num_work);
     const int num_units = num_work * a.units_per_work;
     if (u >= num_units) {
@@ -706,8 +720,8 @@ __global__ void __launch_bounds__(KVA__DECODE_THREADS)
 
         /* The next unit's page ids and query (its record arrived a unit ago): issued here and
          * not waited for until this unit's epilogue issues the next unit's first copies. */
-        const int un = u + (int)gridDim.x;
-        const bool has_next = un < num_units;
+        const int un = u + step;
+        const bool has_next = step > 0 ? un < num_units : un >= 0;
         kva__unit nxt;
         nxt.my_n = 0;
         if (has_next) {
@@ -717,7 +731,7 @@ __global__ void __launch_bounds__(KVA__DECODE_THREADS)
             for (int t = 0; t < STAGES - 1 + PFQ; ++t) load_pid(nxt, t, n_pid[t], n_slot[t], n_ok[t]);
             load_q(nxt);
         }
-        if (un + (int)gridDim.x < num_units) kva__load_record(a, un + (int)gridDim.x, rn0, rn1);
+        if (step > 0 ? un + step < num_units : un + step >= 0) kva__load_record(a, un + step, rn0, rn1);
 
         /* Online-softmax state. f16/bf16: per thread, head nt*8 + 2*(lane%4) + j in slot
          * nt*2 + j, l summed over this lane's keys only (reduced across the warp at the end).
@@ -1022,9 +1036,12 @@ __global__ void __launch_bounds__(KVA__DECODE_THREADS)
             /* partial rowmax with more chunks than one merge run: a two-level tree (below);
              * this unit's run is [run_first, run_first + run_count) */
             /* every chunk unit of this (request, KV head, sub-group) is its block's last: the
-             * shared merge (above); the smallest of them is the request's first work item's */
-            const bool shared = !GR && n_items >= KVA__SHARED_MERGE_MIN && n_items <= 0xffff &&
-                                cur.item_beg * a.units_per_work + cur.kh * a.nsub + cur.sg + (int)gridDim.x >= num_units;
+             * shared merge (above). Forward, the smallest of them (the request's first work
+             * item's) is among the last grid units; walking down, the largest is below grid */
+            const int r_unit = cur.kh * a.nsub + cur.sg;
+            const bool all_last = step > 0 ? cur.item_beg * a.units_per_work + r_unit + (int)gridDim.x >= num_units
+                                           : (cur.item_end - 1) * a.units_per_work + r_unit < (int)gridDim.x;
+            const bool shared = !GR && n_items >= KVA__SHARED_MERGE_MIN && n_items <= 0xffff && all_last;
             if (shared) {
                 unsigned *words = a.run_counters + ((int64_t)cur.item_beg * a.num_kv_heads + kh) * a.nsub + cur.sg;
                 kva__merge_shared<T>(a, ring, tid, cur.hb, cur.gs, b, cur.item_beg, n_items,
