@@ -314,7 +314,8 @@ KVA_TEST(cuda_decode_repeated_runs_are_identical) {
  * request's last chunk withdraws at once unless the others are already there, so the remaining
  * participants claim slices from a counter -- the path a GPU shared with other work takes. One
  * KV head and 8 KV heads, 16 .. 125 chunks (the shared merge's minimum is 16; batch 1, so each
- * request's chunks are their blocks' only units), every dtype, head dims 64 / 96 / 256; then
+ * request's chunks are their blocks' only units), every dtype, head dims 64 / 96 / 256, sliding
+ * windows that leave chunks empty, a 48-head group on sub-groups; a ragged batch; then
  * repeated runs of one plan whose 20-chunk request merges shared and 10-chunk one on its last
  * block (the counters back at zero, results bitwise equal whoever merged). */
 /* A ragged multi-round batch: one request of 20 chunks first in the plan's order, 60 short
@@ -352,16 +353,20 @@ KVA_TEST(cuda_decode_shared_merge_withdrawals_match_reference) {
     }
     kva_rng rng;
     kva_rng_seed(&rng, kva_test_seed());
+    /* variant 1: a sliding window over the request (0 .. len keys), so chunks before it are
+     * empty (LSE -inf) in the merge; f32 48/1 runs the sub-group kernel (nsub = 3 units per
+     * chunk, each merging its own heads) */
     const struct {
         kva_dtype dt;
-        int32_t d, hq, hk, chunk, len;
-    } cases[] = {{KVA_BF16, 128, 8, 1, 64, 125 * 64 - 3}, {KVA_F16, 64, 32, 8, 100, 1601},
-                 {KVA_F32, 128, 4, 1, 37, 20 * 37},        {KVA_BF16, 96, 28, 4, 256, 8192},
-                 {KVA_BF16, 256, 16, 8, 512, 8000},        {KVA_F32, 256, 8, 2, 300, 5100}};
+        int32_t d, hq, hk, chunk, len, variant;
+    } cases[] = {{KVA_BF16, 128, 8, 1, 64, 125 * 64 - 3, 0}, {KVA_F16, 64, 32, 8, 100, 1601, 0},
+                 {KVA_F32, 128, 4, 1, 37, 20 * 37, 2},        {KVA_BF16, 96, 28, 4, 256, 8192, 1},
+                 {KVA_BF16, 256, 16, 8, 512, 8000, 0},        {KVA_F32, 256, 8, 2, 300, 5100, 2},
+                 {KVA_F32, 128, 48, 1, 64, 20 * 64, 0},       {KVA_BF16, 128, 8, 1, 64, 40 * 64, 1}};
     for (int i = 0; i < (int)(sizeof cases / sizeof cases[0]); ++i) {
         if (quick() && i % 2) continue;
         decode_case c = {cases[i].dt, cases[i].d, 16, 1, cases[i].hq, cases[i].hk, i % CUDA_TEST_NUM_LAYOUTS,
-                         0, i % 3 == 2 ? 2 : 0, 3, true, KVA_DECODE_PARTIAL_ROWMAX, cases[i].chunk};
+                         cases[i].len, cases[i].variant, 3, true, KVA_DECODE_PARTIAL_ROWMAX, cases[i].chunk};
         const int32_t lens[1] = {cases[i].len};
         run_case(ctx, &rng, &c, lens);
         if (kva_test_failures > 20) break;
@@ -657,7 +662,9 @@ out:
  * merged into their first slot, then the runs merged (decode_kernel.cuh). Chunk counts 16 (one
  * level), 17 (a last run of one state), 33 and 125, beside short and empty requests; one KV head
  * (one merging block per run), 8 KV heads, a 71-head group (sub-groups merge their own runs),
- * f32, head dims 96 and 256 at 8 KV heads; soft cap on some. */
+ * f32, head dims 96 and 256 at 8 KV heads; soft cap on some. (Where a case's units fit one round
+ * of the grid -- the one-KV-head rows on an H200 -- its requests of 16+ chunks take the shared
+ * merge instead; the 8-KV-head rows keep the tree.) */
 KVA_TEST(cuda_decode_merge_tree_matches_reference) {
     kva_context *ctx = cuda_test_context();
     if (!ctx) return;

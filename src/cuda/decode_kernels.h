@@ -35,7 +35,9 @@ typedef struct kva__decode_args {
     float *partial_o;            /* f32 [work][num_qo_heads][D] */
     float *partial_lse;          /* f32 [work][num_qo_heads] */
     unsigned *counters;          /* u32 [batch][num_kv_heads][nsub], zero between runs */
-    unsigned *run_counters;      /* u32 [work][num_kv_heads][nsub]: merge-tree runs (by first item) */
+    unsigned *run_counters;      /* u32 [work][num_kv_heads][nsub]: merge-tree runs (by first item);
+                                  * the shared merge's claim and departure words (the request's
+                                  * first and second item's rows) */
     float *run_lse;              /* f32 [work][num_qo_heads]: a merged run's LSE (by first item) */
     int32_t num_qo_heads, num_kv_heads, group, page_size, window_left;
     int32_t head_dim;            /* the real head dim (<= the kernel's D; the rest is zero-filled) */

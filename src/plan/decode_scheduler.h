@@ -18,7 +18,9 @@
  *   split_key_percent (0: 100; CUDA global rowmax 150 or 185: its pass 1 reads K again);
  *   a (request, KV head) split into c chunks costs KVA__SCHED_MERGE_COST_PER_STATE_KEYS * c more,
  *   on the one block that merges it (the last to arrive) -- with CUDA's merge tree the states its
- *   busiest merger reads, plus merge_level_keys for the tree's second level (makespan estimate);
+ *   busiest merger reads, plus merge_level_keys for the tree's second level (makespan estimate;
+ *   CUDA's shared merge, where a request's chunks all end their blocks, is cheaper than this
+ *   prices it: decode_merge.cuh);
  *   a plan with any split request pays split_keys once more (the prefill kernel's merge launch);
  *   sm_blocks blocks share an SM's bandwidth (kva__split_problem), so a grid of at most
  *   G / sm_blocks units, one block per SM, streams lone_block_percent% (default
@@ -79,8 +81,9 @@
 /* Chunks are multiples of this (4 warps x one 16-key tile), so no warp idles in a chunk. */
 #define KVA__SCHED_CHUNK_GRANULE 64
 /* No request is ever split into more chunks than this (on CUDA partial rowmax they merge as a
- * tree of runs of KVA__MERGE_RUN, so one block reads at most 16 + 8 states; elsewhere one block
- * merges them all, and the sqrt bound above applies first). */
+ * tree of runs of KVA__MERGE_RUN, so one block reads at most 16 + 8 states, or shared by all
+ * the chunk blocks; elsewhere one block merges them all, and the sqrt bound above applies
+ * first). */
 #define KVA__SCHED_MAX_CHUNKS_PER_REQUEST 128
 /* The finest candidate aims at this many units per block (see above). */
 #define KVA__SCHED_MAX_ROUNDS 8

@@ -123,7 +123,8 @@ typedef struct kva__plan_header {
     int64_t off_partial_lse;   /* f32 [work][rows_per_work] partial LSE (natural log) */
     int64_t off_counters;      /* u32 [num_groups][num_qo_heads]; zero between runs */
     int64_t off_run_counters;  /* u32 [cap_work][num_qo_heads]: decode merge-tree runs, indexed
-                                * by a run's first work item; zero between runs */
+                                * by a run's first work item, and the shared merge's claim and
+                                * departure words (decode_merge.cuh); zero between runs */
     int64_t off_run_lse;       /* f32 [cap_work][num_qo_heads]: a merged run's LSE (its O goes
                                 * into the run's first partial slot) */
     int64_t off_sched;         /* CUDA: u32 [KVA__SCHED_HEAD + KVA__SCHED_MAX_BLOCKS * KVA__SCHED_RING], the
@@ -189,7 +190,8 @@ typedef struct kva__workspace_layout {
     size_t off_partial_o;         /* bytes from device part start; f32 [cap_split_work][rows][D] */
     size_t off_partial_lse;       /* f32 [cap_split_work][rows] */
     size_t off_counters;          /* u32 [cap_groups][num_qo_heads], zero between runs */
-    size_t off_run_counters;      /* CUDA decode: u32 [cap_split_work][num_qo_heads], zero between runs */
+    size_t off_run_counters;      /* CUDA decode: u32 [cap_split_work][num_qo_heads] (merge tree,
+                                     shared merge), zero between runs */
     size_t off_run_lse;           /* CUDA decode: f32 [cap_split_work][num_qo_heads] */
     size_t off_sched;             /* CUDA: u32 [KVA__SCHED_HEAD + KVA__SCHED_MAX_BLOCKS * KVA__SCHED_RING]: work
                                    * tickets, finished blocks (zero between runs), ring slots */
