@@ -293,7 +293,8 @@ typedef float (*kva_score_mod_fn)(float score, int32_t q_pos, int32_t kv_pos, in
  * ...; compiled with --use_fast_math like the library, so tanhf/expf are the fast approximations:
  * kva_tanhf(x) is the tanh of the built-in soft cap in the same kernel -- the hardware tanh
  * (relative error <= 2^-10.99) in the f16/bf16 prefill kernels, tanh to ~1e-7 (and a few ulp
- * relative near 0) in decode and f32 -- so a soft cap written as a modifier computes what logits_soft_cap does), loads
+ * relative near 0) in decode and f32 -- so a soft cap written as a modifier computes what
+ * logits_soft_cap does), loads
  * through `user` (per score, though the decode kernels call it for a whole key tile at once, so
  * loads that do not depend on the positions are shared by the tile's calls: keep the others few;
  * likewise write a division by such a value as a product with its reciprocal, x * (1.0f / c):

@@ -381,8 +381,9 @@ extern "C" kva_status kva__cuda_plan_upload(kva_context *ctx, void *device_part,
     cudaStream_t s = kva__stream(ctx);
     KVA_CUDA_TRY(cudaMemcpyAsync(device_part, host_part, bytes, cudaMemcpyHostToDevice, s));
     /* Merge counters and prefill work tickets start at zero (a run leaves them at zero again:
-     * the merging block, or the shared merge's last participant): the counters up to the scheduling region, then its head words only (its
-     * per-block record slots, 272 KB, are written before they are read) */
+     * the merging block, or the shared merge's last participant): the counters up to the
+     * scheduling region, then its head words only (its per-block record slots, 272 KB, are
+     * written before they are read) */
     const kva__plan_header *h = (const kva__plan_header *)host_part;
     const int64_t clear_end = h->off_scores > h->off_sched ? h->off_sched + 4 * KVA__SCHED_HEAD : h->off_scores;
     if (clear_end > h->off_counters)

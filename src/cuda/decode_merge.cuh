@@ -12,9 +12,10 @@
  * slot dst_slot as one normalised state (a merge-tree run, read again by the level above): O in
  * place into partial_o (each O column is read and written by one thread), LSE into run_lse
  * (never an input of the same merge, so no thread can read a value another already replaced).
- * The block's threads split the gs2 x head_dim columns. With the ring idle (no next unit in flight) the states are staged
- * through it by cp.async, as many per batch as fit (one L2 round trip per batch); otherwise they
- * are read straight from L2, MB per round trip. Empty rows give 0 / -inf, NaN propagates. */
+ * The block's threads split the gs2 x head_dim columns. With the ring idle (no next unit in
+ * flight) the states are staged through it by cp.async, as many per batch as fit (one L2 round
+ * trip per batch); otherwise they are read straight from L2, MB per round trip. Empty rows give
+ * 0 / -inf, NaN propagates. */
 template <typename T, int D, int NT>
 __device__ __forceinline__ void kva__merge_states(const kva__decode_args &a, unsigned char *ring, int tid,
                                                   bool has_next, int hb2, int gs2, int b, int first, int count,
