@@ -110,8 +110,9 @@ typedef struct kva_context kva_context;
  * KVA_PREFILL_PATH (mma | wgmma | hopper; for tests and comparisons) forces one. The other test
  * knobs a CUDA context reads (KVA_DECODE_GROUP_PATH = subgroups | prefill, KVA_PREFILL_PERSISTENT
  * and KVA_PREFILL_BALANCE_MIN_TILES = a number, KVA_PREFILL_TMA_STRICT and KVA_PREFILL_TURNS = 0 | 1,
- * KVA_DECODE_MERGE_WAIT_NS = a number: how long a split decode's early blocks wait to share the
- * merge, 100000 by default) are checked here.
+ * KVA_DECODE_MERGE_WAIT_NS = a number: how long a split decode's early blocks wait without a new
+ * chunk arriving before they leave its shared merge, 100000 by default; KVA_DECODE_SHARED_MERGE =
+ * 0 | 1: 0 leaves every split merge to one block or a tree) are checked here.
  * @return KVA_OK, KVA_ERR_NOT_BUILT (CUDA not compiled in), KVA_ERR_DEVICE (no such device),
  *         KVA_ERR_UNSUPPORTED (KVA_CPU_ISA names a variant this build or CPU cannot run, or
  *         KVA_PREFILL_PATH a path that does not exist or this build or device lacks, or another

@@ -662,11 +662,14 @@ out:
  * merged into their first slot, then the runs merged (decode_kernel.cuh). Chunk counts 16 (one
  * level), 17 (a last run of one state), 33 and 125, beside short and empty requests; one KV head
  * (one merging block per run), 8 KV heads, a 71-head group (sub-groups merge their own runs),
- * f32, head dims 96 and 256 at 8 KV heads; soft cap on some. (Where a case's units fit one round
- * of the grid -- the one-KV-head rows on an H200 -- its requests of 16+ chunks take the shared
- * merge instead; the 8-KV-head rows keep the tree.) */
+ * f32, head dims 96 and 256 at 8 KV heads; soft cap on some. KVA_DECODE_SHARED_MERGE=0: where
+ * a case's units fit one round of the grid (the one-KV-head rows), its requests of 16+ chunks
+ * would take the shared merge instead. */
 KVA_TEST(cuda_decode_merge_tree_matches_reference) {
+    kva_test_env env;
+    kva_test_env_set(&env, "KVA_DECODE_SHARED_MERGE", "0");
     kva_context *ctx = cuda_test_context();
+    kva_test_env_restore(&env);
     if (!ctx) return;
     kva_rng rng;
     kva_rng_seed(&rng, kva_test_seed());

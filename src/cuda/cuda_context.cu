@@ -236,6 +236,9 @@ extern "C" kva_status kva__cuda_context_init(kva_context *ctx) {
     /* the decode kernel's shared-merge wait, ns (tests: 0 makes early blocks withdraw) */
     if (st == KVA_OK) st = kva__env_knob("kva_context_create", "KVA_DECODE_MERGE_WAIT_NS", number, &knob);
     priv->decode_merge_wait_ns = knob ? (uint32_t)strtoul(knob, NULL, 10) : 100000u;
+    /* 0 turns the shared merge off (the last block's merge and the tree take its requests) */
+    if (st == KVA_OK) st = kva__env_knob("kva_context_create", "KVA_DECODE_SHARED_MERGE", flag, &knob);
+    priv->decode_shared_merge_min = knob && strcmp(knob, "0") == 0 ? 0x10000 : KVA__SHARED_MERGE_MIN;
     bool sm90a = false;
 #ifdef KVA_HAVE_SM90A /* the build holds sm_90a code (KVA_CUDA_ARCHS has 90a) */
     sm90a = prop.major == 9;

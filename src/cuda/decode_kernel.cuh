@@ -752,7 +752,7 @@ __global__ void __launch_bounds__(KVA__DECODE_THREADS)
             const int r_unit = cur.kh * a.nsub + cur.sg;
             const bool all_last = step > 0 ? cur.item_beg * a.units_per_work + r_unit + (int)gridDim.x >= num_units
                                            : (cur.item_end - 1) * a.units_per_work + r_unit < (int)gridDim.x;
-            const bool shared = !GR && n_items >= KVA__SHARED_MERGE_MIN && n_items <= 0xffff && all_last;
+            const bool shared = !GR && n_items >= a.shared_merge_min && n_items <= 0xffff && all_last;
             if (shared) {
                 unsigned *words = a.run_counters + ((int64_t)cur.item_beg * a.num_kv_heads + kh) * a.nsub + cur.sg;
                 kva__merge_shared<T>(a, ring, tid, cur.hb, cur.gs, b, cur.item_beg, n_items,

@@ -13,6 +13,13 @@
 /* Warps per decode block; each streams its own key tiles. */
 #define KVA__DECODE_WARPS 4
 #define KVA__DECODE_THREADS (32 * KVA__DECODE_WARPS)
+#ifndef KVA__SHARED_MERGE_MIN
+/* chunks of a request from which the decode kernel's shared merge is used (decode_merge.cuh):
+ * below 16 the last block's merge is cheaper (few states, one round trip) than the others' wait
+ * and their slices (bench/NOTES.md, "The shared decode merge": from 2 chunks it cost 8 x 4096
+ * +3.5..+6%) */
+#define KVA__SHARED_MERGE_MIN 16
+#endif
 
 /* Everything a decode kernel reads that is fixed for a workspace and a layer (so a captured
  * graph may bake it in). Whatever changes between plans is read from hdr / ints on the device. */
@@ -52,8 +59,10 @@ typedef struct kva__decode_args {
     float cap_inv_scale;         /* sm_scale / soft cap */
     const void *mod_user;         /* a variant's caller data (kva_attn_params.score_mod_user, device
                                    * memory); read only by kernels built with a score modifier */
-    uint32_t merge_wait_ns;       /* the shared merge's wait for a request's last chunk before a
-                                   * block withdraws (decode_kernel.cuh; KVA_DECODE_MERGE_WAIT_NS) */
+    uint32_t merge_wait_ns;       /* the shared merge's pause without a new chunk arriving before
+                                   * a block withdraws (decode_merge.cuh; KVA_DECODE_MERGE_WAIT_NS) */
+    int32_t shared_merge_min;     /* chunks of a request from which the shared merge is used
+                                   * (KVA__SHARED_MERGE_MIN; above 0xffff: never, KVA_DECODE_SHARED_MERGE=0) */
 } kva__decode_args;
 
 /* Kernel for up to 8 (nt = 1) or 16 (nt = 2) query heads per unit, partial rowmax (gr = 0) or

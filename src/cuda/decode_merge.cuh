@@ -147,19 +147,14 @@ __device__ __forceinline__ void kva__merge_states(const kva__decode_args &a, uns
  * x 8 heads: 256 KB of partial states) is spread over many SMs' L2 bandwidth instead of one
  * block's or a two-level tree's (bench/NOTES.md, "The shared decode merge"). A slice is one query
  * head's 64 output columns (16 float4). The arrival counter holds arrivals (low 16 bits) and
- * withdrawals (high 16 bits): a block that has waited a.merge_wait_ns (100 us) withdraws
+ * withdrawals (high 16 bits): a block that has seen no new arrival for a.merge_wait_ns withdraws
  * (only while chunks are still missing, by compare-and-swap), so the wait cannot deadlock where
- * not every block of the grid is resident at once (a GPU shared with other work); once all have
- * arrived, the participants are the n - withdrawals that did not withdraw, the same set for all.
- * Without withdrawals participant t (arrival order) merges slices t, t + n, ...; otherwise
- * slices are claimed from a counter. The last participant to finish resets the three counters
- * (graph replays start from zero). */
-#ifndef KVA__SHARED_MERGE_MIN
-/* chunks of a request from which the shared merge is used: below 16 the last block's merge is
- * cheaper (few states, one round trip) than the others' wait and their slices (bench/NOTES.md,
- * "The shared decode merge": from 2 chunks it cost 8 x 4096 +3.5..+6%) */
-#define KVA__SHARED_MERGE_MIN 16
-#endif
+ * not every block of the grid is resident at once (a GPU shared with other work), and there it
+ * costs one such pause, not a wait per block; once all have arrived, the participants are the
+ * n - withdrawals that did not withdraw, the same set for all. Without withdrawals participant t
+ * (arrival order) merges slices t, t + n, ...; otherwise slices are claimed from a counter. The
+ * last participant to finish resets the three counters (graph replays start from zero). Where
+ * the shared merge is used: a.shared_merge_min (decode_kernels.h). */
 #define KVA__SLICE_COLS 16 /* float4 output columns of a merge slice */
 
 __device__ __forceinline__ unsigned kva__ld_acquire_u32(const unsigned *p) {
@@ -257,13 +252,19 @@ __device__ __forceinline__ void kva__merge_shared(const kva__decode_args &a, uns
         unsigned all = prev + 1u;
         int ticket = (int)(prev & 0xffffu);
         if ((int)(all & 0xffffu) < n) {
-            /* wait for the last chunk; withdraw after the timeout while chunks are missing */
-            const uint64_t t0 = kva__globaltimer();
+            /* wait for the last chunk; withdraw once no chunk has arrived for merge_wait_ns
+             * while chunks are missing (>=: a wait of 0 withdraws at the first look, whatever
+             * the timer's resolution) */
+            uint64_t t0 = kva__globaltimer();
+            unsigned seen = all & 0xffffu;
             for (;;) {
                 all = kva__ld_acquire_u32(counter);
                 if ((int)(all & 0xffffu) == n) break;
-                if (kva__globaltimer() - t0 > (uint64_t)a.merge_wait_ns &&
-                    atomicCAS(counter, all, all + 0x10000u) == all) {
+                const uint64_t now = kva__globaltimer();
+                if ((all & 0xffffu) != seen) {
+                    seen = all & 0xffffu; /* progress: the pause starts again */
+                    t0 = now;
+                } else if (now - t0 >= (uint64_t)a.merge_wait_ns && atomicCAS(counter, all, all + 0x10000u) == all) {
                     ticket = -1;
                     break;
                 }
@@ -292,6 +293,11 @@ __device__ __forceinline__ void kva__merge_shared(const kva__decode_args &a, uns
             kva__merge_slice<T>(a, scratch, tid, hb, b, first, n, s);
         }
     }
+    /* (claims were made -- there were withdrawals: the fence orders this block's claims before
+     * its departure, as the last one out resets the claim counter, which no claim may reach
+     * after that. Without withdrawals nothing is claimed, and the common path has no fence:
+     * bench/NOTES.md, "Shared-merge review fixes") */
+    if (tid == 0 && role >= n) __threadfence();
     if (tid == 0 && atomicAdd(departures, 1u) == (unsigned)(participants - 1)) {
         /* every participant has seen all arrivals and made its last claim */
         *counter = 0u;
