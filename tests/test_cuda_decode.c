@@ -511,9 +511,10 @@ static kva_context *large_groups_on_prefill_kernel(int32_t *sms, kva__workspace_
 }
 
 /* The work items of a decode plan of B requests of L keys (pages of 16 in order, one KV head) at Hq
- * query heads and head dim D, with algorithm algo; its chunk in *chunk. -1 on failure. */
-static int64_t plan_one_kv_head(kva_context *ctx, int32_t B, int32_t L, int32_t Hq, int32_t D, kva_decode_algo algo,
-                                int32_t *chunk) {
+ * query heads and head dim D, with algorithm algo and plan flags; its chunk in *chunk and, where
+ * subgroups is not NULL, kva__plan_header.decode_subgroups in *subgroups. -1 on failure. */
+static int64_t plan_one_kv_head_with(kva_context *ctx, int32_t B, int32_t L, int32_t Hq, int32_t D, kva_decode_algo algo,
+                                     uint32_t flags, int32_t *chunk, int32_t *subgroups) {
     const int32_t ps = 16, pages = (L + ps - 1) / ps;
     int32_t *indptr = (int32_t *)kva_test_alloc(sizeof(int32_t) * (B + 1));
     int32_t *indices = (int32_t *)kva_test_alloc(sizeof(int32_t) * (size_t)B * pages);
@@ -527,12 +528,13 @@ static int64_t plan_one_kv_head(kva_context *ctx, int32_t B, int32_t L, int32_t 
     int64_t units = -1;
     if (cuda_test_workspace_make(ctx, &lim, &w)) {
         kva_plan plan;
-        kva_plan_options opt = {0, 0, algo};
+        kva_plan_options opt = {flags, 0, algo};
         const kva_status st = kva_decode_plan(ctx, &lim, &table, (int64_t)B * pages, &opt, w.ws, &plan);
         CHECK_OK(st);
         if (st == KVA_OK) {
             units = plan.num_work;
             *chunk = plan.kv_chunk_size;
+            if (subgroups) *subgroups = kva__plan_header_of(plan.workspace.host)->decode_subgroups;
         }
         cuda_test_workspace_free(ctx, &w);
     }
@@ -540,6 +542,11 @@ static int64_t plan_one_kv_head(kva_context *ctx, int32_t B, int32_t L, int32_t 
     free(indices);
     free(last);
     return units;
+}
+
+static int64_t plan_one_kv_head(kva_context *ctx, int32_t B, int32_t L, int32_t Hq, int32_t D, kva_decode_algo algo,
+                                int32_t *chunk) {
+    return plan_one_kv_head_with(ctx, B, L, Hq, D, algo, 0, chunk, NULL);
 }
 
 /* Decode of groups above 16 runs on the prefill kernel's persistent grid (one block per SM), where
@@ -568,6 +575,73 @@ KVA_TEST(cuda_decode_large_group_plans_fill_one_round) {
             if (2 * B > sms) CHECK_MSG(units == B, "%d/1 %d x %d split (chunk %d)", Hq, B, L, chunk);
             else CHECK_MSG(units > B, "%d/1 %d x %d unsplit on %d SMs", Hq, B, L, sms);
         }
+    kva_context_destroy(ctx);
+}
+
+/* ... except where a plan on the sub-group decode kernel fits one round of its grid with every
+ * split request in 16+ chunks (kva__split_policy.subgroup_blocks): there its chunk blocks merge
+ * together (the shared merge), and such a plan runs on that kernel (H200: Falcon-7B and
+ * StarCoder-15B at 1 x 8192 16.5 / 15.8 -> 12.8 / 13.0 us). A lone long request takes it; 8 x 4096
+ * (too few chunks each) and a batch of half the SMs' count do not, nor a graph plan (its capture
+ * holds one path), nor any plan with KVA_DECODE_SHARED_MERGE=0. Then the same batches run against
+ * the float64 reference (run_case plans them the same way). */
+KVA_TEST(cuda_decode_large_groups_take_subgroups_where_they_merge_shared) {
+    int32_t sms = 0;
+    kva__workspace_layout layout;
+    kva_context *ctx = large_groups_on_prefill_kernel(&sms, &layout);
+    if (!ctx) return;
+    const struct {
+        int32_t B, L, Hq, D;
+        uint32_t flags;
+        int want;
+    } cases[] = {{1, 8192, 71, 64, 0, 1},           {1, 8192, 48, 128, 0, 1},   {1, 32768, 48, 128, 0, 1},
+                 {8, 4096, 71, 64, 0, 0},           {sms / 2, 4096, 48, 128, 0, 0},
+                 {1, 8192, 71, 64, KVA_PLAN_GRAPH, 0}};
+    for (int i = 0; i < (int)(sizeof cases / sizeof cases[0]); ++i) {
+        const kva_plan_limits probe = {1, 1, 0, 0, cases[i].Hq, 1, cases[i].D, 16, 0};
+        kva__workspace_layout gl;
+        CHECK_OK(kva__compute_layout(ctx, &probe, KVA__PLAN_DECODE, &gl));
+        int32_t chunk = 0, sub = -1;
+        const int64_t units = plan_one_kv_head_with(ctx, cases[i].B, cases[i].L, cases[i].Hq, cases[i].D,
+                                                    KVA_DECODE_PARTIAL_ROWMAX, cases[i].flags, &chunk, &sub);
+        if (units < 0) continue;
+        printf("    %d/1 d%d %d x %d%s: %s, chunk %d, %lld work items (sub-group budget %lld)\n", cases[i].Hq,
+               cases[i].D, cases[i].B, cases[i].L, cases[i].flags ? " (graph)" : "",
+               sub ? "sub-group kernel" : "prefill kernel", chunk, (long long)units,
+               (long long)gl.policy.subgroup_blocks);
+        CHECK_MSG(sub == cases[i].want, "%d/1 %d x %d: decode_subgroups %d, expected %d", cases[i].Hq, cases[i].B,
+                  cases[i].L, sub, cases[i].want);
+        if (sub == 1)
+            CHECK_MSG(units <= gl.policy.subgroup_blocks && units / cases[i].B >= 16,
+                      "%d/1 %d x %d: %lld work items (budget %lld)", cases[i].Hq, cases[i].B, cases[i].L,
+                      (long long)units, (long long)gl.policy.subgroup_blocks);
+    }
+    kva_context_destroy(ctx);
+    /* the shared merge off: every plan stays on the prefill kernel */
+    kva_test_env env;
+    kva_test_env_set(&env, "KVA_DECODE_SHARED_MERGE", "0");
+    ctx = cuda_test_context();
+    kva_test_env_restore(&env);
+    if (ctx) {
+        int32_t chunk = 0, sub = -1;
+        if (plan_one_kv_head_with(ctx, 1, 8192, 71, 64, KVA_DECODE_PARTIAL_ROWMAX, 0, &chunk, &sub) >= 0)
+            CHECK_MSG(sub == 0, "KVA_DECODE_SHARED_MERGE=0: 71/1 1 x 8192 on the sub-group kernel");
+        kva_context_destroy(ctx);
+    }
+    /* the sub-group plans against the reference: a lone request (every dtype the prefill kernel
+     * takes, paged HND and NHD, soft cap on one), and a batch with one long request beside short
+     * unsplit ones */
+    ctx = cuda_test_context();
+    if (!ctx) return;
+    kva_rng rng;
+    kva_rng_seed(&rng, kva_test_seed());
+    const int32_t one[1] = {8192 - 5}, mixed[3] = {20000, 7, 0};
+    decode_case a = {KVA_BF16, 64, 16, 1, 71, 1, CUDA_TEST_NHD, 0, 0, 0, true, KVA_DECODE_PARTIAL_ROWMAX, 0};
+    run_case(ctx, &rng, &a, one);
+    decode_case b = {KVA_F16, 128, 16, 1, 48, 1, CUDA_TEST_HND, 0, 2, 0, true, KVA_DECODE_PARTIAL_ROWMAX, 0};
+    run_case(ctx, &rng, &b, one);
+    decode_case c = {KVA_BF16, 80, 3, 3, 71, 1, CUDA_TEST_HND, 0, 0, 0, true, KVA_DECODE_PARTIAL_ROWMAX, 0};
+    run_case(ctx, &rng, &c, mixed);
     kva_context_destroy(ctx);
 }
 

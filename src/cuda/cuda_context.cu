@@ -523,6 +523,23 @@ extern "C" kva_status kva__cuda_split_policy(const kva_context *ctx, const kva_p
              * 48/1 d128 202.0 / 108.9) */
             policy->global_split_key_percent = 185;
         }
+        /* A plan that fits one round of the sub-group kernel in 16+ chunks per split request
+         * runs there (kva__split_policy.subgroup_blocks): at 1 x 8192 its shared merge made
+         * Falcon-7B (71/1 d64) 16.5 -> 12.8-12.9 us and StarCoder-15B (48/1 d128) 15.8-16.1 ->
+         * 13.0-13.1 against this path; 8 x 4096 (6 chunks each) and 64 x 4096 stay here (H200,
+         * bench/NOTES.md, "Large groups on the sub-group kernel at small batch"). Not while
+         * KVA_DECODE_GROUP_PATH forces a path or the shared merge is off. */
+        kva__decode_choice sch;
+        const char *force = getenv("KVA_DECODE_GROUP_PATH");
+        if ((!force || !*force) && priv && priv->decode_shared_merge_min <= 0xffff &&
+            kva__decode_kernel_for(ctx, KVA_BF16, limits->head_dim, group, 0, &sch)) {
+            const int sper = sch.blocks_per_sm < 1 ? 1 : sch.blocks_per_sm > 2 ? 2 : sch.blocks_per_sm;
+            policy->subgroup_blocks = (int64_t)(ctx->num_sms > 0 ? ctx->num_sms : 1) * sper / sch.nsub;
+            policy->subgroup_min_chunks = priv->decode_shared_merge_min;
+            policy->subgroup_min_chunk = 16 * KVA__DECODE_WARPS;
+            policy->subgroup_lone_block_percent = kva__cuda_decode_lone_block_percent(limits->head_dim);
+            policy->subgroup_merge_level_keys = kva__cuda_decode_merge_level_keys(limits->head_dim);
+        }
         return KVA_OK;
     }
     policy->merge_tree = 1;

@@ -31,13 +31,15 @@ extern "C" kva_status kva__cuda_decode_run(kva_context *ctx, const kva_plan *pla
                          "kva_decode_run: %s with head_dim %d, GQA group %d has no CUDA decode kernel "
                          "(head_dim: multiples of 16 in 32..256)",
                          kva_dtype_name(pages->dtype), D, group);
-    /* A large group on the prefill kernel. A variant must have been built for decode (as for
+    /* A large group on the prefill kernel, unless its plan chose the sub-group kernel
+     * (kva__plan_header.decode_subgroups). A variant must have been built for decode (as for
      * any group: which kernel serves the group is ours to choose, not the caller's) and, to take
      * this path, for the TMA prefill kernel too; else the sub-group kernel runs it. */
     int per_sm = ch.blocks_per_sm;
     const bool variant_decode =
         !params->variant || kva__variant_decode_fn(params->variant, pages->dtype, ch.built_dim, ch.nt, gr, &per_sm, NULL);
-    if (ch.via_prefill && !gr && variant_decode &&
+    const kva__plan_header *h = kva__plan_header_of(plan->workspace.host);
+    if (ch.via_prefill && !gr && !h->decode_subgroups && variant_decode &&
         (!params->variant || kva__variant_prefill_fn(params->variant, pages->dtype, ch.built_dim, KVA__VMOD_PF_TMA)))
         return kva__cuda_decode_as_prefill(ctx, plan, params, q, pages, o, lse);
     per_sm = ch.blocks_per_sm;
@@ -63,7 +65,6 @@ extern "C" kva_status kva__cuda_decode_run(kva_context *ctx, const kva_plan *pla
     const int64_t blocks = units < resident ? units : resident;
     KVA_TRY(kva__cuda_use_device(ctx));
 
-    const kva__plan_header *h = kva__plan_header_of(plan->workspace.host);
     unsigned char *dev = (unsigned char *)plan->workspace.device;
     kva__decode_args a;
     a.q = q.data;

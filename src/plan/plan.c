@@ -112,6 +112,23 @@ static kva_status check_page_table(const kva_page_table *pt, int32_t num_pages, 
     return KVA_OK;
 }
 
+/* Whether a decode plan searched for the sub-group kernel (kva__split_policy.subgroup_blocks)
+ * fits one round of it (each (work item, KV head) a block of its own) with a request split in
+ * at least subgroup_min_chunks chunks and none in fewer: then each split request's chunk blocks
+ * merge it together (the shared merge), where the prefill kernel's merge is a launch of its own.
+ * w < 0: the plan did not fit the workspace. */
+static bool subgroup_plan_merges_shared(int64_t w, const int32_t *gi, int32_t B, int32_t num_kv_heads,
+                                        const kva__split_policy *pol) {
+    if (w < 0 || w * num_kv_heads > pol->subgroup_blocks) return false;
+    bool split = false;
+    for (int32_t j = 0; j < B; ++j) {
+        const int32_t n = gi[j + 1] - gi[j];
+        if (n > 1 && n < pol->subgroup_min_chunks) return false;
+        split = split || n > 1;
+    }
+    return split;
+}
+
 /* The query tile of a prefill plan: the policy's largest, unless it offers a smaller one and
  * no request has more queries than that (decode-like chunked-prefill steps would leave most rows
  * of a large tile empty). Graph plans keep the largest: a captured launch bakes in its kernel. */
@@ -326,8 +343,32 @@ static kva_status make_plan(kva_context *ctx, const kva_plan_limits *limits, con
          * (8 ints per work item >= 3 per request) */
         int64_t *sort_keys = (int64_t *)(void *)(ints + h->off_unit_records);
         int32_t *order = ints + h->off_unit_records + 2 * (int64_t)B;
-        chunk = kva__sched_decode_chunk(&p, sort_keys, order); /* and the order */
-        w = kva__sched_decode_flatten(&p, chunk, order, req, kt, L.cap_work, gi, L.cap_groups + 1);
+        w = -1;
+        if (L.policy.subgroup_blocks > 0 && opt.algo == KVA_DECODE_PARTIAL_ROWMAX && opt.fixed_chunk_size == 0 &&
+            !(opt.flags & (KVA_PLAN_GRAPH | KVA_PLAN_NO_SPLIT))) {
+            /* first the sub-group kernel (kva__split_policy.subgroup_blocks), kept if its plan
+             * fits one round and merges shared; a graph plan keeps the one path its capture has */
+            kva__split_problem s = p;
+            s.max_blocks = L.policy.subgroup_blocks;
+            s.sm_blocks = ctx->num_sms > 0 ? (int32_t)(s.max_blocks / ctx->num_sms) : 1;
+            s.min_chunk = L.policy.subgroup_min_chunk;
+            s.lone_block_percent = L.policy.subgroup_lone_block_percent;
+            s.merge_level_keys = L.policy.subgroup_merge_level_keys;
+            s.next_item_keys = 0;
+            s.split_keys = 0;
+            s.merge_run = KVA__MERGE_RUN;
+            chunk = kva__sched_decode_chunk(&s, sort_keys, order);
+            w = kva__sched_decode_flatten(&s, chunk, order, req, kt, L.cap_work, gi, L.cap_groups + 1);
+            if (!subgroup_plan_merges_shared(w, gi, B, limits->num_kv_heads, &L.policy))
+                w = -1;
+            else
+                p = s;
+        }
+        h->decode_subgroups = w >= 0;
+        if (w < 0) {
+            chunk = kva__sched_decode_chunk(&p, sort_keys, order); /* and the order */
+            w = kva__sched_decode_flatten(&p, chunk, order, req, kt, L.cap_work, gi, L.cap_groups + 1);
+        }
         for (int64_t i = 0; i < w; ++i) qt[i] = 0;
     } else {
         chunk = kva__search_chunk_size(&p);

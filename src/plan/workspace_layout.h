@@ -51,6 +51,16 @@ typedef struct kva__split_policy {
                               sub-group decode kernel, not the prefill one): that kernel's split
                               search budget, planned without the later-unit and split prices of
                               the prefill kernel (0: global rowmax is planned as partial rowmax) */
+    int64_t subgroup_blocks;  /* decode, partial rowmax, where groups above 16 run on the
+                              prefill kernel (CUDA, Hopper path): the sub-group decode kernel's
+                              (work item x KV head) blocks in one round. A non-graph plan whose
+                              search on that kernel fits them, with every split request in at
+                              least subgroup_min_chunks chunks, runs there instead: its chunk
+                              blocks share the merge (decode_merge.cuh), which the prefill
+                              kernel's separate merge launch cannot (0: never) */
+    int32_t subgroup_min_chunks; /* (the shared merge's minimum, KVA__SHARED_MERGE_MIN) */
+    int32_t subgroup_min_chunk; /* that kernel's shortest chunk and prices (as its own policy) */
+    int32_t subgroup_lone_block_percent, subgroup_merge_level_keys;
     int64_t search_blocks;    /* 0, or a smaller budget for the split search than the layout's
                               max_blocks (the blocks that really run at once: decode on the
                               prefill kernel's persistent grid; tests: KVA_PREFILL_PERSISTENT's
@@ -105,6 +115,9 @@ typedef struct kva__plan_header {
     int32_t merge_groups;   /* the split merge's groups: the first merge_groups (0 unsplit; all
                              * groups where the search split keys; 1 where prefill_balance.h cut
                              * one item, moved to group 0) */
+    int32_t decode_subgroups; /* decode, CUDA: 1 if the plan runs a group above 16 on the sub-group
+                               * decode kernel where the chooser would take the prefill kernel
+                               * (kva__split_policy.subgroup_blocks) */
     /* int32 element offsets from the start of the int section. group_indptr is a CSR over the
      * groups in work order: prefill (request, query tile) groups in request order (a plan with
      * a cut item, merge_groups 1: its pieces first, as group 0; their key ranges, whole tiles,
