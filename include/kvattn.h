@@ -112,7 +112,8 @@ typedef struct kva_context kva_context;
  * and KVA_PREFILL_BALANCE_MIN_TILES = a number, KVA_PREFILL_TMA_STRICT and KVA_PREFILL_TURNS = 0 | 1,
  * KVA_DECODE_MERGE_WAIT_NS = a number: how long a split decode's early blocks wait without a new
  * chunk arriving before they leave its shared merge, 100000 by default; KVA_DECODE_SHARED_MERGE =
- * 0 | 1: 0 leaves every split merge to one block or a tree) are checked here.
+ * 0 | 1: 0 leaves every split merge to one block or a tree, and GQA groups above 16 on the prefill
+ * kernel on Hopper) are checked here.
  * @return KVA_OK, KVA_ERR_NOT_BUILT (CUDA not compiled in), KVA_ERR_DEVICE (no such device),
  *         KVA_ERR_UNSUPPORTED (KVA_CPU_ISA names a variant this build or CPU cannot run, or
  *         KVA_PREFILL_PATH a path that does not exist or this build or device lacks, or another
@@ -409,22 +410,22 @@ void kva_alibi_slopes(int32_t num_heads, float *slopes);
  * Positions: a request with qo_len queries and kv_len keys has keys at 0..kv_len-1 and its
  * queries at q_pos = kv_len - qo_len + i (aligned bottom-right, as in chunked prefill; decode's
  * single query is at kv_len - 1). Query head h reads KV head h / (num_qo_heads / num_kv_heads).
- * Range: kernels keep scores in log2 units in f32, so a visible score must satisfy
- * |s| < FLT_MAX / log2(e) (about 2.3e38). A row that sees a larger score, or whose dot product
- * overflows f32, gets NaN output and NaN LSE -- never a plausible wrong value (and
- * kva_merge_states propagates a NaN LSE). Under a soft cap an overflowed dot product is NaN on
- * the CPU and the cap on CUDA (tanh saturates: the float64 reference's value). The f16/bf16 CUDA prefill kernels (compute-bound:
- * they check per row and tile, not per score, and compute exp2(s * scale - max) as one FMA)
- * have a smaller range: a row whose largest visible score in a 64-key tile exceeds 2^28 /
- * log2(e) (about 1.86e8) in magnitude gets NaN; and a score below -2.3e38 in a tile row that
- * also sees one in range weighs 0, which is its weight to f32 precision. Their soft cap uses the
- * hardware tanh (relative error <= 2^-10.99, as FlashAttention-3 and FlashInfer do): its error sits
- * below the 16-bit rounding of P and V (bf16 output error against float64 measured the same with
- * and without a cap), and so does CUDA decode of GQA groups above 16 where its plan runs on the 16-bit
- * prefill kernels (on Hopper, except a plan of one round of 16+ chunks per split request: the
- * decode kernel's sub-groups); the CPU, the decode kernel and the f32 kernels use a tanh accurate to ~1e-7 and to a
- * few ulp relative near 0 (an odd series there), so a cap far above the scores (1e4 .. 1e6) gives
- * the uncapped scores to f32 precision. */
+ * Range: kernels keep scores in log2 units in f32, so a visible score must satisfy |s| < FLT_MAX /
+ * log2(e) (about 2.3e38). A row that sees a larger score, or whose dot product overflows f32, gets
+ * NaN output and NaN LSE -- never a plausible wrong value (and kva_merge_states propagates a NaN
+ * LSE). Under a soft cap an overflowed dot product is NaN on the CPU and the cap on CUDA (tanh
+ * saturates: the float64 reference's value). The f16/bf16 CUDA prefill kernels (compute-bound: they
+ * check per row and tile, not per score, and compute exp2(s * scale - max) as one FMA) have a
+ * smaller range: a row whose largest visible score in a 64-key tile exceeds 2^28 / log2(e) (about
+ * 1.86e8) in magnitude gets NaN; and a score below -2.3e38 in a tile row that also sees one in
+ * range weighs 0, which is its weight to f32 precision. Their soft cap uses the hardware tanh
+ * (relative error <= 2^-10.99, as FlashAttention-3 and FlashInfer do): its error sits below the
+ * 16-bit rounding of P and V (bf16 output error against float64 measured the same with and without
+ * a cap), and so does CUDA decode of GQA groups above 16 where its plan runs on the 16-bit prefill
+ * kernels (on Hopper, except a plan of one round of 16+ chunks per split request: the decode
+ * kernel's sub-groups); the CPU, the decode kernel and the f32 kernels use a tanh accurate to ~1e-7
+ * and to a few ulp relative near 0 (an odd series there), so a cap far above the scores (1e4 ..
+ * 1e6) gives the uncapped scores to f32 precision. */
 typedef struct kva_attn_params {
     int32_t num_qo_heads;
     int32_t num_kv_heads;    /* must divide num_qo_heads; CUDA decode: any group; CUDA

@@ -435,6 +435,18 @@ KVA_TEST(cuda_decode_large_groups_match_reference) {
     kva_context_destroy(ctx);
 }
 
+/* The same on the prefill kernel for every plan (its long split beside empty and short requests
+ * is otherwise planned onto the sub-group kernel, cuda_decode_large_groups_take_subgroups_...) */
+KVA_TEST(cuda_decode_large_groups_prefill_path_matches_reference) {
+    kva_context *ctx = cuda_test_context();
+    if (!ctx) return;
+    kva_test_env env;
+    kva_test_env_set(&env, "KVA_DECODE_GROUP_PATH", "prefill");
+    large_groups(ctx);
+    kva_test_env_restore(&env);
+    kva_context_destroy(ctx);
+}
+
 KVA_TEST(cuda_decode_large_groups_subgroup_path_matches_reference) {
     kva_context *ctx = cuda_test_context();
     if (!ctx) return;
@@ -554,12 +566,15 @@ static int64_t plan_one_kv_head(kva_context *ctx, int32_t B, int32_t L, int32_t 
  * (H200: Falcon-7B 71/1 d64, 64 x 4096 in 2 chunks of 2048 39.5 us, in 4 of 1024 45.5, no split
  * 52.9; bench/NOTES.md). So the plans keep every block at one chunk: a batch whose requests
  * alone fill over half of the SMs stays unsplit, a smaller one is split within one round. (Plans
- * only; the large-group tests above run such plans against the reference.) */
+ * only; the large-group tests above run such plans against the reference. KVA_DECODE_GROUP_PATH=
+ * prefill: a lone long request would otherwise be planned onto the sub-group kernel, below.) */
 KVA_TEST(cuda_decode_large_group_plans_fill_one_round) {
     int32_t sms = 0;
     kva__workspace_layout layout;
     kva_context *ctx = large_groups_on_prefill_kernel(&sms, &layout);
     if (!ctx) return;
+    kva_test_env env;
+    kva_test_env_set(&env, "KVA_DECODE_GROUP_PATH", "prefill");
     const int32_t shapes[][2] = {{sms / 2, 4096}, {sms - 1, 1024}, {sms / 2 + 1, 2048}, {sms / 4, 3000}, {1, 8192}};
     for (int si = 0; si < 5; ++si)
         for (int gi = 0; gi < 2; ++gi) {
@@ -575,6 +590,7 @@ KVA_TEST(cuda_decode_large_group_plans_fill_one_round) {
             if (2 * B > sms) CHECK_MSG(units == B, "%d/1 %d x %d split (chunk %d)", Hq, B, L, chunk);
             else CHECK_MSG(units > B, "%d/1 %d x %d unsplit on %d SMs", Hq, B, L, sms);
         }
+    kva_test_env_restore(&env);
     kva_context_destroy(ctx);
 }
 
@@ -586,6 +602,11 @@ KVA_TEST(cuda_decode_large_group_plans_fill_one_round) {
  * holds one path), nor any plan with KVA_DECODE_SHARED_MERGE=0. Then the same batches run against
  * the float64 reference (run_case plans them the same way). */
 KVA_TEST(cuda_decode_large_groups_take_subgroups_where_they_merge_shared) {
+    const char *forced = getenv("KVA_DECODE_GROUP_PATH");
+    if (forced && *forced) {
+        kva_test_skip("KVA_DECODE_GROUP_PATH forces one path");
+        return;
+    }
     int32_t sms = 0;
     kva__workspace_layout layout;
     kva_context *ctx = large_groups_on_prefill_kernel(&sms, &layout);

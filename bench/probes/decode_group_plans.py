@@ -8,7 +8,10 @@ algorithm, which these groups run on the sub-group decode kernel. Prints one tab
     | model | batch x ctx | plan chunk / work items | plan us | c512 | c1024 | c2048 | c4096 | nosplit |
 
 Run it on two builds alternately to compare their plans (scripts/gpu-check.sh's A/B mode:
-GPU_CHECK_AB_CMD="python3 bench/probes/decode_group_plans.py --build {build}").
+GPU_CHECK_AB_CMD="python3 bench/probes/decode_group_plans.py --build {build}"). --groups and --shapes
+pick others (e.g. --groups 64/1/192,71/1/96 --shapes 1x8192,2x16384 --no-fixed, once as it is and
+once under KVA_DECODE_GROUP_PATH=prefill: whether a plan kept on the sub-group decode kernel,
+where it merges shared, beats the prefill kernel's).
 """
 import argparse
 import os
@@ -30,16 +33,21 @@ def main():
     ap.add_argument("--build", default="build-gpu")
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--no-fixed", action="store_true", help="only the plan's chunk")
+    ap.add_argument("--groups", default=None, help="q/kv/d list, e.g. 71/1/64,48/1/128 (default: Falcon, StarCoder)")
+    ap.add_argument("--shapes", default=None, help="batch x context list, e.g. 1x8192,4x8192")
     ap.add_argument("--algorithm", default="partial_rowmax", choices=["partial_rowmax", "global_rowmax"],
                     help="global_rowmax runs these groups on the sub-group decode kernel (two passes)")
     args = ap.parse_args()
+    groups = GROUPS if not args.groups else [("%s/%s d%s" % tuple(g.split("/")),) + tuple(int(x) for x in g.split("/"))
+                                             for g in args.groups.split(",")]
+    shapes = SHAPES if not args.shapes else [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
     bt.load_kvattn(args.build)
     bt.SETTLE_S = 0.1
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     print("| model | batch x ctx | plan chunk / work | plan us |" +
           ("" if args.no_fixed else " " + " | ".join(f[0] for f in FIXED) + " |"))
-    for (name, hq, hk, d) in GROUPS:
-        for (B, L) in SHAPES:
+    for (name, hq, hk, d) in groups:
+        for (B, L) in shapes:
             nsets = bt.decode_sets(B * L * hk * d * 4, l2)
             ours = bt.kb.PagedDecode(B, L, nsets, hq=hq, hk=hk, d=d, page=16, algorithm=args.algorithm)
             info = ours.plan_info

@@ -60,10 +60,11 @@ typedef struct kva__cuda_private {
                                        sm_90+ code here: decode runs launch as programmatic
                                        dependents of the stream's previous kernel (decode_launch.cu) */
     int smem_optin;                 /* shared memory a block may opt into, bytes */
-    uint32_t decode_merge_wait_ns;  /* the decode kernel's shared-merge pause (KVA_DECODE_MERGE_WAIT_NS,
-                                       decode_merge.cuh; default 100 us, tests 0) */
-    int32_t decode_shared_merge_min; /* chunks from which it merges shared (KVA__SHARED_MERGE_MIN, or
-                                       never: KVA_DECODE_SHARED_MERGE=0, the tree tests) */
+    uint32_t decode_merge_wait_ns;  /* the decode kernel's shared-merge pause
+                                       (KVA_DECODE_MERGE_WAIT_NS, decode_merge.cuh; default 100 us,
+                                       tests 0) */
+    int32_t decode_shared_merge_min; /* chunks from which it merges shared (KVA__SHARED_MERGE_MIN,
+                                       or never: KVA_DECODE_SHARED_MERGE=0, the tree tests) */
     int cc_major, cc_minor;         /* compute capability: the architecture variants compile for */
     void **vmods;                   /* kva__vmod_loaded *: every variant module loaded (variant_load.cu) */
     int num_vmods, cap_vmods;

@@ -465,6 +465,27 @@ static kva_status prefill_policy(const kva_context *ctx, const kva_plan_limits *
     return KVA_OK;
 }
 
+/* The decode kernel's split policy (its budget, shortest chunk, prices, merge tree) for choice ch
+ * at per_sm blocks per SM (<= 2): the policy of groups it runs, and the alternative plan of the
+ * groups the prefill kernel runs (subgroup_blocks). */
+static void decode_kernel_policy(const kva_context *ctx, int32_t head_dim, const kva__decode_choice *ch, int per_sm,
+                                 kva__split_policy *policy) {
+    policy->merge_tree = 1;
+    policy->max_blocks = (int64_t)(ctx->num_sms > 0 ? ctx->num_sms : 1) * per_sm;
+    /* The planner counts (work item x KV head) blocks; a group of more than 16 heads makes nsub
+     * units of each, so fewer work items fill the device. */
+    if (ch->nsub > 1) {
+        policy->max_blocks /= ch->nsub;
+        if (policy->max_blocks < 1) policy->max_blocks = 1;
+    }
+    /* One 16-key tile per warp: shorter chunks leave warps idle and only add merge work. */
+    policy->min_chunk = 16 * KVA__DECODE_WARPS;
+    /* how much a block gains from an SM of its own, by head dim (the scheduler weighs one lone
+     * block per SM against two paired ones) */
+    policy->lone_block_percent = kva__cuda_decode_lone_block_percent(head_dim);
+    policy->merge_level_keys = kva__cuda_decode_merge_level_keys(head_dim);
+}
+
 extern "C" kva_status kva__cuda_split_policy(const kva_context *ctx, const kva_plan_limits *limits,
                                              int kind, kva__split_policy *policy) {
     const int idx = limits->head_dim <= 64 ? 0 : limits->head_dim <= 128 ? 1 : 2;
@@ -529,33 +550,23 @@ extern "C" kva_status kva__cuda_split_policy(const kva_context *ctx, const kva_p
          * 13.0-13.1 against this path; 8 x 4096 (6 chunks each) and 64 x 4096 stay here (H200,
          * bench/NOTES.md, "Large groups on the sub-group kernel at small batch"). Not while
          * KVA_DECODE_GROUP_PATH forces a path or the shared merge is off. */
-        kva__decode_choice sch;
+        /* (ch.fn, blocks_per_sm and nsub are the sub-group kernel's. The policy is the bf16
+         * kernel's, like the rest of it: a variant or f32 kernel with fewer resident blocks
+         * runs such a plan in two rounds, merged by the last blocks or the tree -- correct,
+         * not shared) */
         const char *force = getenv("KVA_DECODE_GROUP_PATH");
-        if ((!force || !*force) && priv && priv->decode_shared_merge_min <= 0xffff &&
-            kva__decode_kernel_for(ctx, KVA_BF16, limits->head_dim, group, 0, &sch)) {
-            const int sper = sch.blocks_per_sm < 1 ? 1 : sch.blocks_per_sm > 2 ? 2 : sch.blocks_per_sm;
-            policy->subgroup_blocks = (int64_t)(ctx->num_sms > 0 ? ctx->num_sms : 1) * sper / sch.nsub;
+        if ((!force || !*force) && priv && priv->decode_shared_merge_min <= 0xffff) {
+            kva__split_policy sub = *policy;
+            decode_kernel_policy(ctx, limits->head_dim, &ch, per_sm, &sub);
+            policy->subgroup_blocks = sub.max_blocks;
             policy->subgroup_min_chunks = priv->decode_shared_merge_min;
-            policy->subgroup_min_chunk = 16 * KVA__DECODE_WARPS;
-            policy->subgroup_lone_block_percent = kva__cuda_decode_lone_block_percent(limits->head_dim);
-            policy->subgroup_merge_level_keys = kva__cuda_decode_merge_level_keys(limits->head_dim);
+            policy->subgroup_min_chunk = sub.min_chunk;
+            policy->subgroup_lone_block_percent = sub.lone_block_percent;
+            policy->subgroup_merge_level_keys = sub.merge_level_keys;
         }
         return KVA_OK;
     }
-    policy->merge_tree = 1;
-    policy->max_blocks = (int64_t)(ctx->num_sms > 0 ? ctx->num_sms : 1) * per_sm;
-    /* The planner counts (work item x KV head) blocks; a group of more than 16 heads makes nsub
-     * units of each, so fewer work items fill the device. */
-    if (ch.nsub > 1) {
-        policy->max_blocks /= ch.nsub;
-        if (policy->max_blocks < 1) policy->max_blocks = 1;
-    }
-    /* One 16-key tile per warp: shorter chunks leave warps idle and only add merge work. */
-    policy->min_chunk = 16 * KVA__DECODE_WARPS;
-    /* how much a block gains from an SM of its own, by head dim (the scheduler weighs one lone
-     * block per SM against two paired ones) */
-    policy->lone_block_percent = kva__cuda_decode_lone_block_percent(limits->head_dim);
-    policy->merge_level_keys = kva__cuda_decode_merge_level_keys(limits->head_dim);
-    policy->qo_tile = kind == KVA__PLAN_DECODE ? 1 : 64;
+    decode_kernel_policy(ctx, limits->head_dim, &ch, per_sm, policy);
+    policy->qo_tile = 1;
     return KVA_OK;
 }

@@ -35,7 +35,7 @@
  *           to arrive (atomic counter in the workspace, reset to 0 by that block so graph
  *           replays work) merges all partial states of the request and writes o and lse -- in a
  *           two-level tree above 16 chunks; or, where every chunk unit is its block's last, all
- *           the chunk blocks share the merge (kva__merge_shared, below).
+ *           the chunk blocks share the merge (kva__merge_shared, decode_merge.cuh).
  *
  * Head dims: D is the built size (64, 128, 256); a.head_dim <= D is the real one. Copies of q,
  *   K and V past it are zero-filled (cp.async with src-size 0: no bytes read), so dot products

@@ -59,10 +59,12 @@ typedef struct kva__decode_args {
     float cap_inv_scale;         /* sm_scale / soft cap */
     const void *mod_user;         /* a variant's caller data (kva_attn_params.score_mod_user, device
                                    * memory); read only by kernels built with a score modifier */
-    uint32_t merge_wait_ns;       /* the shared merge's pause without a new chunk arriving before
-                                   * a block withdraws (decode_merge.cuh; KVA_DECODE_MERGE_WAIT_NS) */
+    uint32_t merge_wait_ns;       /* the shared merge's pause without a new chunk arriving
+                                   * before a block withdraws (decode_merge.cuh;
+                                   * KVA_DECODE_MERGE_WAIT_NS) */
     int32_t shared_merge_min;     /* chunks of a request from which the shared merge is used
-                                   * (KVA__SHARED_MERGE_MIN; above 0xffff: never, KVA_DECODE_SHARED_MERGE=0) */
+                                   * (KVA__SHARED_MERGE_MIN; above 0xffff: never,
+                                   * KVA_DECODE_SHARED_MERGE=0) */
 } kva__decode_args;
 
 /* Kernel for up to 8 (nt = 1) or 16 (nt = 2) query heads per unit, partial rowmax (gr = 0) or

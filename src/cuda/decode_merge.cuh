@@ -141,20 +141,20 @@ __device__ __forceinline__ void kva__merge_states(const kva__decode_args &a, uns
 }
 
 /* ---- the shared merge: a split request's chunk blocks merge its states together ----
- * Where every chunk unit of a (request, KV head, sub-group) is its block's last unit (the
- * block has nothing else to do), the blocks that arrive early do not leave: they wait for the
- * last chunk and then each merges a slice of the outputs, so a merge of many states (64 chunks
- * x 8 heads: 256 KB of partial states) is spread over many SMs' L2 bandwidth instead of one
- * block's or a two-level tree's (bench/NOTES.md, "The shared decode merge"). A slice is one query
- * head's 64 output columns (16 float4). The arrival counter holds arrivals (low 16 bits) and
- * withdrawals (high 16 bits): a block that has seen no new arrival for a.merge_wait_ns withdraws
- * (only while chunks are still missing, by compare-and-swap), so the wait cannot deadlock where
- * not every block of the grid is resident at once (a GPU shared with other work), and there it
- * costs one such pause, not a wait per block; once all have arrived, the participants are the
- * n - withdrawals that did not withdraw, the same set for all. Without withdrawals participant t
- * (arrival order) merges slices t, t + n, ...; otherwise slices are claimed from a counter. The
- * last participant to finish resets the three counters (graph replays start from zero). Where
- * the shared merge is used: a.shared_merge_min (decode_kernels.h). */
+ * Where every chunk unit of a (request, KV head, sub-group) is its block's last unit (the block has
+ * nothing else to do), the blocks that arrive early do not leave: they wait for the last chunk and
+ * then each merges a slice of the outputs, so a merge of many states (64 chunks x 8 heads: 256 KB
+ * of partial states) is spread over many SMs' L2 bandwidth instead of one block's or a two-level
+ * tree's (bench/NOTES.md, "The shared decode merge"). A slice is one query head's 64 output columns
+ * (16 float4). The arrival counter holds arrivals (low 16 bits) and withdrawals (high 16 bits): a
+ * block that has seen no new arrival for a.merge_wait_ns withdraws (only while chunks are still
+ * missing, by compare-and-swap), so the wait cannot deadlock where not every block of the grid is
+ * resident at once (a GPU shared with other work), and there it costs one such pause per stall
+ * (e.g. per extra round of blocks); once all have arrived, the participants are the n - withdrawals
+ * that did not withdraw, the same set for all. Without withdrawals participant t (arrival order)
+ * merges slices t, t + n, ...; otherwise slices are claimed from a counter. The last participant to
+ * finish resets the three counters (graph replays start from zero). Where the shared merge is used:
+ * a.shared_merge_min (decode_kernels.h). */
 #define KVA__SLICE_COLS 16 /* float4 output columns of a merge slice */
 
 __device__ __forceinline__ unsigned kva__ld_acquire_u32(const unsigned *p) {
@@ -299,7 +299,9 @@ __device__ __forceinline__ void kva__merge_shared(const kva__decode_args &a, uns
      * bench/NOTES.md, "Shared-merge review fixes") */
     if (tid == 0 && role >= n) __threadfence();
     if (tid == 0 && atomicAdd(departures, 1u) == (unsigned)(participants - 1)) {
-        /* every participant has seen all arrivals and made its last claim */
+        /* every participant has seen all arrivals and made its last claim; no block reads these
+         * words again in this launch (withdrawn ones left before the last arrival), so the
+         * resets need no ordering here: the next launch sees them */
         *counter = 0u;
         *claims = 0u;
         *departures = 0u;

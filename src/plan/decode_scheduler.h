@@ -8,7 +8,8 @@
  * u is (work item u / H, KV head u % H) (src/cuda/decode_kernel.cuh). So the order of the work
  * list alone decides what each block gets. (Decode of GQA groups above 16 runs on the Hopper
  * prefill kernel's persistent grid, one block per SM, whose blocks draw their later units as they
- * finish: the longest-first order serves it as well.)
+ * finish: the longest-first order serves it as well -- unless plan.c keeps a plan for the
+ * sub-group decode kernel, kva__split_policy.subgroup_blocks.)
  *
  * Cost model, in key-times (the time one block takes to stream one key of one KV head while the
  * whole grid streams):
