@@ -422,7 +422,7 @@ void kva_alibi_slopes(int32_t num_heads, float *slopes);
  * (relative error <= 2^-10.99, as FlashAttention-3 and FlashInfer do): its error sits below the
  * 16-bit rounding of P and V (bf16 output error against float64 measured the same with and without
  * a cap), and so does CUDA decode of GQA groups above 16 where its plan runs on the 16-bit prefill
- * kernels (on Hopper, except a plan of one round of 16+ chunks per split request: the decode
+ * kernels (on Hopper, except a small plan of one round of 16+ chunks per split request: the decode
  * kernel's sub-groups); the CPU, the decode kernel and the f32 kernels use a tanh accurate to ~1e-7
  * and to a few ulp relative near 0 (an odd series there), so a cap far above the scores (1e4 ..
  * 1e6) gives the uncapped scores to f32 precision. */

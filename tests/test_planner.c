@@ -449,3 +449,32 @@ KVA_TEST(planner_prefill_plans_cover_queries_and_keys) {
     free(ws.host);
     kva_context_destroy(ctx);
 }
+
+/* The rule that keeps a large GQA group's decode plan on the sub-group kernel (plan.c, CUDA on
+ * Hopper): one round of its grid (work items x KV heads within the budget), some request split,
+ * and every split request in at least the shared merge's minimum of chunks. */
+KVA_TEST(planner_subgroup_plans_need_one_round_and_shared_merges) {
+    kva__split_policy pol = {0};
+    pol.subgroup_blocks = 52;
+    pol.subgroup_min_chunks = 16;
+    const int32_t lone[2] = {0, 43};               /* one request in 43 chunks */
+    const int32_t mixed[4] = {0, 20, 21, 22};       /* 20 chunks beside two unsplit requests */
+    const int32_t few[3] = {0, 16, 31};             /* 16 and 15 chunks */
+    const int32_t unsplit[4] = {0, 1, 2, 3};
+    CHECK(kva__subgroup_plan_merges_shared(43, lone, 1, 1, &pol));
+    CHECK(kva__subgroup_plan_merges_shared(22, mixed, 3, 1, &pol));
+    CHECK(kva__subgroup_plan_merges_shared(22, mixed, 3, 2, &pol));      /* 44 units of 52 */
+    CHECK(!kva__subgroup_plan_merges_shared(22, mixed, 3, 3, &pol));     /* 66 units: two rounds */
+    CHECK(!kva__subgroup_plan_merges_shared(31, few, 2, 1, &pol));       /* a request of 15 chunks */
+    CHECK(!kva__subgroup_plan_merges_shared(3, unsplit, 3, 1, &pol));    /* nothing to merge */
+    CHECK(!kva__subgroup_plan_merges_shared(-1, lone, 1, 1, &pol));      /* did not fit */
+    pol.subgroup_blocks = 43; /* (boundaries: exactly one round, exactly the minimum) */
+    CHECK(kva__subgroup_plan_merges_shared(43, lone, 1, 1, &pol));
+    pol.subgroup_blocks = 42;
+    CHECK(!kva__subgroup_plan_merges_shared(43, lone, 1, 1, &pol));
+    pol.subgroup_blocks = 52;
+    pol.subgroup_min_chunks = 43;
+    CHECK(kva__subgroup_plan_merges_shared(43, lone, 1, 1, &pol));
+    pol.subgroup_min_chunks = 44;
+    CHECK(!kva__subgroup_plan_merges_shared(43, lone, 1, 1, &pol));
+}

@@ -465,6 +465,16 @@ static kva_status prefill_policy(const kva_context *ctx, const kva_plan_limits *
     return KVA_OK;
 }
 
+/* How much a plan kept on the sub-group decode kernel for a large group may stream: keys x
+ * sub-groups x the built head dim (each sub-group re-reads its chunk's K/V). Measured on an H200
+ * (bf16, plan on the sub-group kernel against the prefill kernel's, us; bench/NOTES.md, call 5 of
+ * "Shared-merge review fixes"): below it 71/1 d64 / 48/1 d128 / 71/1 d96 / 32/1 d256 at 1 x 8192
+ * (2.6-5.2 M) 12.4 / 12.9 / 14.4 / 16.4 against 16.3 / 16.0 / 16.8 / 17.9; above it 64/1 d192 at
+ * 1 x 8192 (8.4 M: the d256 kernel, 4 sub-groups) 20.3 against 17.8, every 1 x 32768 at d96 and
+ * up 25.8-47.0 against 21.4-24.8, 48/1 d128 4 x 8192 20.7 against 19.9, 3 x 32768 at every dim
+ * 39.6-66.0 against 26.5-42.4 (48/1 d128 1 x 32768, 12.6 M, still won by 0.5 us: given up). */
+#define KVA__SUBGROUP_MAX_KEY_DIMS (6LL * 1024 * 1024)
+
 /* The decode kernel's split policy (its budget, shortest chunk, prices, merge tree) for choice ch
  * at per_sm blocks per SM (<= 2): the policy of groups it runs, and the alternative plan of the
  * groups the prefill kernel runs (subgroup_blocks). */
@@ -544,12 +554,13 @@ extern "C" kva_status kva__cuda_split_policy(const kva_context *ctx, const kva_p
              * 48/1 d128 202.0 / 108.9) */
             policy->global_split_key_percent = 185;
         }
-        /* A plan that fits one round of the sub-group kernel in 16+ chunks per split request
-         * runs there (kva__split_policy.subgroup_blocks): at 1 x 8192 its shared merge made
-         * Falcon-7B (71/1 d64) 16.5 -> 12.8-12.9 us and StarCoder-15B (48/1 d128) 15.8-16.1 ->
-         * 13.0-13.1 against this path; 8 x 4096 (6 chunks each) and 64 x 4096 stay here (H200,
-         * bench/NOTES.md, "Large groups on the sub-group kernel at small batch"). Not while
-         * KVA_DECODE_GROUP_PATH forces a path or the shared merge is off. */
+        /* A plan that fits one round of the sub-group kernel in 16+ chunks per split request,
+         * of at most KVA__SUBGROUP_MAX_KEY_DIMS, runs there (kva__split_policy.subgroup_blocks):
+         * at 1 x 8192 its shared merge made Falcon-7B (71/1 d64) 16.5 -> 12.8-12.9 us and
+         * StarCoder-15B (48/1 d128) 15.8-16.1 -> 13.0-13.1 against this path; 8 x 4096 (6 chunks
+         * each) and 64 x 4096 stay here (H200, bench/NOTES.md, "Large groups on the sub-group
+         * kernel at small batch"). Not while KVA_DECODE_GROUP_PATH forces a path or the shared
+         * merge is off. */
         /* (ch.fn, blocks_per_sm and nsub are the sub-group kernel's. The policy is the bf16
          * kernel's, like the rest of it: a variant or f32 kernel with fewer resident blocks
          * runs such a plan in two rounds, merged by the last blocks or the tree -- correct,
@@ -560,6 +571,7 @@ extern "C" kva_status kva__cuda_split_policy(const kva_context *ctx, const kva_p
             decode_kernel_policy(ctx, limits->head_dim, &ch, per_sm, &sub);
             policy->subgroup_blocks = sub.max_blocks;
             policy->subgroup_min_chunks = priv->decode_shared_merge_min;
+            policy->subgroup_max_keys = KVA__SUBGROUP_MAX_KEY_DIMS / ((int64_t)ch.nsub * ch.built_dim);
             policy->subgroup_min_chunk = sub.min_chunk;
             policy->subgroup_lone_block_percent = sub.lone_block_percent;
             policy->subgroup_merge_level_keys = sub.merge_level_keys;

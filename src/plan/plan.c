@@ -112,13 +112,8 @@ static kva_status check_page_table(const kva_page_table *pt, int32_t num_pages, 
     return KVA_OK;
 }
 
-/* Whether a decode plan searched for the sub-group kernel (kva__split_policy.subgroup_blocks)
- * fits one round of it (each (work item, KV head) a block of its own) with a request split in
- * at least subgroup_min_chunks chunks and none in fewer: then each split request's chunk blocks
- * merge it together (the shared merge), where the prefill kernel's merge is a launch of its own.
- * w < 0: the plan did not fit the workspace. */
-static bool subgroup_plan_merges_shared(int64_t w, const int32_t *gi, int32_t B, int32_t num_kv_heads,
-                                        const kva__split_policy *pol) {
+bool kva__subgroup_plan_merges_shared(int64_t w, const int32_t *gi, int32_t B, int32_t num_kv_heads,
+                                      const kva__split_policy *pol) {
     if (w < 0 || w * num_kv_heads > pol->subgroup_blocks) return false;
     bool split = false;
     for (int32_t j = 0; j < B; ++j) {
@@ -344,8 +339,10 @@ static kva_status make_plan(kva_context *ctx, const kva_plan_limits *limits, con
         int64_t *sort_keys = (int64_t *)(void *)(ints + h->off_unit_records);
         int32_t *order = ints + h->off_unit_records + 2 * (int64_t)B;
         w = -1;
+        int64_t head_keys = 0; /* keys x KV heads: what each sub-group would re-read */
+        for (int32_t b = 0; b < B; ++b) head_keys += (int64_t)kv_len[b] * limits->num_kv_heads;
         if (L.policy.subgroup_blocks > 0 && opt.algo == KVA_DECODE_PARTIAL_ROWMAX && opt.fixed_chunk_size == 0 &&
-            !(opt.flags & (KVA_PLAN_GRAPH | KVA_PLAN_NO_SPLIT))) {
+            !(opt.flags & (KVA_PLAN_GRAPH | KVA_PLAN_NO_SPLIT)) && head_keys <= L.policy.subgroup_max_keys) {
             /* first the sub-group kernel (kva__split_policy.subgroup_blocks), kept if its plan
              * fits one round and merges shared; a graph plan keeps the one path its capture has */
             kva__split_problem s = p;
@@ -359,7 +356,7 @@ static kva_status make_plan(kva_context *ctx, const kva_plan_limits *limits, con
             s.merge_run = KVA__MERGE_RUN;
             chunk = kva__sched_decode_chunk(&s, sort_keys, order);
             w = kva__sched_decode_flatten(&s, chunk, order, req, kt, L.cap_work, gi, L.cap_groups + 1);
-            if (!subgroup_plan_merges_shared(w, gi, B, limits->num_kv_heads, &L.policy))
+            if (!kva__subgroup_plan_merges_shared(w, gi, B, limits->num_kv_heads, &L.policy))
                 w = -1;
             else
                 p = s;
