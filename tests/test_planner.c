@@ -478,3 +478,18 @@ KVA_TEST(planner_subgroup_plans_need_one_round_and_shared_merges) {
     pol.subgroup_min_chunks = 44;
     CHECK(!kva__subgroup_plan_merges_shared(43, lone, 1, 1, &pol));
 }
+
+/* ... and only batches of few keys are searched for it: keys x KV heads up to the policy's bound */
+KVA_TEST(planner_subgroup_plans_need_a_small_batch) {
+    kva__split_policy pol = {0};
+    pol.subgroup_max_keys = 19660; /* 6 M / (5 sub-groups x d64) */
+    const int32_t one[1] = {19660}, over[1] = {19661}, two[2] = {9830, 9830}, two_over[2] = {9830, 9831};
+    const int32_t empty[2] = {0, 0};
+    CHECK(kva__subgroup_batch_fits(one, 1, 1, &pol));
+    CHECK(!kva__subgroup_batch_fits(over, 1, 1, &pol));
+    CHECK(kva__subgroup_batch_fits(two, 2, 1, &pol));
+    CHECK(!kva__subgroup_batch_fits(two_over, 2, 1, &pol));
+    CHECK(!kva__subgroup_batch_fits(one, 1, 2, &pol)); /* two KV heads: twice the keys */
+    CHECK(kva__subgroup_batch_fits(empty, 2, 8, &pol));
+}
+

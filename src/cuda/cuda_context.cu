@@ -471,8 +471,10 @@ static kva_status prefill_policy(const kva_context *ctx, const kva_plan_limits *
  * "Shared-merge review fixes"): below it 71/1 d64 / 48/1 d128 / 71/1 d96 / 32/1 d256 at 1 x 8192
  * (2.6-5.2 M) 12.4 / 12.9 / 14.4 / 16.4 against 16.3 / 16.0 / 16.8 / 17.9; above it 64/1 d192 at
  * 1 x 8192 (8.4 M: the d256 kernel, 4 sub-groups) 20.3 against 17.8, every 1 x 32768 at d96 and
- * up 25.8-47.0 against 21.4-24.8, 48/1 d128 4 x 8192 20.7 against 19.9, 3 x 32768 at every dim
- * 39.6-66.0 against 26.5-42.4 (48/1 d128 1 x 32768, 12.6 M, still won by 0.5 us: given up). */
+ * up 25.8-47.0 against 21.4-24.8, 48/1 d128 4 x 8192 20.7 against 19.9, 3 x 32768 at d64 / d96 /
+ * d128 / d256 39.6-66.0 against 26.5-42.4 (48/1 d128 1 x 32768 and 2 x 16384, 12.6 M, still won by
+ * 0.5 / 2.4 us: given up). Calibrated on that H200 (132 SMs) only: other Hopper parts take it as
+ * is, and it does not scale with the SM count. */
 #define KVA__SUBGROUP_MAX_KEY_DIMS (6LL * 1024 * 1024)
 
 /* The decode kernel's split policy (its budget, shortest chunk, prices, merge tree) for choice ch

@@ -112,13 +112,22 @@ static kva_status check_page_table(const kva_page_table *pt, int32_t num_pages, 
     return KVA_OK;
 }
 
-bool kva__subgroup_plan_merges_shared(int64_t w, const int32_t *gi, int32_t B, int32_t num_kv_heads,
-                                      const kva__split_policy *pol) {
-    if (w < 0 || w * num_kv_heads > pol->subgroup_blocks) return false;
-    bool split = false;
+int kva__subgroup_batch_fits(const int32_t *kv_len, int32_t B, int32_t num_kv_heads, const kva__split_policy *pol) {
+    int64_t head_keys = 0;
+    for (int32_t b = 0; b < B; ++b) {
+        head_keys += (int64_t)kv_len[b] * num_kv_heads;
+        if (head_keys > pol->subgroup_max_keys) return 0;
+    }
+    return 1;
+}
+
+int kva__subgroup_plan_merges_shared(int64_t w, const int32_t *gi, int32_t B, int32_t num_kv_heads,
+                                     const kva__split_policy *pol) {
+    if (w < 0 || w * num_kv_heads > pol->subgroup_blocks) return 0;
+    int split = 0;
     for (int32_t j = 0; j < B; ++j) {
         const int32_t n = gi[j + 1] - gi[j];
-        if (n > 1 && n < pol->subgroup_min_chunks) return false;
+        if (n > 1 && n < pol->subgroup_min_chunks) return 0;
         split = split || n > 1;
     }
     return split;
@@ -339,10 +348,9 @@ static kva_status make_plan(kva_context *ctx, const kva_plan_limits *limits, con
         int64_t *sort_keys = (int64_t *)(void *)(ints + h->off_unit_records);
         int32_t *order = ints + h->off_unit_records + 2 * (int64_t)B;
         w = -1;
-        int64_t head_keys = 0; /* keys x KV heads: what each sub-group would re-read */
-        for (int32_t b = 0; b < B; ++b) head_keys += (int64_t)kv_len[b] * limits->num_kv_heads;
         if (L.policy.subgroup_blocks > 0 && opt.algo == KVA_DECODE_PARTIAL_ROWMAX && opt.fixed_chunk_size == 0 &&
-            !(opt.flags & (KVA_PLAN_GRAPH | KVA_PLAN_NO_SPLIT)) && head_keys <= L.policy.subgroup_max_keys) {
+            !(opt.flags & (KVA_PLAN_GRAPH | KVA_PLAN_NO_SPLIT)) &&
+            kva__subgroup_batch_fits(kv_len, B, limits->num_kv_heads, &L.policy)) {
             /* first the sub-group kernel (kva__split_policy.subgroup_blocks), kept if its plan
              * fits one round and merges shared; a graph plan keeps the one path its capture has */
             kva__split_problem s = p;

@@ -12,7 +12,6 @@
 #define KVA_WORKSPACE_LAYOUT_H
 
 #include "kvattn.h"
-#include <stdbool.h>
 #include <stdint.h>
 
 #ifdef __cplusplus
@@ -61,8 +60,9 @@ typedef struct kva__split_policy {
                               kernel's separate merge launch cannot (0: never) */
     int32_t subgroup_min_chunks; /* (the shared merge's minimum, KVA__SHARED_MERGE_MIN) */
     int64_t subgroup_max_keys; /* ... and the batch holds at most this many keys (summed over
-                              requests and KV heads): each sub-group re-reads them, so beyond a
-                              few MB of that traffic the prefill kernel is faster */
+                              requests and KV heads): each sub-group re-reads them, so beyond
+                              ~6.3 M keys x sub-groups x built head dim (~25 MB of bf16 K and V
+                              through the SMs) the prefill kernel is faster */
     int32_t subgroup_min_chunk; /* that kernel's shortest chunk and prices (as its own policy) */
     int32_t subgroup_lone_block_percent, subgroup_merge_level_keys;
     int64_t search_blocks;    /* 0, or a smaller budget for the split search than the layout's
@@ -218,13 +218,18 @@ typedef struct kva__workspace_layout {
     kva__split_policy policy;
 } kva__workspace_layout;
 
-/* Whether a decode plan searched for the sub-group kernel (kva__split_policy.subgroup_blocks; plan.c
- * searches only batches of at most subgroup_max_keys keys x KV heads) fits one round of it (each
+/* Whether a decode batch is small enough to be searched for the sub-group kernel: at most
+ * subgroup_max_keys keys summed over requests and KV heads (each sub-group re-reads them). */
+int kva__subgroup_batch_fits(const int32_t *kv_len, int32_t B, int32_t num_kv_heads, const kva__split_policy *pol);
+
+/* Whether a decode plan searched for the sub-group kernel (kva__split_policy.subgroup_blocks)
+ * fits one round of it (each
  * (work item, KV head) a block of its own) with a request split in at least subgroup_min_chunks
  * chunks and none in fewer: then each split request's chunk blocks merge it together (the shared
  * merge), where the prefill kernel's merge is a launch of its own. gi: the plan's group indptr
- * (decode: one group per request); w < 0: the plan did not fit the workspace. */
-bool kva__subgroup_plan_merges_shared(int64_t w, const int32_t *gi, int32_t B, int32_t num_kv_heads,
+ * (decode: one group per request); w < 0: the plan did not fit the workspace. 1 or 0 (an int:
+ * the header is also compiled by NVRTC for variants, which has no <stdbool.h>). */
+int kva__subgroup_plan_merges_shared(int64_t w, const int32_t *gi, int32_t B, int32_t num_kv_heads,
                                       const kva__split_policy *pol);
 
 kva_status kva__compute_layout(const kva_context *ctx, const kva_plan_limits *limits, int kind,
