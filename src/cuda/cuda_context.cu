@@ -465,8 +465,8 @@ static kva_status prefill_policy(const kva_context *ctx, const kva_plan_limits *
     return KVA_OK;
 }
 
-/* How much a plan kept on the sub-group decode kernel for a large group may stream: keys x
- * sub-groups x the built head dim (each sub-group re-reads its chunk's K/V). Measured on an H200
+/* How much a plan kept on the sub-group decode kernel for a large group may stream: keys x KV
+ * heads x sub-groups x the built head dim (each sub-group re-reads its chunk's K/V). Measured on an H200
  * (bf16, plan on the sub-group kernel against the prefill kernel's, us; bench/NOTES.md, call 5 of
  * "Shared-merge review fixes"): below it 71/1 d64 / 48/1 d128 / 71/1 d96 / 32/1 d256 at 1 x 8192
  * (2.6-5.2 M) 12.4 / 12.9 / 14.4 / 16.4 against 16.3 / 16.0 / 16.8 / 17.9; above it 64/1 d192 at
