@@ -594,14 +594,17 @@ KVA_TEST(cuda_decode_large_group_plans_fill_one_round) {
     kva_context_destroy(ctx);
 }
 
-/* ... except where a plan on the sub-group decode kernel fits one round of its grid with every
- * split request in 16+ chunks (kva__split_policy.subgroup_blocks) and a batch of few keys x
- * sub-groups x head dim (subgroup_max_keys): there its chunk blocks merge together (the shared
- * merge), and such a plan runs on that kernel (H200: Falcon-7B and StarCoder-15B at 1 x 8192 16.5
- * / 15.8 -> 12.8 / 13.0 us). A lone request of 8192 keys takes it at d64, d128 and d256; 1 x 32768
- * at d128, 1 x 8192 at d192 (4 sub-groups of the d256 kernel), 8 x 4096 and a batch of half the
- * SMs' count hold too many keys; 4 x 4096 at d64 is searched but cannot split each request in 16
- * chunks within one round (52 blocks); nor a graph plan (its capture holds one path), nor any
+/* ... except where a plan on the sub-group decode kernel fits one round of its grid (the blocks it
+ * keeps resident: 3 per SM at d64) with every split request in 16+ chunks
+ * (kva__split_policy.subgroup_blocks) and a batch of few keys x sub-groups x head dim
+ * (subgroup_max_keys; subgroup_long_max_keys where the requests average 16384+ keys): there its
+ * chunk blocks merge together (the shared merge), and such a plan runs on that kernel (H200:
+ * Falcon-7B and StarCoder-15B at 1 x 8192 16.5 / 15.8 -> 12.0 / 13.0 us, Falcon 4 x 4096 19.2 ->
+ * 15.1, 1 x 32768 21.5 -> 20.0). A lone request of 8192 keys takes it at d64, d128 and d256, and
+ * the long requests of 1 x 32768 at d64 and d128 and 2 x 16384 at d64; 1 x 8192 at d192 (4
+ * sub-groups of the d256 kernel), 4 x 8192 at d64 (short requests), 8 x 4096 and a batch of half
+ * the SMs' count hold too many keys; 6 x 2048 at d64 is searched but cannot split each request in
+ * 16 chunks within one round (79 blocks); nor a graph plan (its capture holds one path), nor any
  * plan with KVA_DECODE_SHARED_MERGE=0. Then such batches run
  * against the float64 reference (run_case plans them the same way). */
 KVA_TEST(cuda_decode_large_groups_take_subgroups_where_they_merge_shared) {
@@ -619,8 +622,9 @@ KVA_TEST(cuda_decode_large_groups_take_subgroups_where_they_merge_shared) {
         uint32_t flags;
         int want;
     } cases[] = {{1, 8192, 71, 64, 0, 1},  {1, 8192, 48, 128, 0, 1},        {1, 8192, 32, 256, 0, 1},
-                 {1, 32768, 48, 128, 0, 0}, {1, 8192, 64, 192, 0, 0},        {8, 4096, 71, 64, 0, 0},
-                 {4, 4096, 71, 64, 0, 0},
+                 {1, 32768, 48, 128, 0, 1}, {1, 32768, 71, 64, 0, 1},        {2, 16384, 71, 64, 0, 1},
+                 {4, 4096, 71, 64, 0, 1},   {1, 8192, 64, 192, 0, 0},        {4, 8192, 71, 64, 0, 0},
+                 {8, 4096, 71, 64, 0, 0},   {6, 2048, 71, 64, 0, 0},
                  {sms / 2, 4096, 48, 128, 0, 0}, {1, 8192, 71, 64, KVA_PLAN_GRAPH, 0}};
     for (int i = 0; i < (int)(sizeof cases / sizeof cases[0]); ++i) {
         const kva_plan_limits probe = {1, 1, 0, 0, cases[i].Hq, 1, cases[i].D, 16, 0};

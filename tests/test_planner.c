@@ -479,7 +479,8 @@ KVA_TEST(planner_subgroup_plans_need_one_round_and_shared_merges) {
     CHECK(!kva__subgroup_plan_merges_shared(43, lone, 1, 1, &pol));
 }
 
-/* ... and only batches of few keys are searched for it: keys x KV heads up to the policy's bound */
+/* ... and only batches of few keys are searched for it: keys x KV heads up to the policy's bound,
+ * or up to its long-request bound where the requests average its long length or more */
 KVA_TEST(planner_subgroup_plans_need_a_small_batch) {
     kva__split_policy pol = {0};
     pol.subgroup_max_keys = 19660; /* 6 M / (5 sub-groups x d64) */
@@ -491,5 +492,22 @@ KVA_TEST(planner_subgroup_plans_need_a_small_batch) {
     CHECK(!kva__subgroup_batch_fits(two_over, 2, 1, &pol));
     CHECK(!kva__subgroup_batch_fits(one, 1, 2, &pol)); /* two KV heads: twice the keys */
     CHECK(kva__subgroup_batch_fits(empty, 2, 8, &pol));
+    /* long requests: up to 45875 keys (14 M / (5 x d64)) at a mean of 16384 keys or more */
+    pol.subgroup_long_max_keys = 45875;
+    pol.subgroup_long_request = 16384;
+    const int32_t long_one[1] = {45875}, long_over[1] = {45876}, long_two[2] = {16384, 16384};
+    const int32_t short_two[2] = {16384, 16383}, mixed[2] = {32768, 100}, heads2[1] = {22937};
+    const int32_t heads2_over[1] = {22938};
+    CHECK(kva__subgroup_batch_fits(long_one, 1, 1, &pol));
+    CHECK(!kva__subgroup_batch_fits(long_over, 1, 1, &pol));
+    CHECK(kva__subgroup_batch_fits(long_two, 2, 1, &pol));   /* a mean of exactly 16384 */
+    CHECK(!kva__subgroup_batch_fits(short_two, 2, 1, &pol)); /* 32767 keys, a mean below it */
+    CHECK(kva__subgroup_batch_fits(mixed, 2, 1, &pol));      /* (the mean, not every request) */
+    CHECK(kva__subgroup_batch_fits(heads2, 1, 2, &pol));     /* 45874 keys x heads */
+    CHECK(!kva__subgroup_batch_fits(heads2_over, 1, 2, &pol));
+    CHECK(kva__subgroup_batch_fits(two, 2, 1, &pol)); /* the short bound still holds alone */
+    pol.subgroup_long_request = 0; /* no long rule */
+    CHECK(!kva__subgroup_batch_fits(long_two, 2, 1, &pol));
+    CHECK(kva__subgroup_batch_fits(one, 1, 1, &pol));
 }
 

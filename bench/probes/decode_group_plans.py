@@ -11,7 +11,8 @@ Run it on two builds alternately to compare their plans (scripts/gpu-check.sh's 
 GPU_CHECK_AB_CMD="python3 bench/probes/decode_group_plans.py --build {build}"). --groups and --shapes
 pick others (e.g. --groups 64/1/192,71/1/96 --shapes 1x8192,2x16384 --no-fixed, once as it is and
 once under KVA_DECODE_GROUP_PATH=prefill: whether a plan kept on the sub-group decode kernel,
-where it merges shared, beats the prefill kernel's).
+where it merges shared, beats the prefill kernel's); --chunks 128,256,0 times those fixed chunks
+(0: no split) instead of the default columns.
 """
 import argparse
 import os
@@ -33,6 +34,8 @@ def main():
     ap.add_argument("--build", default="build-gpu")
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--no-fixed", action="store_true", help="only the plan's chunk")
+    ap.add_argument("--chunks", default=None,
+                    help="fixed chunks to time instead of the default columns, e.g. 128,192,256 (0: no split)")
     ap.add_argument("--groups", default=None, help="q/kv/d list, e.g. 71/1/64,48/1/128 (default: Falcon, StarCoder)")
     ap.add_argument("--shapes", default=None, help="batch x context list, e.g. 1x8192,4x8192")
     ap.add_argument("--algorithm", default="partial_rowmax", choices=["partial_rowmax", "global_rowmax"],
@@ -44,8 +47,10 @@ def main():
     bt.load_kvattn(args.build)
     bt.SETTLE_S = 0.1
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    fixed_cols = FIXED if not args.chunks else [("c%d" % c if c else "nosplit", c == 0, c)
+                                                for c in (int(x) for x in args.chunks.split(","))]
     print("| model | batch x ctx | plan chunk / work | plan us |" +
-          ("" if args.no_fixed else " " + " | ".join(f[0] for f in FIXED) + " |"))
+          ("" if args.no_fixed else " " + " | ".join(f[0] for f in fixed_cols) + " |"))
     for (name, hq, hk, d) in groups:
         for (B, L) in shapes:
             nsets = bt.decode_sets(B * L * hk * d * 4, l2)
@@ -54,7 +59,7 @@ def main():
             us = bt.time_calls(ours.run, nsets, args.iters) * 1e3
             ours.free()
             cells = []
-            for (_, no_split, fixed) in ([] if args.no_fixed else FIXED):
+            for (_, no_split, fixed) in ([] if args.no_fixed else fixed_cols):
                 if fixed and fixed >= L:
                     cells.append("-")
                     continue

@@ -473,13 +473,31 @@ static kva_status prefill_policy(const kva_context *ctx, const kva_plan_limits *
  * 1 x 8192 (8.4 M: the d256 kernel, 4 sub-groups) 20.3 against 17.8, every 1 x 32768 at d96 and
  * up 25.8-47.0 against 21.4-24.8, 48/1 d128 4 x 8192 20.7 against 19.9, 3 x 32768 at d64 / d96 /
  * d128 / d256 39.6-66.0 against 26.5-42.4 (48/1 d128 1 x 32768 and 2 x 16384, 12.6 M, still won by
- * 0.5 / 2.4 us: given up). Calibrated on that H200 (132 SMs) only: other Hopper parts take it as
+ * 0.5 / 2.4 us: the long-request bound below takes them). Calibrated on that H200 (132 SMs) only: other Hopper parts take it as
  * is, and it does not scale with the SM count. */
+#ifndef KVA__SUBGROUP_MAX_KEY_DIMS /* (-D for measurements) */
 #define KVA__SUBGROUP_MAX_KEY_DIMS (6LL * 1024 * 1024)
+#endif
+/* ... and for batches of long requests (KVA__SUBGROUP_LONG_REQUEST keys or more on average), up to
+ * KVA__SUBGROUP_LONG_MAX_KEY_DIMS: there the prefill kernel's plans take long chunks and a merge
+ * of many states. H200, bf16, with the round at the kernel's residency (bench/NOTES.md, "The keys
+ * bound on a GPU", call 3), sub-group plan against the prefill kernel's, us: 71/1 d64 1 x 32768
+ * (10.5 M) 19.9-20.0 against 21.1-21.8, 2 x 16384 18.9-19.2 against 21.5-22.2, 48/1 d128 1 x 32768
+ * (12.6 M) 20.2-20.3 against 20.4-21.2, 2 x 16384 19.5-19.7 against 22.0-22.5, 71/1 d96 1 x 16384
+ * (10.5 M) 17.8-17.9 against 20.6-21.1, 32/1 d256 1 x 16384 (8.4 M) 20.5-20.7 against 21.3-21.6;
+ * while batches of 8192-key and shorter requests lost there (4 x 8192 at d64 and d128, 2 x 8192
+ * at d96 and d256, 4 x 4096 at d256, 64/1 d192 1 x 8192: +1.0..+3.8 us), and long requests from
+ * 16.8 M up (d256 1 x 32768 29.5 against 24.8 on 2026-11-30 12:38, d96 1 x 32768 25.8 against
+ * 21.4). Between 8192 and 16384 keys per request: not measured. */
+#define KVA__SUBGROUP_LONG_REQUEST 16384
+#ifndef KVA__SUBGROUP_LONG_MAX_KEY_DIMS
+#define KVA__SUBGROUP_LONG_MAX_KEY_DIMS (14LL * 1024 * 1024)
+#endif
 
 /* The decode kernel's split policy (its budget, shortest chunk, prices, merge tree) for choice ch
- * at per_sm blocks per SM (<= 2): the policy of groups it runs, and the alternative plan of the
- * groups the prefill kernel runs (subgroup_blocks). */
+ * at per_sm blocks per SM (<= 2 for a split budget; the kernel's residency for the sub-group round):
+ * the policy of groups it runs, and the alternative plan of the groups the prefill kernel runs
+ * (subgroup_blocks). */
 static void decode_kernel_policy(const kva_context *ctx, int32_t head_dim, const kva__decode_choice *ch, int per_sm,
                                  kva__split_policy *policy) {
     policy->merge_tree = 1;
@@ -557,7 +575,7 @@ extern "C" kva_status kva__cuda_split_policy(const kva_context *ctx, const kva_p
             policy->global_split_key_percent = 185;
         }
         /* A plan that fits one round of the sub-group kernel in 16+ chunks per split request,
-         * of at most KVA__SUBGROUP_MAX_KEY_DIMS, runs there (kva__split_policy.subgroup_blocks):
+         * of at most KVA__SUBGROUP_MAX_KEY_DIMS (_LONG_ for long requests), runs there (kva__split_policy.subgroup_blocks):
          * at 1 x 8192 its shared merge made Falcon-7B (71/1 d64) 16.5 -> 12.8-12.9 us and
          * StarCoder-15B (48/1 d128) 15.8-16.1 -> 13.0-13.1 against this path; 8 x 4096 (6 chunks
          * each) and 64 x 4096 stay here (H200, bench/NOTES.md, "Large groups on the sub-group
@@ -570,10 +588,21 @@ extern "C" kva_status kva__cuda_split_policy(const kva_context *ctx, const kva_p
         const char *force = getenv("KVA_DECODE_GROUP_PATH");
         if ((!force || !*force) && priv && priv->decode_shared_merge_min <= 0xffff) {
             kva__split_policy sub = *policy;
-            decode_kernel_policy(ctx, limits->head_dim, &ch, per_sm, &sub);
+            /* one round of the grid as launched: every block the kernel keeps resident (3 per SM
+             * for the d64 sub-group kernel, 2 above), not the split budget's cap of 2 -- that cap
+             * saves merge work, which the shared merge spreads over the chunk blocks (H200,
+             * Falcon-7B 1 x 8192 in 64 chunks 12.0 us against 43 at the capped budget 12.5) */
+#ifndef KVA__SUBGROUP_CAPPED_ROUND /* (-DKVA__SUBGROUP_CAPPED_ROUND: the old budget, for A/B runs) */
+            const int round_per_sm = ch.blocks_per_sm > 0 ? ch.blocks_per_sm : 1;
+#else
+            const int round_per_sm = per_sm;
+#endif
+            decode_kernel_policy(ctx, limits->head_dim, &ch, round_per_sm, &sub);
             policy->subgroup_blocks = sub.max_blocks;
             policy->subgroup_min_chunks = priv->decode_shared_merge_min;
             policy->subgroup_max_keys = KVA__SUBGROUP_MAX_KEY_DIMS / ((int64_t)ch.nsub * ch.built_dim);
+            policy->subgroup_long_max_keys = KVA__SUBGROUP_LONG_MAX_KEY_DIMS / ((int64_t)ch.nsub * ch.built_dim);
+            policy->subgroup_long_request = KVA__SUBGROUP_LONG_REQUEST;
             policy->subgroup_min_chunk = sub.min_chunk;
             policy->subgroup_lone_block_percent = sub.lone_block_percent;
             policy->subgroup_merge_level_keys = sub.merge_level_keys;

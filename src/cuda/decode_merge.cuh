@@ -7,6 +7,21 @@
 #ifndef KVA_DECODE_MERGE_CUH
 #define KVA_DECODE_MERGE_CUH
 
+/* Folds one partial state (its LSE ls in log2 units, its normalised O x) into a running state
+ * (M, L, acc), both rescaled to the larger max (0 where both are empty, so that -inf - -inf never
+ * makes a NaN; a NaN propagates). */
+__device__ __forceinline__ void kva__fold_state(float &M, float &L, float4 &acc, float ls, float4 x) {
+    const float m_new = fmaxf(M, ls);
+    const float m_use = m_new == -INFINITY ? 0.0f : m_new;
+    const float scale = exp2f(M - m_use), f = exp2f(ls - m_use);
+    acc.x = acc.x * scale + f * x.x;
+    acc.y = acc.y * scale + f * x.y;
+    acc.z = acc.z * scale + f * x.z;
+    acc.w = acc.w * scale + f * x.w;
+    L = L * scale + f;
+    M = m_new;
+}
+
 /* Merges `count` partial states of query heads hb2 .. hb2 + gs2 - 1, at work-item slots first,
  * first + stride, ... (O in partial_o, LSE in lse_src): into o and lse (dst_slot < 0), or into
  * slot dst_slot as one normalised state (a merge-tree run, read again by the level above): O in
@@ -64,15 +79,7 @@ __device__ __forceinline__ void kva__merge_states(const kva__decode_args &a, uns
                     for (int st = 0; st < nb; ++st) {
                         const float ls = st_l[st * gs2 + h];
                         const float4 x = *reinterpret_cast<const float4 *>(st_o + (size_t)st * gd + i * 4);
-                        const float m_new = fmaxf(Mx[e], ls);
-                        const float m_use = m_new == -INFINITY ? 0.0f : m_new;
-                        const float scale = exp2f(Mx[e] - m_use), f = exp2f(ls - m_use);
-                        acc[e].x = acc[e].x * scale + f * x.x;
-                        acc[e].y = acc[e].y * scale + f * x.y;
-                        acc[e].z = acc[e].z * scale + f * x.z;
-                        acc[e].w = acc[e].w * scale + f * x.w;
-                        Lx[e] = Lx[e] * scale + f;
-                        Mx[e] = m_new;
+                        kva__fold_state(Mx[e], Lx[e], acc[e], ls, x);
                     }
                 }
             }
@@ -115,17 +122,7 @@ __device__ __forceinline__ void kva__merge_states(const kva__decode_args &a, uns
                     if (s0 + j >= count) ls[j] = -INFINITY;
                 }
 #pragma unroll
-                for (int j = 0; j < MB; ++j) {
-                    const float m_new = fmaxf(M, ls[j]);
-                    const float m_use = m_new == -INFINITY ? 0.0f : m_new;
-                    const float scale = exp2f(M - m_use), f = exp2f(ls[j] - m_use);
-                    acc.x = acc.x * scale + f * x[j].x;
-                    acc.y = acc.y * scale + f * x[j].y;
-                    acc.z = acc.z * scale + f * x[j].z;
-                    acc.w = acc.w * scale + f * x[j].w;
-                    L = L * scale + f;
-                    M = m_new;
-                }
+                for (int j = 0; j < MB; ++j) kva__fold_state(M, L, acc, ls[j], x[j]);
             }
             const float inv = kva__softmax_inv(L);
             acc.x *= inv; acc.y *= inv; acc.z *= inv; acc.w *= inv;
@@ -196,17 +193,7 @@ __device__ __forceinline__ void kva__merge_slice(const kva__decode_args &a, floa
                 if (s0 + GROUPS * j >= n) ls[j] = -INFINITY;
             }
 #pragma unroll
-            for (int j = 0; j < MB; ++j) {
-                const float m_new = fmaxf(M, ls[j]);
-                const float m_use = m_new == -INFINITY ? 0.0f : m_new;
-                const float scale = exp2f(M - m_use), f = exp2f(ls[j] - m_use);
-                acc.x = acc.x * scale + f * x[j].x;
-                acc.y = acc.y * scale + f * x[j].y;
-                acc.z = acc.z * scale + f * x[j].z;
-                acc.w = acc.w * scale + f * x[j].w;
-                L = L * scale + f;
-                M = m_new;
-            }
+            for (int j = 0; j < MB; ++j) kva__fold_state(M, L, acc, ls[j], x[j]);
         }
     }
     float *sm = scratch, *sl = scratch + KVA__DECODE_THREADS;

@@ -113,12 +113,17 @@ static kva_status check_page_table(const kva_page_table *pt, int32_t num_pages, 
 }
 
 int kva__subgroup_batch_fits(const int32_t *kv_len, int32_t B, int32_t num_kv_heads, const kva__split_policy *pol) {
+    const int64_t bound = pol->subgroup_long_max_keys > pol->subgroup_max_keys ? pol->subgroup_long_max_keys
+                                                                                : pol->subgroup_max_keys;
     int64_t head_keys = 0;
     for (int32_t b = 0; b < B; ++b) {
         head_keys += (int64_t)kv_len[b] * num_kv_heads;
-        if (head_keys > pol->subgroup_max_keys) return 0;
+        if (head_keys > bound) return 0;
     }
-    return 1;
+    if (head_keys <= pol->subgroup_max_keys) return 1;
+    /* the requests' mean length, in keys x KV heads */
+    return pol->subgroup_long_request > 0 &&
+           head_keys >= (int64_t)pol->subgroup_long_request * num_kv_heads * B;
 }
 
 int kva__subgroup_plan_merges_shared(int64_t w, const int32_t *gi, int32_t B, int32_t num_kv_heads,
