@@ -506,8 +506,15 @@ KVA_TEST(planner_subgroup_plans_need_a_small_batch) {
     CHECK(kva__subgroup_batch_fits(heads2, 1, 2, &pol));     /* 45874 keys x heads */
     CHECK(!kva__subgroup_batch_fits(heads2_over, 1, 2, &pol));
     CHECK(kva__subgroup_batch_fits(two, 2, 1, &pol)); /* the short bound still holds alone */
+    const int32_t heads2_short[1] = {16383}; /* 32766 keys x heads: over the short bound, a mean below */
+    CHECK(!kva__subgroup_batch_fits(heads2_short, 1, 2, &pol));
     pol.subgroup_long_request = 0; /* no long rule */
     CHECK(!kva__subgroup_batch_fits(long_two, 2, 1, &pol));
     CHECK(kva__subgroup_batch_fits(one, 1, 1, &pol));
+    pol.subgroup_long_request = 16384; /* a long bound below the short one: the short one holds */
+    pol.subgroup_long_max_keys = 100;
+    CHECK(kva__subgroup_batch_fits(one, 1, 1, &pol));
+    CHECK(!kva__subgroup_batch_fits(over, 1, 1, &pol));
+    CHECK(!kva__subgroup_batch_fits(long_two, 2, 1, &pol));
 }
 

@@ -486,7 +486,7 @@ static kva_status prefill_policy(const kva_context *ctx, const kva_plan_limits *
  * (12.6 M) 20.2-20.3 against 20.4-21.2, 2 x 16384 19.5-19.7 against 22.0-22.5, 71/1 d96 1 x 16384
  * (10.5 M) 17.8-17.9 against 20.6-21.1, 32/1 d256 1 x 16384 (8.4 M) 20.5-20.7 against 21.3-21.6;
  * while batches of 8192-key and shorter requests lost there (4 x 8192 at d64 and d128, 2 x 8192
- * at d96 and d256, 4 x 4096 at d256, 64/1 d192 1 x 8192: +1.0..+3.8 us), and long requests from
+ * at d96 and d256, 4 x 4096 at d256, 64/1 d192 1 x 8192: +0.8..+4.1 us), and long requests from
  * 16.8 M up (d256 1 x 32768 29.5 against 24.8 on 2026-11-30 12:38, d96 1 x 32768 25.8 against
  * 21.4). Between 8192 and 16384 keys per request: not measured. */
 #define KVA__SUBGROUP_LONG_REQUEST 16384
@@ -589,7 +589,7 @@ extern "C" kva_status kva__cuda_split_policy(const kva_context *ctx, const kva_p
         if ((!force || !*force) && priv && priv->decode_shared_merge_min <= 0xffff) {
             kva__split_policy sub = *policy;
             /* one round of the grid as launched: every block the kernel keeps resident (3 per SM
-             * for the d64 sub-group kernel, 2 above), not the split budget's cap of 2 -- that cap
+             * for the d64 sub-group kernel, 2 at d128, 1 at d256), not the split budget's cap of 2 -- that cap
              * saves merge work, which the shared merge spreads over the chunk blocks (H200,
              * Falcon-7B 1 x 8192 in 64 chunks 12.0 us against 43 at the capped budget 12.5) */
 #ifndef KVA__SUBGROUP_CAPPED_ROUND /* (-DKVA__SUBGROUP_CAPPED_ROUND: the old budget, for A/B runs) */

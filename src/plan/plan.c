@@ -121,9 +121,9 @@ int kva__subgroup_batch_fits(const int32_t *kv_len, int32_t B, int32_t num_kv_he
         if (head_keys > bound) return 0;
     }
     if (head_keys <= pol->subgroup_max_keys) return 1;
-    /* the requests' mean length, in keys x KV heads */
-    return pol->subgroup_long_request > 0 &&
-           head_keys >= (int64_t)pol->subgroup_long_request * num_kv_heads * B;
+    /* the requests' mean length (head_keys is a multiple of num_kv_heads) */
+    return pol->subgroup_long_request > 0 && num_kv_heads > 0 &&
+           head_keys / num_kv_heads >= (int64_t)pol->subgroup_long_request * B;
 }
 
 int kva__subgroup_plan_merges_shared(int64_t w, const int32_t *gi, int32_t B, int32_t num_kv_heads,
