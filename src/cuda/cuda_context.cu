@@ -473,8 +473,8 @@ static kva_status prefill_policy(const kva_context *ctx, const kva_plan_limits *
  * 1 x 8192 (8.4 M: the d256 kernel, 4 sub-groups) 20.3 against 17.8, every 1 x 32768 at d96 and
  * up 25.8-47.0 against 21.4-24.8, 48/1 d128 4 x 8192 20.7 against 19.9, 3 x 32768 at d64 / d96 /
  * d128 / d256 39.6-66.0 against 26.5-42.4 (48/1 d128 1 x 32768 and 2 x 16384, 12.6 M, still won by
- * 0.5 / 2.4 us: the long-request bound below takes them). Calibrated on that H200 (132 SMs) only: other Hopper parts take it as
- * is, and it does not scale with the SM count. */
+ * 0.5 / 2.4 us: the long-request bound below takes them). Calibrated on that H200 (132 SMs) only:
+ * other Hopper parts take it as is, and it does not scale with the SM count. */
 #ifndef KVA__SUBGROUP_MAX_KEY_DIMS /* (-D for measurements) */
 #define KVA__SUBGROUP_MAX_KEY_DIMS (6LL * 1024 * 1024)
 #endif
@@ -575,7 +575,8 @@ extern "C" kva_status kva__cuda_split_policy(const kva_context *ctx, const kva_p
             policy->global_split_key_percent = 185;
         }
         /* A plan that fits one round of the sub-group kernel in 16+ chunks per split request,
-         * of at most KVA__SUBGROUP_MAX_KEY_DIMS (_LONG_ for long requests), runs there (kva__split_policy.subgroup_blocks):
+         * of at most KVA__SUBGROUP_MAX_KEY_DIMS (_LONG_MAX_KEY_DIMS for long requests), runs
+         * there (kva__split_policy.subgroup_blocks):
          * at 1 x 8192 its shared merge made Falcon-7B (71/1 d64) 16.5 -> 12.8-12.9 us and
          * StarCoder-15B (48/1 d128) 15.8-16.1 -> 13.0-13.1 against this path; 8 x 4096 (6 chunks
          * each) and 64 x 4096 stay here (H200, bench/NOTES.md, "Large groups on the sub-group
@@ -589,9 +590,9 @@ extern "C" kva_status kva__cuda_split_policy(const kva_context *ctx, const kva_p
         if ((!force || !*force) && priv && priv->decode_shared_merge_min <= 0xffff) {
             kva__split_policy sub = *policy;
             /* one round of the grid as launched: every block the kernel keeps resident (3 per SM
-             * for the d64 sub-group kernel, 2 at d128, 1 at d256), not the split budget's cap of 2 -- that cap
-             * saves merge work, which the shared merge spreads over the chunk blocks (H200,
-             * Falcon-7B 1 x 8192 in 64 chunks 12.0 us against 43 at the capped budget 12.5) */
+             * for the d64 sub-group kernel, 2 at d128, 1 at d256), not the split budget's cap of
+             * 2 -- that cap saves merge work, which the shared merge spreads over the chunk blocks
+             * (H200, Falcon-7B 1 x 8192 in 64 chunks 12.0 us against 43 at the capped budget 12.5) */
 #ifndef KVA__SUBGROUP_CAPPED_ROUND /* (-DKVA__SUBGROUP_CAPPED_ROUND: the old budget, for A/B runs) */
             const int round_per_sm = ch.blocks_per_sm > 0 ? ch.blocks_per_sm : 1;
 #else
