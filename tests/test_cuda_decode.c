@@ -12,6 +12,7 @@
 #include "harness.h"
 #include "test_cuda_util.h"
 #include "test_util.h"
+#include "../src/cuda/cuda_backend.h"
 #include "../src/plan/workspace_layout.h"
 
 #include <math.h>
@@ -641,6 +642,17 @@ KVA_TEST(cuda_decode_large_groups_take_subgroups_where_they_merge_shared) {
         /* (want 2: on the sub-groups iff this GPU's round holds 16 chunks per request -- 79 blocks
          * at d64 on a 132-SM H200, whose kernel keeps 3 per SM) */
         const int want = cases[i].want == 2 ? gl.policy.subgroup_blocks >= 16 * (int64_t)cases[i].B : cases[i].want;
+        /* the round is every block the sub-group kernel keeps resident, not the split budget's
+         * cap of 2 per SM (3 per SM at d64: 79 blocks of 5 sub-groups on a 132-SM H200) */
+        int32_t nsub = 0;
+        const int per_sm = kva__cuda_decode_blocks_per_sm(ctx, KVA_BF16, cases[i].D, cases[i].Hq, &nsub);
+        if (per_sm > 0 && nsub > 1 && !cases[i].flags) {
+            const int64_t round = (int64_t)sms * per_sm / nsub > 0 ? (int64_t)sms * per_sm / nsub : 1;
+            CHECK_MSG(gl.policy.subgroup_blocks == round,
+                      "%d/1 d%d: sub-group round %lld blocks, expected %d SMs x %d resident / %d sub-groups = %lld",
+                      cases[i].Hq, cases[i].D, (long long)gl.policy.subgroup_blocks, sms, per_sm, nsub,
+                      (long long)round);
+        }
         CHECK_MSG(sub == want, "%d/1 %d x %d: decode_subgroups %d, expected %d", cases[i].Hq, cases[i].B,
                   cases[i].L, sub, want);
         if (sub == 1)

@@ -45,6 +45,13 @@ kva_status kva__cuda_plan_upload(kva_context *ctx, void *device_part, const void
 bool kva__cuda_decode_supported(const kva_context *ctx, kva_dtype dtype, int32_t head_dim,
                                 int32_t group);
 
+/* The partial-rowmax decode kernel the chooser picks for (dtype, head_dim, GQA group): the
+ * blocks of it one SM of ctx's device holds at once (0 when no kernel serves the shape), and in
+ * *nsub (may be NULL) its units per (work item, KV head). For tests of the split policy, which
+ * sizes the sub-group round from it (kva__split_policy.subgroup_blocks). */
+int kva__cuda_decode_blocks_per_sm(const kva_context *ctx, kva_dtype dtype, int32_t head_dim, int32_t group,
+                                   int32_t *nsub);
+
 kva_status kva__cuda_decode_run(kva_context *ctx, const kva_plan *plan,
                                 const kva_attn_params *params, kva_tensor q,
                                 const kva_kv_pages *pages, kva_tensor o, float *lse);

@@ -86,6 +86,14 @@ extern "C" bool kva__cuda_decode_supported(const kva_context *ctx, kva_dtype dty
            kva__decode_kernel_for(ctx, dtype, head_dim, group, 1, &c);
 }
 
+extern "C" int kva__cuda_decode_blocks_per_sm(const kva_context *ctx, kva_dtype dtype, int32_t head_dim,
+                                              int32_t group, int32_t *nsub) {
+    kva__decode_choice c;
+    if (!kva__decode_kernel_for(ctx, dtype, head_dim, group, 0, &c)) return 0;
+    if (nsub) *nsub = c.nsub;
+    return c.blocks_per_sm;
+}
+
 extern "C" int kva__cuda_device_count(void) {
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess) {

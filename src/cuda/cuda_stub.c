@@ -41,6 +41,10 @@ bool kva__cuda_decode_supported(const kva_context *ctx, kva_dtype dtype, int32_t
                                 int32_t group) {
     (void)ctx; (void)dtype; (void)head_dim; (void)group; return false;
 }
+int kva__cuda_decode_blocks_per_sm(const kva_context *ctx, kva_dtype dtype, int32_t head_dim, int32_t group,
+                                   int32_t *nsub) {
+    (void)ctx; (void)dtype; (void)head_dim; (void)group; (void)nsub; return 0;
+}
 kva_status kva__cuda_decode_run(kva_context *ctx, const kva_plan *plan,
                                 const kva_attn_params *params, kva_tensor q,
                                 const kva_kv_pages *pages, kva_tensor o, float *lse) {
