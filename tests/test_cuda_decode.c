@@ -626,7 +626,10 @@ KVA_TEST(cuda_decode_large_groups_take_subgroups_where_they_merge_shared) {
                  {1, 32768, 48, 128, 0, 1}, {1, 32768, 71, 64, 0, 1},        {2, 16384, 71, 64, 0, 1},
                  {4, 4096, 71, 64, 0, 2},   {1, 8192, 64, 192, 0, 0},        {4, 8192, 71, 64, 0, 0},
                  {8, 4096, 71, 64, 0, 0},   {6, 2048, 71, 64, 0, 2},
-                 {sms / 2, 4096, 48, 128, 0, 0}, {1, 8192, 71, 64, KVA_PLAN_GRAPH, 0}};
+                 {sms / 2, 4096, 48, 128, 0, 0}, {1, 8192, 71, 64, KVA_PLAN_GRAPH, 0},
+                 /* requests of 8192-16384 keys on average: on the line between the two keys bounds */
+                 {2, 10240, 71, 64, 0, 1},  {2, 12288, 48, 128, 0, 1},       {1, 12288, 71, 96, 0, 1},
+                 {3, 10240, 71, 64, 0, 0},  {2, 10240, 71, 96, 0, 0},        {2, 10240, 32, 256, 0, 0}};
     for (int i = 0; i < (int)(sizeof cases / sizeof cases[0]); ++i) {
         const kva_plan_limits probe = {1, 1, 0, 0, cases[i].Hq, 1, cases[i].D, 16, 0};
         kva__workspace_layout gl;

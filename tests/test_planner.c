@@ -480,7 +480,8 @@ KVA_TEST(planner_subgroup_plans_need_one_round_and_shared_merges) {
 }
 
 /* ... and only batches of few keys are searched for it: keys x KV heads up to the policy's bound,
- * or up to its long-request bound where the requests average its long length or more */
+ * or up to its long-request bound where the requests average its long length or more, and on a
+ * line between the two bounds where they average between half the long length and the whole */
 KVA_TEST(planner_subgroup_plans_need_a_small_batch) {
     kva__split_policy pol = {0};
     pol.subgroup_max_keys = 19660; /* 6 M / (5 sub-groups x d64) */
@@ -500,14 +501,40 @@ KVA_TEST(planner_subgroup_plans_need_a_small_batch) {
     const int32_t heads2_over[1] = {22938};
     CHECK(kva__subgroup_batch_fits(long_one, 1, 1, &pol));
     CHECK(!kva__subgroup_batch_fits(long_over, 1, 1, &pol));
-    CHECK(kva__subgroup_batch_fits(long_two, 2, 1, &pol));   /* a mean of exactly 16384 */
-    CHECK(!kva__subgroup_batch_fits(short_two, 2, 1, &pol)); /* 32767 keys, a mean below it */
-    CHECK(kva__subgroup_batch_fits(mixed, 2, 1, &pol));      /* (the mean, not every request) */
-    CHECK(kva__subgroup_batch_fits(heads2, 1, 2, &pol));     /* 45874 keys x heads */
+    CHECK(kva__subgroup_batch_fits(long_two, 2, 1, &pol));  /* a mean of exactly 16384 */
+    CHECK(kva__subgroup_batch_fits(short_two, 2, 1, &pol)); /* 32767 keys at a mean of 16383: the
+                                                             * line's bound there is 45871 */
+    CHECK(kva__subgroup_batch_fits(mixed, 2, 1, &pol));     /* (the mean, not every request) */
+    CHECK(kva__subgroup_batch_fits(heads2, 1, 2, &pol));    /* 45874 keys x heads */
     CHECK(!kva__subgroup_batch_fits(heads2_over, 1, 2, &pol));
     CHECK(kva__subgroup_batch_fits(two, 2, 1, &pol)); /* the short bound still holds alone */
-    const int32_t heads2_short[1] = {16383}; /* 32766 keys x heads: over the short bound, a mean below */
-    CHECK(!kva__subgroup_batch_fits(heads2_short, 1, 2, &pol));
+    /* the line from 19660 keys at a mean of 8192 to 45875 at 16384: 26213 at 10240, 32767 at
+     * 12288, 45871 at 16383 */
+    const int32_t half3[3] = {8192, 8192, 8192}; /* 24576 keys at a mean of half the long length */
+    const int32_t mid2[2] = {12288, 12288}, mid3[3] = {12288, 12288, 12288};
+    const int32_t low2[2] = {10240, 10240}, low3[3] = {10240, 10240, 10240};
+    CHECK(!kva__subgroup_batch_fits(half3, 3, 1, &pol)); /* (there: the short bound) */
+    CHECK(kva__subgroup_batch_fits(mid2, 2, 1, &pol));   /* 24576 keys */
+    CHECK(!kva__subgroup_batch_fits(mid3, 3, 1, &pol));  /* 36864 */
+    CHECK(kva__subgroup_batch_fits(low2, 2, 1, &pol));   /* 20480 */
+    CHECK(!kva__subgroup_batch_fits(low3, 3, 1, &pol));  /* 30720 */
+    const int32_t heads2_mid[1] = {12288}; /* 24576 keys x heads at a mean of 12288 */
+    CHECK(kva__subgroup_batch_fits(heads2_mid, 1, 2, &pol));
+    const int32_t heads2_half[1] = {8192}; /* 16384 keys x heads: within the short bound */
+    CHECK(kva__subgroup_batch_fits(heads2_half, 1, 2, &pol));
+    const int32_t heads3_mid[1] = {12288}; /* 36864 keys x heads at a mean of 12288: over the line */
+    CHECK(!kva__subgroup_batch_fits(heads3_mid, 1, 3, &pol));
+    /* the line exactly, on a steep policy where one request meets it: from 100 keys at a mean of
+     * 500 to 10000 at 1000, i.e. 100 + 19.8 (mean - 500), 515 at 521 keys and 535 at 522 */
+    kva__split_policy line = {0};
+    line.subgroup_max_keys = 100;
+    line.subgroup_long_max_keys = 10000;
+    line.subgroup_long_request = 1000;
+    const int32_t at_half[1] = {500}, under[1] = {521}, on[1] = {522}, two_on[2] = {522, 522};
+    CHECK(!kva__subgroup_batch_fits(at_half, 1, 1, &line));
+    CHECK(!kva__subgroup_batch_fits(under, 1, 1, &line));
+    CHECK(kva__subgroup_batch_fits(on, 1, 1, &line));
+    CHECK(!kva__subgroup_batch_fits(two_on, 2, 1, &line)); /* 1044 keys at a mean of 522 */
     pol.subgroup_long_request = 0; /* no long rule */
     CHECK(!kva__subgroup_batch_fits(long_two, 2, 1, &pol));
     CHECK(kva__subgroup_batch_fits(one, 1, 1, &pol));

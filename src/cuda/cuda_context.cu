@@ -496,8 +496,16 @@ static kva_status prefill_policy(const kva_context *ctx, const kva_plan_limits *
  * while batches of 8192-key and shorter requests lost there (4 x 8192 at d64 and d128, 2 x 8192
  * at d96 and d256, 4 x 4096 at d256, 64/1 d192 1 x 8192: +0.8..+4.1 us), and long requests from
  * 16.8 M up (d256 1 x 32768 29.5 against 24.8 on 2026-11-30 12:38, d96 1 x 32768 25.8 against
- * 21.4). Between 8192 and 16384 keys per request: not measured. */
+ * 21.4). Between the two means the bound rises in a line from the short one at a mean of 8192
+ * keys (kva__subgroup_batch_fits), fitted to one probe: the sub-groups won 1.3-3.8 us where the
+ * batch lies below that line (71/1 d64 2 x 10240 / 2 x 12288 17.8-17.9 / 19.8-20.0 -> 16.3 /
+ * 16.5, 48/1 d128 18.3-18.4 / 20.1-20.2 -> 16.4 / 18.0-18.1, 71/1 d96 1 x 10240 / 1 x 12288
+ * 17.5-17.6 / 20.0 -> 16.0-16.2 / 16.2) and lost or tied above it (+0.2..+5.2 us: d64 3 x 10240
+ * and 4 x 10240, d128 3 x 10240 and 3 x 12288, d96 2 x 10240, d256 2 x 10240 and 2 x 12288; one
+ * win of 0.7 us, d64 3 x 12288, left out); bench/NOTES.md, "The sub-group round's test", call 1. */
+#ifndef KVA__SUBGROUP_LONG_REQUEST
 #define KVA__SUBGROUP_LONG_REQUEST 16384
+#endif
 #ifndef KVA__SUBGROUP_LONG_MAX_KEY_DIMS
 #define KVA__SUBGROUP_LONG_MAX_KEY_DIMS (14LL * 1024 * 1024)
 #endif

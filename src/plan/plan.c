@@ -121,9 +121,14 @@ int kva__subgroup_batch_fits(const int32_t *kv_len, int32_t B, int32_t num_kv_he
         if (head_keys > bound) return 0;
     }
     if (head_keys <= pol->subgroup_max_keys) return 1;
-    /* the requests' mean length (head_keys is a multiple of num_kv_heads) */
-    return pol->subgroup_long_request > 0 && num_kv_heads > 0 &&
-           head_keys / num_kv_heads >= (int64_t)pol->subgroup_long_request * B;
+    if (pol->subgroup_long_request <= 0 || num_kv_heads <= 0 || B <= 0) return 0;
+    /* the requests' mean length (head_keys is a multiple of num_kv_heads): the bound rises from
+     * the short one at half the long length to the long one at the long length, in a line */
+    const int64_t mean = head_keys / num_kv_heads / B, full = pol->subgroup_long_request, half = full / 2;
+    const int64_t span = pol->subgroup_long_max_keys - pol->subgroup_max_keys;
+    if (mean <= half || span <= 0) return 0;
+    if (mean >= full) return 1; /* (head_keys is within the long bound: the loop above) */
+    return head_keys <= pol->subgroup_max_keys + (int64_t)((double)span * (double)(mean - half) / (double)(full - half));
 }
 
 int kva__subgroup_plan_merges_shared(int64_t w, const int32_t *gi, int32_t B, int32_t num_kv_heads,

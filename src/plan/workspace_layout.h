@@ -65,7 +65,9 @@ typedef struct kva__split_policy {
                               through the SMs) the prefill kernel is faster */
     int64_t subgroup_long_max_keys; /* ... or at most this many where the requests average at
                               least subgroup_long_request keys (0: no such rule): long requests
-                              cost the prefill kernel long chunks and a merge of many states */
+                              cost the prefill kernel long chunks and a merge of many states;
+                              between half that mean and the whole the bound rises in a line
+                              from subgroup_max_keys (kva__subgroup_batch_fits) */
     int32_t subgroup_long_request;
     int32_t subgroup_min_chunk; /* that kernel's shortest chunk and prices (as its own policy) */
     int32_t subgroup_lone_block_percent, subgroup_merge_level_keys;
@@ -224,7 +226,8 @@ typedef struct kva__workspace_layout {
 
 /* Whether a decode batch is small enough to be searched for the sub-group kernel: at most
  * subgroup_max_keys keys summed over requests and KV heads (each sub-group re-reads them), or at
- * most subgroup_long_max_keys where its requests average subgroup_long_request keys or more. */
+ * most subgroup_long_max_keys where its requests average subgroup_long_request keys or more, and
+ * between the two bounds in proportion where they average between half that and the whole. */
 int kva__subgroup_batch_fits(const int32_t *kv_len, int32_t B, int32_t num_kv_heads, const kva__split_policy *pol);
 
 /* Whether a decode plan searched for the sub-group kernel (kva__split_policy.subgroup_blocks)
