@@ -286,6 +286,7 @@ __device__ __forceinline__ void kva__tile_scores(const kva__decode_args &a, cons
 }
 
 #include "decode_merge.cuh" /* the split-KV merges of the epilogue: last block, tree, shared */
+#include "decode_trace.cuh" /* (measurement builds only) */
 
 template <typename T, int D, int NT, bool GR>
 __global__ void __launch_bounds__(KVA__DECODE_THREADS)
@@ -301,6 +302,7 @@ __global__ void __launch_bounds__(KVA__DECODE_THREADS)
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     int u = blockIdx.x, step = (int)gridDim.x;
+    KVA__DT_AT(true, KVA__DT_ENTRY);
 #if KVA__DECODE_REVERSE
     /* A non-graph plan with more units than blocks: each block walks its units from the last
      * (u + k * grid) down to its first (u), so the plan's first units -- the longest requests'
@@ -394,12 +396,18 @@ __global__ void __launch_bounds__(KVA__DECODE_THREADS)
 
     kva__unit cur;
     kva__unit_from_record<TOK>(a, u, rec0, rec1, warp, cur);
+#ifdef KVA__DECODE_TRACE
+    KVA__DT_AT(cur.my_n >= 0, KVA__DT_REC); /* (a use of the record: after it landed) */
+    bool first_unit = true;
+    int units_run = 0;
+#endif
 #if KVA__DECODE_PDL
     /* (launched as a programmatic dependent: plan data so far -- records, page ids --, then the
      * wait for the kernel before, whose writes q, K / V and o may be; cuda_common.cuh) */
 #pragma unroll
     for (int t = 0; t < STAGES - 1 + PFQ; ++t) load_pid(cur, t, n_pid[t], n_slot[t], n_ok[t]);
     kva__pdl_wait();
+    KVA__DT_AT(true, KVA__DT_WAIT);
     kva__unit_caller_data(a, cur);
     load_q(cur);
 #else
@@ -407,6 +415,7 @@ __global__ void __launch_bounds__(KVA__DECODE_THREADS)
     load_q(cur);
 #pragma unroll
     for (int t = 0; t < STAGES - 1 + PFQ; ++t) load_pid(cur, t, n_pid[t], n_slot[t], n_ok[t]);
+    KVA__DT_AT(true, KVA__DT_WAIT);
 #endif
 #pragma unroll
     for (int t = 0; t < STAGES - 1; ++t) { /* the first unit's prologue */
@@ -497,6 +506,7 @@ __global__ void __launch_bounds__(KVA__DECODE_THREADS)
             }
             kva__cp_async_wait<STAGES - 1>();
             __syncwarp();
+            KVA__DT_AT(first_unit && i == 0, KVA__DT_FIRST);
             const int stage = i % STAGES;
             const unsigned char *ks = ring + warp * G::WARP_RING + stage * G::STAGE_BYTES;
             const unsigned char *vs = ks + G::TILE_BYTES;
@@ -642,6 +652,7 @@ __global__ void __launch_bounds__(KVA__DECODE_THREADS)
             __syncwarp(); /* every lane is done with this stage before it is refilled */
         }
 
+        KVA__DT_AT(first_unit, KVA__DT_LOOP);
         /* ---- this warp's ring is free: start the next unit's copies now ---- */
 #pragma unroll
         for (int t = 0; t < STAGES - 1; ++t) {
@@ -740,6 +751,11 @@ __global__ void __launch_bounds__(KVA__DECODE_THREADS)
             }
         }
 
+#ifdef KVA__DECODE_TRACE
+        KVA__DT_AT(first_unit, KVA__DT_COMB);
+        first_unit = false;
+        ++units_run;
+#endif
         if (n_items > 1) {
             /* ---- split request: the last block of (request, KV head, sub-group) -- of its
              * n_items units -- merges the chunks of the sub-group's query heads; the sub-groups
@@ -860,6 +876,8 @@ __global__ void __launch_bounds__(KVA__DECODE_THREADS)
         u = un;
         cur = nxt;
     }
+    KVA__DT_AT(true, KVA__DT_EXIT);
+    KVA__DT_COUNT(units_run);
 }
 
 /* Instantiates the kernels of one element type and head dim, and the lookups the launcher

@@ -1,0 +1,217 @@
+/*
+ * decode_trace.c -- where a small decode batch's time goes, per block of the decode kernel.
+ *
+ * Built with -DKVA_DECODE_TRACE=ON (the library's bf16 decode kernels then record per-block times,
+ * src/cuda/decode_trace.cuh). For each batch x context given (default 1x8192, 1x2048, 1x32768,
+ * 8x4096) it runs paged decode of 32 q / 8 kv heads, d 128, bf16, pages of 16 shuffled, random
+ * inputs, the plan's own chunks, over enough input sets that each call reads cold K/V (>= 256 MB
+ * in all): 20 warm-up calls, 50 timed ones (host clock around them: the launch path included),
+ * then one more launch traced alone. It prints, over the blocks (median / max, microseconds from
+ * %globaltimer; cycles of clock64 in brackets, the same phases within each block):
+ *   start      the block's first instruction after the first block's
+ *   record     its first unit's plan record decoded
+ *   wait       past the programmatic-dependency wait (no earlier kernel here: at once)
+ *   first      warp 0's first tile landed
+ *   loop       warp 0's tiles of the first unit done
+ *   combine    the first unit's warps combined, its o or partial state written
+ *   exit       the block's last unit done, and its merge
+ * and the kernel's span (first start to last exit). Usage:
+ *   ./build-trace/decode_trace [--shapes 1x8192,8x4096] [--hq 32 --hk 8]
+ */
+#include "kvattn.h"
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* in the library when built with KVA_DECODE_TRACE (src/cuda/decode_bf16.cu) */
+int kva__decode_trace_read(unsigned long long *ns, long long *clk);
+
+enum { BLOCKS = 512, POINTS = 8 }; /* as decode_trace.cuh */
+enum { ENTRY, REC, WAIT, FIRST, LOOP, COMB, EXIT, UNITS };
+
+static unsigned long long tns[BLOCKS][POINTS];
+static long long tclk[BLOCKS][POINTS];
+
+#define OK(x)                                                                                      \
+    do {                                                                                           \
+        if ((x) != KVA_OK) {                                                                       \
+            fprintf(stderr, "%s failed: %s\n", #x, kva_last_error());                              \
+            exit(1);                                                                               \
+        }                                                                                          \
+    } while (0)
+
+static double now_us(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1e6 + t.tv_nsec * 1e-3;
+}
+
+static uint32_t rng_next(uint32_t *s) { return *s = *s * 1664525u + 1013904223u; }
+
+/* bf16 of uniform values in [-1, 1) (truncated from f32) */
+static void fill_bf16(uint16_t *x, size_t n, uint32_t *seed) {
+    for (size_t i = 0; i < n; ++i) {
+        const float f = (float)(rng_next(seed) >> 8) / 16777216.0f * 2.0f - 1.0f;
+        uint32_t u;
+        memcpy(&u, &f, sizeof u);
+        x[i] = (uint16_t)(u >> 16);
+    }
+}
+
+static int cmp_ll(const void *a, const void *b) {
+    const long long x = *(const long long *)a, y = *(const long long *)b;
+    return (x > y) - (x < y);
+}
+
+/* median and max of v[0..n) (sorts v) */
+static void med_max(long long *v, int n, long long *med, long long *mx) {
+    qsort(v, (size_t)n, sizeof *v, cmp_ll);
+    *med = n ? v[n / 2] : 0;
+    *mx = n ? v[n - 1] : 0;
+}
+
+static void trace_shape(kva_context *ctx, int B, int L, int hq, int hk) {
+    enum { D = 128, PS = 16 };
+    const int pages_per = (L + PS - 1) / PS, P = B * pages_per;
+    const size_t pool = (size_t)P * PS * hk * D; /* elements of one K (or V) pool */
+    int sets = (int)((256u << 20) / (2 * pool * 2)) + 1;
+    if (sets < 2) sets = 2;
+    if (sets > 64) sets = 64;
+    uint32_t seed = 12345u;
+    uint16_t *host = malloc(pool * 2);
+    void **k = calloc((size_t)sets, sizeof *k), **v = calloc((size_t)sets, sizeof *v);
+    for (int s = 0; s < sets; ++s) {
+        OK(kva_malloc(ctx, pool * 2, &k[s]));
+        OK(kva_malloc(ctx, pool * 2, &v[s]));
+        fill_bf16(host, pool, &seed);
+        OK(kva_memcpy(ctx, k[s], host, pool * 2, KVA_COPY_HOST_TO_DEVICE));
+        fill_bf16(host, pool, &seed);
+        OK(kva_memcpy(ctx, v[s], host, pool * 2, KVA_COPY_HOST_TO_DEVICE));
+    }
+    const size_t qn = (size_t)B * hq * D;
+    void *q, *o;
+    OK(kva_malloc(ctx, qn * 2, &q));
+    OK(kva_malloc(ctx, qn * 2, &o));
+    fill_bf16(host, qn, &seed);
+    OK(kva_memcpy(ctx, q, host, qn * 2, KVA_COPY_HOST_TO_DEVICE));
+    /* pages shuffled over the pool */
+    int32_t *indptr = malloc(sizeof(int32_t) * (size_t)(B + 1)), *idx = malloc(sizeof(int32_t) * (size_t)P),
+            *last = malloc(sizeof(int32_t) * (size_t)B);
+    for (int i = 0; i < P; ++i) idx[i] = i;
+    for (int i = P - 1; i > 0; --i) {
+        const int j = (int)(rng_next(&seed) % (uint32_t)(i + 1)), t = idx[i];
+        idx[i] = idx[j];
+        idx[j] = t;
+    }
+    for (int b = 0; b <= B; ++b) indptr[b] = b * pages_per;
+    for (int b = 0; b < B; ++b) last[b] = L - (pages_per - 1) * PS;
+    const kva_page_table table = {B, indptr, idx, last};
+    const kva_plan_limits lim = {.max_batch = B, .max_total_pages = P, .num_qo_heads = hq,
+                                 .num_kv_heads = hk, .head_dim = D, .page_size = PS};
+    kva_workspace ws = {0};
+    OK(kva_decode_workspace_size(ctx, &lim, &ws.device_bytes, &ws.host_bytes));
+    OK(kva_malloc(ctx, ws.device_bytes, &ws.device));
+    OK(kva_host_alloc(ctx, ws.host_bytes, &ws.host));
+    kva_plan plan;
+    OK(kva_decode_plan(ctx, &lim, &table, P, NULL, ws, &plan));
+    const kva_attn_params p = kva_attn_params_default(hq, hk, D);
+    const kva_tensor tq = kva_tensor_nhd(q, KVA_BF16, hq, D), to = kva_tensor_nhd(o, KVA_BF16, hq, D);
+    kva_kv_pages *pg = malloc(sizeof *pg * (size_t)sets);
+    for (int s = 0; s < sets; ++s) pg[s] = kva_kv_pages_separate(k[s], v[s], KVA_BF16, P, PS, hk, D, KVA_LAYOUT_NHD);
+    int s = 0;
+    for (int i = 0; i < 20; ++i, s = (s + 1) % sets) OK(kva_decode_run(ctx, &plan, &p, tq, &pg[s], to, NULL));
+    OK(kva_synchronize(ctx));
+    const double t0 = now_us();
+    for (int i = 0; i < 50; ++i, s = (s + 1) % sets) OK(kva_decode_run(ctx, &plan, &p, tq, &pg[s], to, NULL));
+    OK(kva_synchronize(ctx));
+    const double per_call = (now_us() - t0) / 50;
+    if (kva__decode_trace_read(&tns[0][0], &tclk[0][0]) != 0) {
+        fprintf(stderr, "kva__decode_trace_read failed\n");
+        exit(1);
+    }
+    OK(kva_decode_run(ctx, &plan, &p, tq, &pg[s], to, NULL));
+    OK(kva_synchronize(ctx));
+    if (kva__decode_trace_read(&tns[0][0], &tclk[0][0]) != 0) exit(1);
+
+    int n = 0;
+    unsigned long long first = ~0ull;
+    for (int b = 0; b < BLOCKS && tns[b][ENTRY]; ++b, ++n)
+        if (tns[b][ENTRY] < first) first = tns[b][ENTRY];
+    printf("%d/%d d128 bf16 %d x %d: chunk %d, %d sets of K/V, %.1f us per call (host clock, 50 calls), %d blocks traced\n",
+           hq, hk, B, L, plan.kv_chunk_size, sets, per_call, n);
+    if (n == 0) {
+        printf("    nothing traced (not the decode kernel? a trace build? -DKVA_DECODE_TRACE=ON)\n");
+        return;
+    }
+    static const char *names[] = {"start", "record", "wait", "first", "loop", "combine", "exit"};
+    long long *v_ns = malloc(sizeof(long long) * (size_t)n), *v_ck = malloc(sizeof(long long) * (size_t)n);
+    printf("    %-8s %14s %14s %18s\n", "phase", "median us", "max us", "median cycles");
+    for (int ph = ENTRY; ph <= EXIT; ++ph) {
+        for (int b = 0; b < n; ++b) {
+            /* start: from the first block's start; the others: from the block's previous point */
+            v_ns[b] = ph == ENTRY ? (long long)(tns[b][ENTRY] - first) : (long long)(tns[b][ph] - tns[b][ph - 1]);
+            v_ck[b] = ph == ENTRY ? 0 : tclk[b][ph] - tclk[b][ph - 1];
+        }
+        long long mn, mx, cm, cx;
+        med_max(v_ns, n, &mn, &mx);
+        med_max(v_ck, n, &cm, &cx);
+        printf("    %-8s %14.2f %14.2f %18lld\n", names[ph], mn * 1e-3, mx * 1e-3, cm);
+    }
+    for (int b = 0; b < n; ++b) v_ns[b] = (long long)(tns[b][EXIT] - first);
+    long long mn, mx;
+    med_max(v_ns, n, &mn, &mx);
+    for (int b = 0; b < n; ++b) v_ck[b] = tclk[b][UNITS];
+    long long um, ux;
+    med_max(v_ck, n, &um, &ux);
+    printf("    span: first start to exit, median %.2f us, last %.2f us; units per block median %lld, max %lld\n",
+           mn * 1e-3, mx * 1e-3, um, ux);
+    free(v_ns);
+    free(v_ck);
+    for (int i = 0; i < sets; ++i) {
+        kva_free(ctx, k[i]);
+        kva_free(ctx, v[i]);
+    }
+    kva_free(ctx, q);
+    kva_free(ctx, o);
+    kva_free(ctx, ws.device);
+    kva_host_free(ctx, ws.host);
+    free(k);
+    free(v);
+    free(pg);
+    free(host);
+    free(indptr);
+    free(idx);
+    free(last);
+}
+
+int main(int argc, char **argv) {
+    const char *shapes = "1x8192,1x2048,1x32768,8x4096";
+    int hq = 32, hk = 8;
+    for (int i = 1; i < argc; ++i) {
+        if (strcmp(argv[i], "--shapes") == 0 && i + 1 < argc) shapes = argv[++i];
+        else if (strcmp(argv[i], "--hq") == 0 && i + 1 < argc) hq = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--hk") == 0 && i + 1 < argc) hk = atoi(argv[++i]);
+        else {
+            fprintf(stderr, "usage: %s [--shapes BxL,...] [--hq N] [--hk N]\n", argv[0]);
+            return 2;
+        }
+    }
+    kva_context *ctx;
+    OK(kva_context_create(KVA_DEVICE_CUDA, 0, &ctx));
+    const char *c = shapes;
+    while (*c) {
+        int B = 0, L = 0, used = 0;
+        if (sscanf(c, "%dx%d%n", &B, &L, &used) != 2 || B < 1 || L < 1) {
+            fprintf(stderr, "bad shape at \"%s\"\n", c);
+            return 2;
+        }
+        trace_shape(ctx, B, L, hq, hk);
+        c += used;
+        if (*c == ',') ++c;
+    }
+    kva_context_destroy(ctx);
+    return 0;
+}
