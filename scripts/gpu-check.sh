@@ -23,7 +23,8 @@
 # options to bench_torch.py (e.g. "--quick --shapes 1x8192,64x4096", "--prefill-only",
 # "--decode-only"), GPU_CHECK_TESTS selects tests (default "cuda", which includes cuda_prefill*; 0 skips them),
 # GPU_CHECK_TRACE=1 adds the Hopper prefill kernel's per-item phase trace (bench/hopper_trace, its
-# own build; GPU_CHECK_TRACE_DIMS head dims, default "64 128 256"; GPU_CHECK_TRACE_VARIANT=alibi,
+# own build, which also runs bench/decode_trace: the decode kernel's per-block times;
+# GPU_CHECK_TRACE_DIMS head dims, default "64 128 256"; GPU_CHECK_TRACE_VARIANT=alibi,
 # softcap or identity traces that variant's module instead; GPU_CHECK_TRACE_SASS=1 adds its kernels'
 # SASS, trace-sass.txt).
 #
@@ -343,13 +344,16 @@ if [ "${GPU_CHECK_BENCH:-1}" != 0 ]; then
     fi
 fi
 
-# Where the Hopper prefill kernel's cycles go per work item (GPU_CHECK_TRACE=1, off by default): a
-# separate measurement build (KVA_HP_TRACE) whose kernel records a clock64 trace, printed per phase.
+# Where the Hopper prefill kernel's cycles go per work item, and a small decode batch's time per
+# block (GPU_CHECK_TRACE=1, off by default): a separate measurement build (KVA_HP_TRACE,
+# KVA_DECODE_TRACE) whose kernels record their traces, printed per phase.
 if [ "${GPU_CHECK_TRACE:-0}" != 0 ]; then
     t=$(date +%s)
     if cmake -S . -B "$BUILD-trace" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DKVA_CUDA=ON -DKVA_CUDA_ARCHS=90a \
-            -DKVA_PYTHON=OFF -DKVA_HP_TRACE=ON >"$OUT/trace-build.log" 2>&1 &&
-       cmake --build "$BUILD-trace" -j "$(nproc)" --target hopper_trace >>"$OUT/trace-build.log" 2>&1; then
+            -DKVA_PYTHON=OFF -DKVA_HP_TRACE=ON -DKVA_DECODE_TRACE=ON >"$OUT/trace-build.log" 2>&1 &&
+       cmake --build "$BUILD-trace" -j "$(nproc)" --target hopper_trace decode_trace >>"$OUT/trace-build.log" 2>&1; then
+        run_tests "decode trace" decode-trace.log timeout "$TLIM" "./$BUILD-trace/decode_trace"
+        cat "$OUT/decode-trace.log"
         # shellcheck disable=SC2086
         run_tests "hopper trace" hopper-trace.log env KVA_PREFILL_TMA_STRICT=1 timeout "$TLIM" \
             "./$BUILD-trace/hopper_trace" ${GPU_CHECK_TRACE_VARIANT:+--variant "$GPU_CHECK_TRACE_VARIANT"} \
