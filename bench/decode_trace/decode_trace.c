@@ -19,6 +19,7 @@
  *   ./build-trace/decode_trace [--shapes 1x8192,8x4096] [--hq 32 --hk 8]
  */
 #include "kvattn.h"
+#include "../trace_util.h"
 
 #include <stdint.h>
 #include <stdio.h>
@@ -35,36 +36,7 @@ enum { ENTRY, REC, WAIT, FIRST, LOOP, COMB, EXIT, UNITS };
 static unsigned long long tns[BLOCKS][POINTS];
 static long long tclk[BLOCKS][POINTS];
 
-#define OK(x)                                                                                      \
-    do {                                                                                           \
-        if ((x) != KVA_OK) {                                                                       \
-            fprintf(stderr, "%s failed: %s\n", #x, kva_last_error());                              \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
-
-static double now_us(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec * 1e6 + t.tv_nsec * 1e-3;
-}
-
 static uint32_t rng_next(uint32_t *s) { return *s = *s * 1664525u + 1013904223u; }
-
-/* bf16 of uniform values in [-1, 1) (truncated from f32) */
-static void fill_bf16(uint16_t *x, size_t n, uint32_t *seed) {
-    for (size_t i = 0; i < n; ++i) {
-        const float f = (float)(rng_next(seed) >> 8) / 16777216.0f * 2.0f - 1.0f;
-        uint32_t u;
-        memcpy(&u, &f, sizeof u);
-        x[i] = (uint16_t)(u >> 16);
-    }
-}
-
-static int cmp_ll(const void *a, const void *b) {
-    const long long x = *(const long long *)a, y = *(const long long *)b;
-    return (x > y) - (x < y);
-}
 
 /* median and max of v[0..n) (sorts v) */
 static void med_max(long long *v, int n, long long *med, long long *mx) {

@@ -42,6 +42,7 @@
  * Usage: hopper_trace [--raw] [--chunked [--page N ...]] [--variant NAME | --alibi-slopes] [--cap X] [head_dim ...]
  */
 #include "kvattn.h"
+#include "../trace_util.h"
 #include "../../examples/variant_sources.h"
 
 #include <stdio.h>
@@ -59,35 +60,6 @@ enum { P_START, P_FIRST, P_LAST, S_Q, W_GOT, W_DONE, S_FREE = 7 };
 
 static long long trace[BLOCKS][ROLES][ITEMS][POINTS];
 
-#define OK(x)                                                                                      \
-    do {                                                                                           \
-        if ((x) != KVA_OK) {                                                                       \
-            fprintf(stderr, "%s failed: %s\n", #x, kva_last_error());                              \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
-
-static double now_us(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec * 1e6 + t.tv_nsec * 1e-3;
-}
-
-/* bf16 of uniform values in [-1, 1) (truncated from f32) */
-static void fill_bf16(uint16_t *x, size_t n, uint32_t seed) {
-    for (size_t i = 0; i < n; ++i) {
-        seed = seed * 1664525u + 1013904223u;
-        const float f = (float)(seed >> 8) / 16777216.0f * 2.0f - 1.0f;
-        uint32_t u;
-        memcpy(&u, &f, sizeof u);
-        x[i] = (uint16_t)(u >> 16);
-    }
-}
-
-static int cmp_ll(const void *a, const void *b) {
-    const long long x = *(const long long *)a, y = *(const long long *)b;
-    return (x > y) - (x < y);
-}
 
 static long long median(long long *v, int n) {
     qsort(v, (size_t)n, sizeof *v, cmp_ll);
@@ -230,7 +202,8 @@ static void *upload_random(kva_context *ctx, size_t n, uint32_t seed) {
     uint16_t *h = malloc(n * sizeof *h);
     void *d = NULL;
     if (!h) exit(1);
-    fill_bf16(h, n, seed);
+    uint32_t state = seed;
+    fill_bf16(h, n, &state);
     OK(kva_malloc(ctx, n * 2, &d));
     OK(kva_memcpy(ctx, d, h, n * 2, KVA_COPY_HOST_TO_DEVICE));
     free(h);
