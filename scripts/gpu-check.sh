@@ -23,7 +23,7 @@
 # options to bench_torch.py (e.g. "--quick --shapes 1x8192,64x4096", "--prefill-only",
 # "--decode-only"), GPU_CHECK_TESTS selects tests (default "cuda", which includes cuda_prefill*; 0 skips them),
 # GPU_CHECK_TRACE=1 adds the Hopper prefill kernel's per-item phase trace (bench/hopper_trace, its
-# own build, which also runs bench/decode_trace: the decode kernel's per-block times;
+# own build, with bench/decode_trace, the decode kernel's per-block times, run before it;
 # GPU_CHECK_TRACE_DIMS head dims, default "64 128 256"; GPU_CHECK_TRACE_VARIANT=alibi,
 # softcap or identity traces that variant's module instead; GPU_CHECK_TRACE_SASS=1 adds its kernels'
 # SASS, trace-sass.txt).
@@ -368,7 +368,7 @@ if [ "${GPU_CHECK_TRACE:-0}" != 0 ]; then
         fi
     else
         status=1
-        note "hopper trace: build FAILED (see trace-build.log, $(( $(date +%s) - t )) s)"
+        note "trace build (hopper_trace, decode_trace): FAILED (see trace-build.log, $(( $(date +%s) - t )) s)"
     fi
 fi
 

@@ -6,17 +6,21 @@
  * 8x4096) it runs paged decode of 32 q / 8 kv heads, d 128, bf16, pages of 16 shuffled, random
  * inputs, the plan's own chunks, over enough input sets that each call reads cold K/V (>= 256 MB
  * in all): 20 warm-up calls, 50 timed ones (host clock around them: the launch path included),
- * then one more launch traced alone. It prints, over the blocks (median / max, microseconds from
- * %globaltimer; cycles of clock64 in brackets, the same phases within each block):
+ * then one more launch traced alone. It prints, over the blocks that ran a unit (median / max,
+ * microseconds from %globaltimer; median cycles of clock64, the same phases within each block):
  *   start      the block's first instruction after the first block's
  *   record     its first unit's plan record decoded
- *   wait       past the programmatic-dependency wait (no earlier kernel here: at once)
- *   first      warp 0's first tile landed
+ *   wait       with PDL (the default build): the first tiles' page-id loads issued and the
+ *              programmatic-dependency wait passed (no earlier kernel here, yet ~0.4 us);
+ *              without (-DKVA__DECODE_PDL=0): the caller data, q and page-id loads issued
+ *   first      warp 0's first tile landed (with PDL: the q load's issue falls in this phase)
  *   loop       warp 0's tiles of the first unit done
- *   combine    the first unit's warps combined, its o or partial state written
+ *   combine    the first unit's warps combined, thread 0's o or partial-state stores issued
  *   exit       the block's last unit done, and its merge
- * and the kernel's span (first start to last exit). Usage:
- *   ./build-trace/decode_trace [--shapes 1x8192,8x4096] [--hq 32 --hk 8]
+ * and the kernel's span (first start to last exit). Blocks with no unit (a grid larger than the
+ * plan's units) are counted apart; at most 512 blocks are traced. Usage:
+ *   ./build-trace/decode_trace [--shapes 1x8192,8x4096] [--hq 32 --hk 8] [--graph]
+ * (--graph: graph plans, whose grid is every resident block, more than the units of small batches)
  */
 #include "kvattn.h"
 #include "../trace_util.h"
@@ -45,7 +49,7 @@ static void med_max(long long *v, int n, long long *med, long long *mx) {
     *mx = n ? v[n - 1] : 0;
 }
 
-static void trace_shape(kva_context *ctx, int B, int L, int hq, int hk) {
+static void trace_shape(kva_context *ctx, int B, int L, int hq, int hk, uint32_t plan_flags) {
     enum { D = 128, PS = 16 };
     const int pages_per = (L + PS - 1) / PS, P = B * pages_per;
     const size_t pool = (size_t)P * PS * hk * D; /* elements of one K (or V) pool */
@@ -55,6 +59,10 @@ static void trace_shape(kva_context *ctx, int B, int L, int hq, int hk) {
     uint32_t seed = 12345u;
     uint16_t *host = malloc(pool * 2);
     void **k = calloc((size_t)sets, sizeof *k), **v = calloc((size_t)sets, sizeof *v);
+    if (!host || !k || !v) {
+        fprintf(stderr, "out of host memory\n");
+        exit(1);
+    }
     for (int s = 0; s < sets; ++s) {
         OK(kva_malloc(ctx, pool * 2, &k[s]));
         OK(kva_malloc(ctx, pool * 2, &v[s]));
@@ -72,6 +80,11 @@ static void trace_shape(kva_context *ctx, int B, int L, int hq, int hk) {
     /* pages shuffled over the pool */
     int32_t *indptr = malloc(sizeof(int32_t) * (size_t)(B + 1)), *idx = malloc(sizeof(int32_t) * (size_t)P),
             *last = malloc(sizeof(int32_t) * (size_t)B);
+    kva_kv_pages *pg = malloc(sizeof *pg * (size_t)sets);
+    if (!indptr || !idx || !last || !pg) {
+        fprintf(stderr, "out of host memory\n");
+        exit(1);
+    }
     for (int i = 0; i < P; ++i) idx[i] = i;
     for (int i = P - 1; i > 0; --i) {
         const int j = (int)(rng_next(&seed) % (uint32_t)(i + 1)), t = idx[i];
@@ -88,10 +101,10 @@ static void trace_shape(kva_context *ctx, int B, int L, int hq, int hk) {
     OK(kva_malloc(ctx, ws.device_bytes, &ws.device));
     OK(kva_host_alloc(ctx, ws.host_bytes, &ws.host));
     kva_plan plan;
-    OK(kva_decode_plan(ctx, &lim, &table, P, NULL, ws, &plan));
+    const kva_plan_options opt = {plan_flags, 0, KVA_DECODE_PARTIAL_ROWMAX};
+    OK(kva_decode_plan(ctx, &lim, &table, P, &opt, ws, &plan));
     const kva_attn_params p = kva_attn_params_default(hq, hk, D);
     const kva_tensor tq = kva_tensor_nhd(q, KVA_BF16, hq, D), to = kva_tensor_nhd(o, KVA_BF16, hq, D);
-    kva_kv_pages *pg = malloc(sizeof *pg * (size_t)sets);
     for (int s = 0; s < sets; ++s) pg[s] = kva_kv_pages_separate(k[s], v[s], KVA_BF16, P, PS, hk, D, KVA_LAYOUT_NHD);
     int s = 0;
     for (int i = 0; i < 20; ++i, s = (s + 1) % sets) OK(kva_decode_run(ctx, &plan, &p, tq, &pg[s], to, NULL));
@@ -108,38 +121,51 @@ static void trace_shape(kva_context *ctx, int B, int L, int hq, int hk) {
     OK(kva_synchronize(ctx));
     if (kva__decode_trace_read(&tns[0][0], &tclk[0][0]) != 0) exit(1);
 
-    int n = 0;
+    /* the blocks that ran a unit and recorded every point (one without a first tile -- warp 0
+     * had none -- is left out too) */
+    int used[BLOCKS], n = 0, idle = 0, partial = 0, all = 0;
     unsigned long long first = ~0ull;
-    for (int b = 0; b < BLOCKS && tns[b][ENTRY]; ++b, ++n)
+    for (int b = 0; b < BLOCKS && tns[b][ENTRY]; ++b, ++all) {
         if (tns[b][ENTRY] < first) first = tns[b][ENTRY];
-    printf("%d/%d d128 bf16 %d x %d: chunk %d, %d sets of K/V, %.1f us per call (host clock, 50 calls), %d blocks traced\n",
-           hq, hk, B, L, plan.kv_chunk_size, sets, per_call, n);
+        int complete = 1;
+        for (int ph = REC; ph <= EXIT; ++ph) complete = complete && tns[b][ph] != 0;
+        if (tclk[b][UNITS] == 0) ++idle;
+        else if (!complete) ++partial;
+        else used[n++] = b;
+    }
+    printf("%d/%d d128 bf16 %d x %d%s: chunk %d, %d sets of K/V, %.1f us per call (host clock, 50 calls), "
+           "%d blocks traced (%d without a unit, %d without every point)%s\n",
+           hq, hk, B, L, plan_flags ? " (graph plan)" : "", plan.kv_chunk_size, sets, per_call, n, idle, partial,
+           all == BLOCKS ? "; the grid may have more blocks than are traced" : "");
+    static const char *names[] = {"start", "record", "wait", "first", "loop", "combine", "exit"};
+    long long *v_ns = malloc(sizeof(long long) * (size_t)(n > 0 ? n : 1)),
+              *v_ck = malloc(sizeof(long long) * (size_t)(n > 0 ? n : 1));
+    if (!v_ns || !v_ck) exit(1);
     if (n == 0) {
         printf("    nothing traced (not the decode kernel? a trace build? -DKVA_DECODE_TRACE=ON)\n");
-        return;
-    }
-    static const char *names[] = {"start", "record", "wait", "first", "loop", "combine", "exit"};
-    long long *v_ns = malloc(sizeof(long long) * (size_t)n), *v_ck = malloc(sizeof(long long) * (size_t)n);
-    printf("    %-8s %14s %14s %18s\n", "phase", "median us", "max us", "median cycles");
-    for (int ph = ENTRY; ph <= EXIT; ++ph) {
-        for (int b = 0; b < n; ++b) {
-            /* start: from the first block's start; the others: from the block's previous point */
-            v_ns[b] = ph == ENTRY ? (long long)(tns[b][ENTRY] - first) : (long long)(tns[b][ph] - tns[b][ph - 1]);
-            v_ck[b] = ph == ENTRY ? 0 : tclk[b][ph] - tclk[b][ph - 1];
+    } else {
+        printf("    %-8s %14s %14s %18s\n", "phase", "median us", "max us", "median cycles");
+        for (int ph = ENTRY; ph <= EXIT; ++ph) {
+            for (int i = 0; i < n; ++i) {
+                const int b = used[i];
+                /* start: from the first block's start; the others: from the block's previous point */
+                v_ns[i] = ph == ENTRY ? (long long)(tns[b][ENTRY] - first) : (long long)(tns[b][ph] - tns[b][ph - 1]);
+                v_ck[i] = ph == ENTRY ? 0 : tclk[b][ph] - tclk[b][ph - 1];
+            }
+            long long mn, mx, cm, cx;
+            med_max(v_ns, n, &mn, &mx);
+            med_max(v_ck, n, &cm, &cx);
+            printf("    %-8s %14.2f %14.2f %18lld\n", names[ph], mn * 1e-3, mx * 1e-3, cm);
         }
-        long long mn, mx, cm, cx;
+        for (int i = 0; i < n; ++i) v_ns[i] = (long long)(tns[used[i]][EXIT] - first);
+        long long mn, mx;
         med_max(v_ns, n, &mn, &mx);
-        med_max(v_ck, n, &cm, &cx);
-        printf("    %-8s %14.2f %14.2f %18lld\n", names[ph], mn * 1e-3, mx * 1e-3, cm);
+        for (int i = 0; i < n; ++i) v_ck[i] = tclk[used[i]][UNITS];
+        long long um, ux;
+        med_max(v_ck, n, &um, &ux);
+        printf("    span: first start to exit, median %.2f us, last %.2f us; units per block median %lld, max %lld\n",
+               mn * 1e-3, mx * 1e-3, um, ux);
     }
-    for (int b = 0; b < n; ++b) v_ns[b] = (long long)(tns[b][EXIT] - first);
-    long long mn, mx;
-    med_max(v_ns, n, &mn, &mx);
-    for (int b = 0; b < n; ++b) v_ck[b] = tclk[b][UNITS];
-    long long um, ux;
-    med_max(v_ck, n, &um, &ux);
-    printf("    span: first start to exit, median %.2f us, last %.2f us; units per block median %lld, max %lld\n",
-           mn * 1e-3, mx * 1e-3, um, ux);
     free(v_ns);
     free(v_ck);
     for (int i = 0; i < sets; ++i) {
@@ -162,14 +188,20 @@ static void trace_shape(kva_context *ctx, int B, int L, int hq, int hk) {
 int main(int argc, char **argv) {
     const char *shapes = "1x8192,1x2048,1x32768,8x4096";
     int hq = 32, hk = 8;
+    uint32_t flags = 0;
     for (int i = 1; i < argc; ++i) {
         if (strcmp(argv[i], "--shapes") == 0 && i + 1 < argc) shapes = argv[++i];
         else if (strcmp(argv[i], "--hq") == 0 && i + 1 < argc) hq = atoi(argv[++i]);
         else if (strcmp(argv[i], "--hk") == 0 && i + 1 < argc) hk = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--graph") == 0) flags = KVA_PLAN_GRAPH;
         else {
-            fprintf(stderr, "usage: %s [--shapes BxL,...] [--hq N] [--hk N]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--shapes BxL,...] [--hq N] [--hk N] [--graph]\n", argv[0]);
             return 2;
         }
+    }
+    if (hk < 1 || hq < hk || hq % hk != 0) {
+        fprintf(stderr, "--hq must be a multiple of --hk >= 1 (got %d, %d)\n", hq, hk);
+        return 2;
     }
     kva_context *ctx;
     OK(kva_context_create(KVA_DEVICE_CUDA, 0, &ctx));
@@ -180,7 +212,7 @@ int main(int argc, char **argv) {
             fprintf(stderr, "bad shape at \"%s\"\n", c);
             return 2;
         }
-        trace_shape(ctx, B, L, hq, hk);
+        trace_shape(ctx, B, L, hq, hk, flags);
         c += used;
         if (*c == ',') ++c;
     }

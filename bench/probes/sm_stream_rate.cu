@@ -9,7 +9,11 @@
  *
  * Build and run on the device (not part of the library or its tests):
  *   nvcc -O3 -arch=sm_90a -o /tmp/sm_stream_rate bench/probes/sm_stream_rate.cu && /tmp/sm_stream_rate
- * Prints one line per (method, blocks): median time of 5 runs, GB/s per block and in all. */
+ * Prints one line per (method, blocks): median time of 5 runs, GB/s per block and in all (per SM
+ * where the blocks fit one per SM: the cp.async and bulk kernels' shared memory keeps them apart
+ * at 132 blocks; the ld.global ones may pair up). The cp.async "decode" rows copy the decode
+ * kernel's ring shape (4 warps x 2 stages of 8 KB) from contiguous memory, not its 256-byte K and V
+ * rows from two pools. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -182,7 +186,7 @@ int main(void) {
         int threads, smem;
     } m[] = {{"ld.global 16 B, 128 threads", launch_ldg, 128, 0},
              {"ld.global 16 B, 1024 threads", launch_ldg, 1024, 0},
-             {"cp.async 16 B, 4 warps x 2 stages x 8 KB (decode)", launch_cp<2>, 128, 4 * 2 * TILE},
+             {"cp.async 16 B, 4 warps x 2 stages x 8 KB (decode ring)", launch_cp<2>, 128, 4 * 2 * TILE},
              {"cp.async 16 B, 4 warps x 6 stages x 8 KB", launch_cp<6>, 128, 4 * 6 * TILE},
              {"cp.async 16 B, 8 warps x 3 stages x 8 KB", launch_cp<3>, 256, 8 * 3 * TILE},
              {"bulk 4 x 16 KB, one thread", launch_bulk<4, 16384>, 32, 4 * 16384},

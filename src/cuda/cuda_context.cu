@@ -502,7 +502,7 @@ static kva_status prefill_policy(const kva_context *ctx, const kva_plan_limits *
  * 16.5, 48/1 d128 18.3-18.4 / 20.1-20.2 -> 16.4 / 18.0-18.1, 71/1 d96 1 x 10240 / 1 x 12288
  * 17.5-17.6 / 20.0 -> 16.0-16.2 / 16.2) and lost or tied above it (+0.2..+5.2 us: d64 3 x 10240
  * and 4 x 10240, d128 3 x 10240 and 3 x 12288, d96 2 x 10240, d256 2 x 10240 and 2 x 12288; one
- * win of 0.7 us, d64 3 x 12288, left out); bench/NOTES.md, "The sub-group round's test", call 1. */
+ * win of 0.7-0.8 us, d64 3 x 12288, left out); bench/NOTES.md, "The sub-group round's test", call 1. */
 #ifndef KVA__SUBGROUP_LONG_REQUEST
 #define KVA__SUBGROUP_LONG_REQUEST 16384
 #endif

@@ -302,7 +302,7 @@ __global__ void __launch_bounds__(KVA__DECODE_THREADS)
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     int u = blockIdx.x, step = (int)gridDim.x;
-    KVA__DT_AT(true, KVA__DT_ENTRY);
+    KVA__DT_AT(true, KVA__DT_ENTRY, 0);
 #if KVA__DECODE_REVERSE
     /* A non-graph plan with more units than blocks: each block walks its units from the last
      * (u + k * grid) down to its first (u), so the plan's first units -- the longest requests'
@@ -325,6 +325,8 @@ __global__ void __launch_bounds__(KVA__DECODE_THREADS)
 #if KVA__DECODE_PDL
         kva__pdl_wait(); /* (a grid that ended before its primary would let the stream run ahead of it) */
 #endif
+        KVA__DT_AT(true, KVA__DT_EXIT, num_units);
+        KVA__DT_COUNT(0);
         return;
     }
 
@@ -397,7 +399,7 @@ __global__ void __launch_bounds__(KVA__DECODE_THREADS)
     kva__unit cur;
     kva__unit_from_record<TOK>(a, u, rec0, rec1, warp, cur);
 #ifdef KVA__DECODE_TRACE
-    KVA__DT_AT(cur.my_n >= 0, KVA__DT_REC); /* (a use of the record: after it landed) */
+    KVA__DT_AT(true, KVA__DT_REC, cur.start + cur.end); /* (after the record landed) */
     bool first_unit = true;
     int units_run = 0;
 #endif
@@ -407,7 +409,7 @@ __global__ void __launch_bounds__(KVA__DECODE_THREADS)
 #pragma unroll
     for (int t = 0; t < STAGES - 1 + PFQ; ++t) load_pid(cur, t, n_pid[t], n_slot[t], n_ok[t]);
     kva__pdl_wait();
-    KVA__DT_AT(true, KVA__DT_WAIT);
+    KVA__DT_AT(true, KVA__DT_WAIT, 0);
     kva__unit_caller_data(a, cur);
     load_q(cur);
 #else
@@ -415,7 +417,7 @@ __global__ void __launch_bounds__(KVA__DECODE_THREADS)
     load_q(cur);
 #pragma unroll
     for (int t = 0; t < STAGES - 1 + PFQ; ++t) load_pid(cur, t, n_pid[t], n_slot[t], n_ok[t]);
-    KVA__DT_AT(true, KVA__DT_WAIT);
+    KVA__DT_AT(true, KVA__DT_WAIT, 0);
 #endif
 #pragma unroll
     for (int t = 0; t < STAGES - 1; ++t) { /* the first unit's prologue */
@@ -506,7 +508,7 @@ __global__ void __launch_bounds__(KVA__DECODE_THREADS)
             }
             kva__cp_async_wait<STAGES - 1>();
             __syncwarp();
-            KVA__DT_AT(first_unit && i == 0, KVA__DT_FIRST);
+            KVA__DT_AT(first_unit && i == 0, KVA__DT_FIRST, 0);
             const int stage = i % STAGES;
             const unsigned char *ks = ring + warp * G::WARP_RING + stage * G::STAGE_BYTES;
             const unsigned char *vs = ks + G::TILE_BYTES;
@@ -652,7 +654,7 @@ __global__ void __launch_bounds__(KVA__DECODE_THREADS)
             __syncwarp(); /* every lane is done with this stage before it is refilled */
         }
 
-        KVA__DT_AT(first_unit, KVA__DT_LOOP);
+        KVA__DT_AT(first_unit, KVA__DT_LOOP, 0);
         /* ---- this warp's ring is free: start the next unit's copies now ---- */
 #pragma unroll
         for (int t = 0; t < STAGES - 1; ++t) {
@@ -752,7 +754,7 @@ __global__ void __launch_bounds__(KVA__DECODE_THREADS)
         }
 
 #ifdef KVA__DECODE_TRACE
-        KVA__DT_AT(first_unit, KVA__DT_COMB);
+        KVA__DT_AT(first_unit, KVA__DT_COMB, 0);
         first_unit = false;
         ++units_run;
 #endif
@@ -876,7 +878,7 @@ __global__ void __launch_bounds__(KVA__DECODE_THREADS)
         u = un;
         cur = nxt;
     }
-    KVA__DT_AT(true, KVA__DT_EXIT);
+    KVA__DT_AT(true, KVA__DT_EXIT, 0);
     KVA__DT_COUNT(units_run);
 }
 

@@ -8,9 +8,9 @@
  * Built only with -DKVA__DECODE_TRACE (CMake option KVA_DECODE_TRACE, measurement builds; the
  * bf16 kernels only); otherwise KVA__DT_AT compiles to nothing. Thread 0 of each of the first
  * KVA__DT_BLOCKS blocks records, at each point, %globaltimer (ns, one clock for the whole device:
- * blocks compare) and clock64 (cycles of its SM: finer, within the block only). Read back (and
- * cleared) on the host with kva__decode_trace_read (decode_bf16.cu); printed by
- * bench/decode_trace/decode_trace.c.
+ * blocks compare) and clock64 (cycles of its SM: finer, within the block only). A block with no
+ * unit records its entry and exit only (units 0). Read back (and cleared) on the host with
+ * kva__decode_trace_read (decode_bf16.cu); printed by bench/decode_trace/decode_trace.c.
  */
 #ifndef KVA_DECODE_TRACE_CUH
 #define KVA_DECODE_TRACE_CUH
@@ -30,24 +30,28 @@ enum {
 #ifdef KVA__DECODE_TRACE
 static __device__ unsigned long long kva__dt_ns[KVA__DT_BLOCKS][KVA__DT_POINTS];
 static __device__ long long kva__dt_clk[KVA__DT_BLOCKS][KVA__DT_POINTS];
-__device__ __forceinline__ void kva__dt_record(int point) {
+/* (dep: a value the point must follow -- the clocks are read after it is available, since the
+ * asm takes it as an operand; the memory clobber keeps loads and stores on their side) */
+__device__ __forceinline__ void kva__dt_record(int point, int dep) {
     if (threadIdx.x == 0 && blockIdx.x < KVA__DT_BLOCKS) {
         unsigned long long t;
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+        long long c;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t) : "r"(dep) : "memory");
+        asm volatile("mov.u64 %0, %%clock64;" : "=l"(c) : "r"(dep) : "memory");
         kva__dt_ns[blockIdx.x][point] = t;
-        kva__dt_clk[blockIdx.x][point] = clock64();
+        kva__dt_clk[blockIdx.x][point] = c;
     }
 }
-#define KVA__DT_AT(cond, point)                 \
-    do {                                        \
-        if (cond) kva__dt_record(point);        \
+#define KVA__DT_AT(cond, point, dep)                 \
+    do {                                             \
+        if (cond) kva__dt_record(point, (int)(dep)); \
     } while (0)
 #define KVA__DT_COUNT(value)                                                                    \
     do {                                                                                        \
         if (threadIdx.x == 0 && blockIdx.x < KVA__DT_BLOCKS) kva__dt_clk[blockIdx.x][KVA__DT_UNITS] = (value); \
     } while (0)
 #else
-#define KVA__DT_AT(cond, point) ((void)0)
+#define KVA__DT_AT(cond, point, dep) ((void)0)
 #define KVA__DT_COUNT(value) ((void)0)
 #endif
 
