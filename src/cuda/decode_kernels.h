@@ -13,6 +13,12 @@
 /* Warps per decode block; each streams its own key tiles. */
 #define KVA__DECODE_WARPS 4
 #define KVA__DECODE_THREADS (32 * KVA__DECODE_WARPS)
+/* The shared merge's participants depart (the atomic that finds the last one out, who resets the
+ * request's words) before merging their slices where no block withdrew, so its round trip runs
+ * under them (1; 0: after them, as the withdrawal path does -- for A/B runs). */
+#ifndef KVA__MERGE_EARLY_DEPARTURE
+#define KVA__MERGE_EARLY_DEPARTURE 1
+#endif
 #ifndef KVA__SHARED_MERGE_MIN
 /* chunks of a request from which the decode kernel's shared merge is used (decode_merge.cuh):
  * below 16 the last block's merge is cheaper (few states, one round trip) than the others' wait

@@ -269,7 +269,22 @@ __device__ __forceinline__ void kva__merge_shared(const kva__decode_args &a, uns
     float *scratch = reinterpret_cast<float *>(ring);
     const int parts = (a.head_dim / 4 + KVA__SLICE_COLS - 1) / KVA__SLICE_COLS, slices = gs * parts;
     if (role < n) {
+#if KVA__MERGE_EARLY_DEPARTURE
+        /* No block withdrew, so none claims: every participant has seen all arrivals and reads
+         * none of the three words again, and it departs before its slices -- the atomic's round
+         * trip under them, not after (the last one out resets the words meanwhile) */
+        unsigned departed = 0u;
+        if (tid == 0) departed = atomicAdd(departures, 1u);
         for (int s = role; s < slices; s += n) kva__merge_slice<T>(a, scratch, tid, hb, b, first, n, s);
+        if (tid == 0 && departed == (unsigned)(participants - 1)) {
+            *counter = 0u;
+            *claims = 0u;
+            *departures = 0u;
+        }
+        return;
+#else
+        for (int s = role; s < slices; s += n) kva__merge_slice<T>(a, scratch, tid, hb, b, first, n, s);
+#endif
     } else {
         for (;;) {
             __syncthreads(); /* every thread has read ctl[0] of the last claim */
