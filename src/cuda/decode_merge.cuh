@@ -150,9 +150,9 @@ __device__ __forceinline__ void kva__merge_states(const kva__decode_args &a, uns
  * (e.g. per extra round of blocks); once all have arrived, the participants are the n - withdrawals
  * that did not withdraw, the same set for all. Without withdrawals participant t (arrival order)
  * merges slices t, t + n, ...; otherwise slices are claimed from a counter. The last participant to
- * depart resets the three counters (graph replays start from zero): without withdrawals each departs
- * before its slices (KVA__MERGE_EARLY_DEPARTURE), with them after its last claim. Where the shared merge is used:
- * a.shared_merge_min (decode_kernels.h). */
+ * depart resets the three counters (graph replays start from zero): without withdrawals each
+ * departs before its slices (KVA__MERGE_EARLY_DEPARTURE), with them after its last claim. Where
+ * the shared merge is used: a.shared_merge_min (decode_kernels.h). */
 #define KVA__SLICE_COLS 16 /* float4 output columns of a merge slice */
 
 __device__ __forceinline__ unsigned kva__ld_acquire_u32(const unsigned *p) {
