@@ -245,8 +245,12 @@ KVA_TEST(cuda_decode_empty_requests_give_zero_and_neg_inf) {
 /* One plan serves several layers (pools) and repeated runs give identical results, so the
  * fused merge's counters are back at zero after every run (after both launches of global
  * rowmax; checked directly, in the workspace): runs alternate two query sets, each compared
- * with its own first run. */
-static void repeated_runs(kva_decode_algo algo, int32_t Hq, int32_t Hk, int32_t fixed_chunk) {
+ * with its own first run. window_left >= 0 (a sliding window) leaves the long request's early
+ * chunks empty: under KVA_DECODE_MERGE_WAIT_NS=0 their blocks arrive first and withdraw, so the
+ * shared merge's claim path runs and resets its words (withdrawals: the context's count read
+ * back, which must grow). */
+static void repeated_runs(kva_decode_algo algo, int32_t Hq, int32_t Hk, int32_t fixed_chunk, int32_t window_left,
+                          bool expect_withdrawals) {
     kva_context *ctx = cuda_test_context();
     if (!ctx) return;
     kva_rng rng;
@@ -267,6 +271,7 @@ static void repeated_runs(kva_decode_algo algo, int32_t Hq, int32_t Hk, int32_t 
     void *q = cuda_test_upload(ctx, qh, 2 * n);
     kva_plan plan;
     kva_attn_params p = kva_attn_params_default(Hq, Hk, D);
+    p.window_left = window_left;
     kva_plan_options opt = {0, fixed_chunk, algo};
     CHECK_OK(kva_decode_plan(ctx, &lim, &pb.table, pb.num_pages, &opt, w.ws, &plan));
     CHECK(plan.split_kv == 1);
@@ -299,6 +304,11 @@ static void repeated_runs(kva_decode_algo algo, int32_t Hq, int32_t Hk, int32_t 
     free(first[1]);
     free(qh);
     kva_free(ctx, q);
+    if (expect_withdrawals) {
+        uint64_t withdrawals = 0;
+        CHECK_OK(kva__cuda_decode_merge_withdrawals(ctx, &withdrawals));
+        CHECK_MSG(withdrawals > 0, "no block withdrew from the shared merge in 6 runs (%d/%d heads)", Hq, Hk);
+    }
 out:
     cuda_test_workspace_free(ctx, &w);
     cuda_paged_batch_free(ctx, &pb);
@@ -306,8 +316,8 @@ out:
 }
 
 KVA_TEST(cuda_decode_repeated_runs_are_identical) {
-    repeated_runs(KVA_DECODE_PARTIAL_ROWMAX, 16, 4, 0);
-    repeated_runs(KVA_DECODE_PARTIAL_ROWMAX, 16, 4, 100); /* 20 chunks: the shared merge's counters */
+    repeated_runs(KVA_DECODE_PARTIAL_ROWMAX, 16, 4, 0, -1, false);
+    repeated_runs(KVA_DECODE_PARTIAL_ROWMAX, 16, 4, 100, -1, false); /* 20 chunks: the shared merge's counters */
 }
 
 /* The shared merge (decode_kernel.cuh: a split request whose chunk blocks have no next unit
@@ -374,14 +384,17 @@ KVA_TEST(cuda_decode_shared_merge_withdrawals_match_reference) {
     }
     shared_merge_ragged(ctx, &rng);
     kva_context_destroy(ctx);
-    repeated_runs(KVA_DECODE_PARTIAL_ROWMAX, 16, 4, 100);
-    repeated_runs(KVA_DECODE_PARTIAL_ROWMAX, 8, 1, 100);
+    repeated_runs(KVA_DECODE_PARTIAL_ROWMAX, 16, 4, 100, -1, false);
+    repeated_runs(KVA_DECODE_PARTIAL_ROWMAX, 8, 1, 100, -1, false);
+    /* 2000 keys, a window of 451: chunks 0 .. 14 of 20 are empty and withdraw */
+    repeated_runs(KVA_DECODE_PARTIAL_ROWMAX, 16, 4, 100, 450, true);
+    repeated_runs(KVA_DECODE_PARTIAL_ROWMAX, 8, 1, 100, 450, true);
     kva_test_env_restore(&env);
 }
 
 KVA_TEST(cuda_decode_global_rowmax_repeated_runs_are_identical) {
-    repeated_runs(KVA_DECODE_GLOBAL_ROWMAX, 16, 4, 0);
-    repeated_runs(KVA_DECODE_GLOBAL_ROWMAX, 48, 1, 0); /* three sub-groups share one counter */
+    repeated_runs(KVA_DECODE_GLOBAL_ROWMAX, 16, 4, 0, -1, false);
+    repeated_runs(KVA_DECODE_GLOBAL_ROWMAX, 48, 1, 0, -1, false); /* three sub-groups share one counter */
 }
 
 /* Head dims between the built kernels (64, 128, 256): each runs on the next built one with

@@ -52,6 +52,10 @@ bool kva__cuda_decode_supported(const kva_context *ctx, kva_dtype dtype, int32_t
 int kva__cuda_decode_blocks_per_sm(const kva_context *ctx, kva_dtype dtype, int32_t head_dim, int32_t group,
                                    int32_t *nsub);
 
+/* Shared-merge withdrawals (decode_merge.cuh) since the context was created, after its stream's
+ * work so far: tests assert that the withdrawal path ran. */
+kva_status kva__cuda_decode_merge_withdrawals(const kva_context *ctx, uint64_t *count);
+
 kva_status kva__cuda_decode_run(kva_context *ctx, const kva_plan *plan,
                                 const kva_attn_params *params, kva_tensor q,
                                 const kva_kv_pages *pages, kva_tensor o, float *lse);

@@ -65,6 +65,8 @@ typedef struct kva__cuda_private {
                                        tests 0) */
     int32_t decode_shared_merge_min; /* chunks from which it merges shared (KVA__SHARED_MERGE_MIN,
                                        or never: KVA_DECODE_SHARED_MERGE=0, the tree tests) */
+    unsigned *merge_withdrawals;    /* device word: shared-merge withdrawals since context creation
+                                       (rare by design; tests assert theirs happened) */
     int cc_major, cc_minor;         /* compute capability: the architecture variants compile for */
     void **vmods;                   /* kva__vmod_loaded *: every variant module loaded (variant_load.cu) */
     int num_vmods, cap_vmods;

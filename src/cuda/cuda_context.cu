@@ -94,6 +94,17 @@ extern "C" int kva__cuda_decode_blocks_per_sm(const kva_context *ctx, kva_dtype 
     return c.blocks_per_sm;
 }
 
+extern "C" kva_status kva__cuda_decode_merge_withdrawals(const kva_context *ctx, uint64_t *count) {
+    const kva__cuda_private *priv = (const kva__cuda_private *)ctx->cuda_private;
+    unsigned n = 0;
+    const kva_status st = kva__cuda_use_device(ctx);
+    if (st != KVA_OK) return st;
+    KVA_CUDA_TRY(cudaStreamSynchronize(kva__stream(ctx)));
+    KVA_CUDA_TRY(cudaMemcpy(&n, priv->merge_withdrawals, sizeof n, cudaMemcpyDeviceToHost));
+    *count = n;
+    return KVA_OK;
+}
+
 extern "C" int kva__cuda_device_count(void) {
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess) {
@@ -281,6 +292,12 @@ extern "C" kva_status kva__cuda_context_init(kva_context *ctx) {
     }
     priv->smem_optin = optin;
     if (st == KVA_OK) st = prepare_kernels(priv);
+    if (st == KVA_OK) {
+        cudaError_t e = cudaMalloc((void **)&priv->merge_withdrawals, sizeof(unsigned));
+        if (e == cudaSuccess) e = cudaMemset(priv->merge_withdrawals, 0, sizeof(unsigned));
+        if (e != cudaSuccess)
+            st = kva__fail(KVA_ERR_DEVICE, "kva_context_create: a 4-byte device counter: %s", cudaGetErrorString(e));
+    }
     if (st != KVA_OK) kva__cuda_context_destroy(ctx);
     return st;
 }
@@ -295,6 +312,7 @@ extern "C" void kva__cuda_context_destroy(kva_context *ctx) {
             (void)cudaEventDestroy(priv->upload_done[i]);
         }
     kva__cuda_variant_modules_release(priv);
+    if (priv->merge_withdrawals) (void)cudaFree(priv->merge_withdrawals);
     free(priv);
     ctx->cuda_private = NULL;
 }

@@ -71,6 +71,9 @@ typedef struct kva__decode_args {
     int32_t shared_merge_min;     /* chunks of a request from which the shared merge is used
                                    * (KVA__SHARED_MERGE_MIN; above 0xffff: never,
                                    * KVA_DECODE_SHARED_MERGE=0) */
+    unsigned *merge_withdrawals;  /* the context's count of shared-merge withdrawals (device
+                                   * memory; tests read it back: kva__cuda_decode_merge_withdrawals),
+                                   * or NULL */
 } kva__decode_args;
 
 /* Kernel for up to 8 (nt = 1) or 16 (nt = 2) query heads per unit, partial rowmax (gr = 0) or

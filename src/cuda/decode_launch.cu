@@ -110,6 +110,7 @@ extern "C" kva_status kva__cuda_decode_run(kva_context *ctx, const kva_plan *pla
     a.mod_user = params->score_mod_user;
     a.merge_wait_ns = ((const kva__cuda_private *)ctx->cuda_private)->decode_merge_wait_ns;
     a.shared_merge_min = ((const kva__cuda_private *)ctx->cuda_private)->decode_shared_merge_min;
+    a.merge_withdrawals = ((const kva__cuda_private *)ctx->cuda_private)->merge_withdrawals;
     const float sm_scale = params->sm_scale > 0 ? params->sm_scale : 1.0f / sqrtf((float)D);
     const float log2e = 1.4426950408889634f;
     a.scale_log2 = sm_scale * log2e;

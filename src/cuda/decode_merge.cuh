@@ -254,6 +254,7 @@ __device__ __forceinline__ void kva__merge_shared(const kva__decode_args &a, uns
                     t0 = now;
                 } else if (now - t0 >= (uint64_t)a.merge_wait_ns && atomicCAS(counter, all, all + 0x10000u) == all) {
                     ticket = -1;
+                    if (a.merge_withdrawals) atomicAdd(a.merge_withdrawals, 1u);
                     break;
                 }
                 __nanosleep(32);
@@ -278,6 +279,7 @@ __device__ __forceinline__ void kva__merge_shared(const kva__decode_args &a, uns
         if (tid == 0) departed = atomicAdd(departures, 1u);
         for (int s = role; s < slices; s += n) kva__merge_slice<T>(a, scratch, tid, hb, b, first, n, s);
         if (tid == 0 && departed == (unsigned)(participants - 1)) {
+            __threadfence(); /* the others' reads of the words (before their departures) first */
             *counter = 0u;
             *claims = 0u;
             *departures = 0u;
@@ -303,8 +305,10 @@ __device__ __forceinline__ void kva__merge_shared(const kva__decode_args &a, uns
     if (tid == 0 && role >= n) __threadfence();
     if (tid == 0 && atomicAdd(departures, 1u) == (unsigned)(participants - 1)) {
         /* every participant has seen all arrivals and made its last claim; no block reads these
-         * words again in this launch (withdrawn ones left before the last arrival), so the
-         * resets need no ordering here: the next launch sees them */
+         * words again in this launch (withdrawn ones left before the last arrival). The fence
+         * orders the resets after the departures read (the others' claims and reads come before
+         * theirs) under the PTX memory model, not only in practice; one block pays it */
+        __threadfence();
         *counter = 0u;
         *claims = 0u;
         *departures = 0u;
