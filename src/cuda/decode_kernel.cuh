@@ -782,18 +782,16 @@ __global__ void __launch_bounds__(KVA__DECODE_THREADS)
             const int run_first = cur.item_beg + (cur.w - cur.item_beg) / KVA__MERGE_RUN * KVA__MERGE_RUN;
             const int run_count = cur.item_end - run_first < KVA__MERGE_RUN ? cur.item_end - run_first
                                                                             : KVA__MERGE_RUN;
-            __syncthreads(); /* the partial-state stores happen before thread 0's release fence */
+            __syncthreads(); /* the partial-state stores happen before thread 0's release */
             if (tid == 0) {
-                __threadfence();
                 unsigned *counter =
                     tree ? a.run_counters + ((int64_t)run_first * a.num_kv_heads + kh) * a.nsub + cur.sg
                          : a.counters + ((int64_t)b * a.num_kv_heads + kh) * a.nsub + cur.sg;
-                const unsigned prev = atomicAdd(counter, 1u);
+                /* (release: this block's states before the count; acquire: the others' states
+                 * read after it, by the last one) */
+                const unsigned prev = kva__atom_add_acq_rel(counter, 1u);
                 s_last = prev == (unsigned)((tree ? run_count : n_items) - 1);
-                if (s_last) {
-                    __threadfence();
-                    *counter = 0u; /* ready for the next run */
-                }
+                if (s_last) *counter = 0u; /* ready for the next run */
             }
             __syncthreads();
             if (s_last && rowmax_pass) {
@@ -853,17 +851,13 @@ __global__ void __launch_bounds__(KVA__DECODE_THREADS)
                 } else {
                     kva__merge_states<T, D, NT>(a, ring, tid, has_next, cur.hb, cur.gs, b, run_first,
                                                 run_count, 1, a.partial_lse, run_first);
-                    __syncthreads(); /* the run state's stores happen before the release fence */
+                    __syncthreads(); /* the run state's stores happen before the release */
                     if (tid == 0) {
-                        __threadfence();
                         unsigned *counter = a.counters + ((int64_t)b * a.num_kv_heads + kh) * a.nsub + cur.sg;
                         const int runs = (n_items + KVA__MERGE_RUN - 1) / KVA__MERGE_RUN;
-                        const unsigned prev = atomicAdd(counter, 1u);
+                        const unsigned prev = kva__atom_add_acq_rel(counter, 1u);
                         s_last = prev == (unsigned)(runs - 1);
-                        if (s_last) {
-                            __threadfence();
-                            *counter = 0u; /* ready for the next run */
-                        }
+                        if (s_last) *counter = 0u; /* ready for the next run */
                     }
                     __syncthreads();
                     if (s_last)

@@ -160,6 +160,16 @@ __device__ __forceinline__ unsigned kva__ld_acquire_u32(const unsigned *p) {
     asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
     return v;
 }
+/* atom.add.acq_rel.gpu: a release of the block's earlier writes (through the barrier before it)
+ * and an acquire for its later reads in one -- on sm_90 MEMBAR.ALL.GPU, the atomic and an L1
+ * invalidation, where __threadfence() on either side is a MEMBAR.SC.GPU each (a sequentially
+ * consistent fence, which no counter here needs). The merges' arrivals and the claim path's
+ * departures. */
+__device__ __forceinline__ unsigned kva__atom_add_acq_rel(unsigned *p, unsigned v) {
+    unsigned old;
+    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
+    return old;
+}
 __device__ __forceinline__ uint64_t kva__globaltimer() {
     uint64_t t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
@@ -233,10 +243,9 @@ template <typename T>
 __device__ __forceinline__ void kva__merge_shared(const kva__decode_args &a, unsigned char *ring, int tid, int hb,
                                                   int gs, int b, int first, int n, unsigned *counter,
                                                   unsigned *claims, unsigned *departures, int *ctl) {
-    __syncthreads(); /* the partial-state stores happen before thread 0's release fence */
+    __syncthreads(); /* the partial-state stores happen before thread 0's release */
     if (tid == 0) {
-        __threadfence();
-        const unsigned prev = atomicAdd(counter, 1u);
+        const unsigned prev = kva__atom_add_acq_rel(counter, 1u);
         unsigned all = prev + 1u;
         int ticket = (int)(prev & 0xffffu);
         if ((int)(all & 0xffffu) < n) {
@@ -260,7 +269,8 @@ __device__ __forceinline__ void kva__merge_shared(const kva__decode_args &a, uns
                 __nanosleep(32);
             }
         }
-        __threadfence(); /* the other chunks' states are read after this */
+        /* (no fence before the other chunks' states are read: the last arrival's add is an
+         * acquire, a waiter's last look an acquire load) */
         const int withdrawn = (int)(all >> 16);
         ctl[0] = ticket < 0 ? -1 : (withdrawn == 0 ? ticket : n); /* n: claim slices */
         ctl[1] = n - withdrawn;                                     /* participants */
@@ -274,12 +284,14 @@ __device__ __forceinline__ void kva__merge_shared(const kva__decode_args &a, uns
 #if KVA__MERGE_EARLY_DEPARTURE
         /* No block withdrew, so none claims: every participant has seen all arrivals and reads
          * none of the three words again, and it departs before its slices -- the atomic's round
-         * trip under them, not after (the last one out resets the words meanwhile) */
+         * trip under them, not after (the last one out resets the words meanwhile). No ordering
+         * is needed around it: the others' reads of the counter saw all n arrivals, which the
+         * reset follows in the counter's coherence order (the last one out saw them too), and
+         * the departures before its own come before its reset of them likewise */
         unsigned departed = 0u;
         if (tid == 0) departed = atomicAdd(departures, 1u);
         for (int s = role; s < slices; s += n) kva__merge_slice<T>(a, scratch, tid, hb, b, first, n, s);
         if (tid == 0 && departed == (unsigned)(participants - 1)) {
-            __threadfence(); /* the others' reads of the words (before their departures) first */
             *counter = 0u;
             *claims = 0u;
             *departures = 0u;
@@ -298,17 +310,12 @@ __device__ __forceinline__ void kva__merge_shared(const kva__decode_args &a, uns
             kva__merge_slice<T>(a, scratch, tid, hb, b, first, n, s);
         }
     }
-    /* (claims were made -- there were withdrawals: the fence orders this block's claims before
-     * its departure, as the last one out resets the claim counter, which no claim may reach
-     * after that. Without withdrawals nothing is claimed, and the common path has no fence:
-     * bench/NOTES.md, "Shared-merge review fixes") */
-    if (tid == 0 && role >= n) __threadfence();
-    if (tid == 0 && atomicAdd(departures, 1u) == (unsigned)(participants - 1)) {
+    /* (claims were made -- there were withdrawals: the departure's release orders this block's
+     * claims before it, its acquire the last one's resets after every departure, as no claim may
+     * reach the claim counter after its reset; bench/NOTES.md, "Shared-merge review fixes") */
+    if (tid == 0 && kva__atom_add_acq_rel(departures, 1u) == (unsigned)(participants - 1)) {
         /* every participant has seen all arrivals and made its last claim; no block reads these
-         * words again in this launch (withdrawn ones left before the last arrival). The fence
-         * orders the resets after the departures read (the others' claims and reads come before
-         * theirs) under the PTX memory model, not only in practice; one block pays it */
-        __threadfence();
+         * words again in this launch (withdrawn ones left before the last arrival) */
         *counter = 0u;
         *claims = 0u;
         *departures = 0u;
