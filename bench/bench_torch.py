@@ -16,7 +16,10 @@ shuffled, one query token per request; PyTorch SDPA (flash and cuDNN, enable_gqa
 contiguous cache. Reported: median time, GB/s of K+V read, fraction of the read ceiling
 (a streaming 16-byte-load reduction over 4 GiB, libkvattn_read_ceiling.so, same run),
 CUDA-graph replay for the small shapes, the time of seed 002's global-rowmax algorithm
-(KVA_DECODE_GLOBAL_ROWMAX) on the same sets, best-torch-time / our-time (> 1: we are faster).
+(KVA_DECODE_GLOBAL_ROWMAX) on the same sets, best-torch-time / our-time (> 1: we are faster);
+for the small shapes also the time per call of 32 calls back to back (ours and both torch
+backends, one pair of events around the series: a decode step's layers in a row, where each
+call's launch overlaps the one before), a second small table.
 
 Model-shape decode tables (issue 8; skipped with --no-models or --shapes): the same method on the
 head configurations of real models (32/8 d128, 28/4 d128, 8/1 d128, 32/32 d128, 16/8 d256,
@@ -348,6 +351,34 @@ def time_sustained(fn, nsets, seconds):
     return statistics.median(half), mhz, watts
 
 
+def time_back_to_back(fn, nsets, n=32, reps=5):
+    """Milliseconds per call of n calls of fn back to back (rotated sets, no event between them:
+    the way a decode step's layers follow each other in a stream or a captured graph, where a
+    call's launch and ramp overlap the one before), the median of reps such series, each after
+    SETTLE_S of idle GPU and a GPU sleep under which the host queues all n."""
+    import statistics
+    import time
+    for i in range(3):
+        fn(i % nsets)
+    per = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        if SETTLE_S > 0:
+            time.sleep(SETTLE_S)
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(20_000_000)
+        a.record()
+        for i in range(n):
+            fn(i % nsets)
+        b.record()
+        torch.cuda.synchronize()
+        per.append(a.elapsed_time(b) / n)
+    return statistics.median(per)
+
+
+B2B_CALLS = 32  # calls per back-to-back series (a model's layers)
+
+
 def sdpa_backends():
     from torch.nn.attention import SDPBackend
     return [("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)]
@@ -407,6 +438,7 @@ def run_decode(args, info):
             row["graph_us"] = gms * 1e3
             del graphs
             g_ours.free()
+            row["b2b_us"] = time_back_to_back(ours.run, nsets, B2B_CALLS) * 1e3
         if args.variants:
             h = our_decode(B, L, nsets, hnd=True)
             row["hnd_us"] = time_calls(h.run, nsets, iters) * 1e3
@@ -437,6 +469,8 @@ def run_decode(args, info):
                     fn(0)
                     torch.cuda.synchronize()
                     tms = time_calls(fn, nsets, iters)
+                    if (B, L) in GRAPH_SHAPES:
+                        row[name + "_b2b_us"] = time_back_to_back(fn, nsets, B2B_CALLS) * 1e3
                 row[name + "_us"] = tms * 1e3
                 row[name + "_gbs"] = kv_bytes / (tms * 1e-3) / 1e9
             except Exception as e:  # a backend that refuses the shape
@@ -480,6 +514,20 @@ def print_decode_table(dev_name, date, res):
             ("%.0f" % r["flash_gbs"]) if r.get("flash_us") else "n/a",
             ("%.0f" % r["cudnn_gbs"]) if r.get("cudnn_us") else "n/a",
             r["ratio_vs_best_torch"], r["chunk"], r["work"]))
+    b2b = [r for r in rows if "b2b_us" in r]
+    if b2b:
+        print()
+        print("Back to back: us per call over %d calls in a row (rotated sets, one pair of events around "
+              "the series; median of 5 series); ratio = best torch / ours" % B2B_CALLS)
+        print("| batch x ctx | ours us/call | flash us/call | cuDNN us/call | ratio |")
+        print("|---|---|---|---|---|")
+        for r in b2b:
+            tb = [r[n + "_b2b_us"] for n, _ in sdpa_backends() if r.get(n + "_b2b_us")]
+            print("| %d x %d | %.1f | %s | %s | %s |" % (
+                r["batch"], r["ctx"], r["b2b_us"],
+                ("%.1f" % r["flash_b2b_us"]) if r.get("flash_b2b_us") else "n/a",
+                ("%.1f" % r["cudnn_b2b_us"]) if r.get("cudnn_b2b_us") else "n/a",
+                ("%.2f" % (min(tb) / r["b2b_us"])) if tb else "-"))
 
 
 # ---- decode on model shapes and ragged batches (issue 8) ----------------------------------
