@@ -95,7 +95,9 @@ extern "C" int kva__cuda_decode_blocks_per_sm(const kva_context *ctx, kva_dtype 
 }
 
 extern "C" kva_status kva__cuda_decode_merge_withdrawals(const kva_context *ctx, uint64_t *count) {
-    const kva__cuda_private *priv = (const kva__cuda_private *)ctx->cuda_private;
+    const kva__cuda_private *priv = ctx ? (const kva__cuda_private *)ctx->cuda_private : NULL;
+    if (!priv || !priv->merge_withdrawals)
+        return kva__fail(KVA_ERR_INVALID_ARG, "kva__cuda_decode_merge_withdrawals: not a CUDA context");
     unsigned n = 0;
     const kva_status st = kva__cuda_use_device(ctx);
     if (st != KVA_OK) return st;
@@ -293,10 +295,16 @@ extern "C" kva_status kva__cuda_context_init(kva_context *ctx) {
     priv->smem_optin = optin;
     if (st == KVA_OK) st = prepare_kernels(priv);
     if (st == KVA_OK) {
+        /* (zeroed and synchronised here: the context's stream may not be ordered after the
+         * legacy default stream) */
         cudaError_t e = cudaMalloc((void **)&priv->merge_withdrawals, sizeof(unsigned));
-        if (e == cudaSuccess) e = cudaMemset(priv->merge_withdrawals, 0, sizeof(unsigned));
-        if (e != cudaSuccess)
-            st = kva__fail(KVA_ERR_DEVICE, "kva_context_create: a 4-byte device counter: %s", cudaGetErrorString(e));
+        if (e == cudaSuccess) e = cudaMemsetAsync(priv->merge_withdrawals, 0, sizeof(unsigned), cudaStreamLegacy);
+        if (e == cudaSuccess) e = cudaStreamSynchronize(cudaStreamLegacy);
+        if (e != cudaSuccess) {
+            (void)cudaGetLastError();
+            st = kva__fail(e == cudaErrorMemoryAllocation ? KVA_ERR_OUT_OF_MEMORY : KVA_ERR_DEVICE,
+                           "kva_context_create: a 4-byte device counter: %s", cudaGetErrorString(e));
+        }
     }
     if (st != KVA_OK) kva__cuda_context_destroy(ctx);
     return st;

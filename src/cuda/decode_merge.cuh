@@ -170,6 +170,11 @@ __device__ __forceinline__ unsigned kva__atom_add_acq_rel(unsigned *p, unsigned 
     asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
     return old;
 }
+/* A strong (relaxed, gpu-scope) store: the resets of the shared merge's words, which other
+ * blocks' strong reads of the same launch must not race with (decode_merge.cuh below). */
+__device__ __forceinline__ void kva__st_relaxed_u32(unsigned *p, unsigned v) {
+    asm volatile("st.relaxed.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
 __device__ __forceinline__ uint64_t kva__globaltimer() {
     uint64_t t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
@@ -284,17 +289,21 @@ __device__ __forceinline__ void kva__merge_shared(const kva__decode_args &a, uns
 #if KVA__MERGE_EARLY_DEPARTURE
         /* No block withdrew, so none claims: every participant has seen all arrivals and reads
          * none of the three words again, and it departs before its slices -- the atomic's round
-         * trip under them, not after (the last one out resets the words meanwhile). No ordering
-         * is needed around it: the others' reads of the counter saw all n arrivals, which the
-         * reset follows in the counter's coherence order (the last one out saw them too), and
-         * the departures before its own come before its reset of them likewise */
+         * trip under them, not after (the last one out resets the words meanwhile). No fence:
+         * the departures before the last one's reach its reset through its own (an RMW chain,
+         * then program order); the others' last reads of the counter are not ordered before
+         * the reset by causality, but each returned the n arrivals and only then let its block
+         * depart, so a read returning the reset would have to precede the departure that
+         * allowed it (a cycle PTX's no-thin-air axiom rules out), and the resets are strong
+         * stores, so they do not race with those strong reads (bench/NOTES.md, "The shared
+         * merge's claim path tested") */
         unsigned departed = 0u;
         if (tid == 0) departed = atomicAdd(departures, 1u);
         for (int s = role; s < slices; s += n) kva__merge_slice<T>(a, scratch, tid, hb, b, first, n, s);
         if (tid == 0 && departed == (unsigned)(participants - 1)) {
-            *counter = 0u;
-            *claims = 0u;
-            *departures = 0u;
+            kva__st_relaxed_u32(counter, 0u);
+            kva__st_relaxed_u32(claims, 0u);
+            kva__st_relaxed_u32(departures, 0u);
         }
         return;
 #else
@@ -316,9 +325,9 @@ __device__ __forceinline__ void kva__merge_shared(const kva__decode_args &a, uns
     if (tid == 0 && kva__atom_add_acq_rel(departures, 1u) == (unsigned)(participants - 1)) {
         /* every participant has seen all arrivals and made its last claim; no block reads these
          * words again in this launch (withdrawn ones left before the last arrival) */
-        *counter = 0u;
-        *claims = 0u;
-        *departures = 0u;
+        kva__st_relaxed_u32(counter, 0u);
+        kva__st_relaxed_u32(claims, 0u);
+        kva__st_relaxed_u32(departures, 0u);
     }
 }
 
