@@ -171,7 +171,7 @@ __device__ __forceinline__ unsigned kva__atom_add_acq_rel(unsigned *p, unsigned 
     return old;
 }
 /* A strong (relaxed, gpu-scope) store: the resets of the shared merge's words, which other
- * blocks' strong reads of the same launch must not race with (decode_merge.cuh below). */
+ * blocks' strong reads of the same launch must not race with (kva__merge_shared). */
 __device__ __forceinline__ void kva__st_relaxed_u32(unsigned *p, unsigned v) {
     asm volatile("st.relaxed.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
