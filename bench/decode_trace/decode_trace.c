@@ -20,7 +20,8 @@
  * and the kernel's span (first start to last exit). Blocks with no unit (a grid larger than the
  * plan's units) are counted apart; at most 512 blocks are traced. Usage:
  *   ./build-trace/decode_trace [--shapes 1x8192,8x4096] [--hq 32 --hk 8] [--graph]
- * (--graph: graph plans, whose grid is every resident block, more than the units of small batches)
+ * (--graph: graph plans, whose grid is every resident block, more than the units of small batches;
+ * a ragged batch is groups of requests joined by '+': 1x65536+63x100 is issue 8's batch (b))
  */
 #include "kvattn.h"
 #include "../trace_util.h"
@@ -49,9 +50,12 @@ static void med_max(long long *v, int n, long long *med, long long *mx) {
     *mx = n ? v[n - 1] : 0;
 }
 
-static void trace_shape(kva_context *ctx, int B, int L, int hq, int hk, uint32_t plan_flags) {
+/* One batch: B requests of lens[b] keys (label: how the command line named it). */
+static void trace_shape(kva_context *ctx, int B, const int *lens, const char *label, int hq, int hk,
+                        uint32_t plan_flags) {
     enum { D = 128, PS = 16 };
-    const int pages_per = (L + PS - 1) / PS, P = B * pages_per;
+    int P = 0;
+    for (int b = 0; b < B; ++b) P += (lens[b] + PS - 1) / PS;
     const size_t pool = (size_t)P * PS * hk * D; /* elements of one K (or V) pool */
     int sets = (int)((256u << 20) / (2 * pool * 2)) + 1;
     if (sets < 2) sets = 2;
@@ -91,8 +95,12 @@ static void trace_shape(kva_context *ctx, int B, int L, int hq, int hk, uint32_t
         idx[i] = idx[j];
         idx[j] = t;
     }
-    for (int b = 0; b <= B; ++b) indptr[b] = b * pages_per;
-    for (int b = 0; b < B; ++b) last[b] = L - (pages_per - 1) * PS;
+    indptr[0] = 0;
+    for (int b = 0; b < B; ++b) {
+        const int pages = (lens[b] + PS - 1) / PS;
+        indptr[b + 1] = indptr[b] + pages;
+        last[b] = lens[b] - (pages - 1) * PS;
+    }
     const kva_page_table table = {B, indptr, idx, last};
     const kva_plan_limits lim = {.max_batch = B, .max_total_pages = P, .num_qo_heads = hq,
                                  .num_kv_heads = hk, .head_dim = D, .page_size = PS};
@@ -133,9 +141,9 @@ static void trace_shape(kva_context *ctx, int B, int L, int hq, int hk, uint32_t
         else if (!complete) ++partial;
         else used[n++] = b;
     }
-    printf("%d/%d d128 bf16 %d x %d%s: chunk %d, %d sets of K/V, %.1f us per call (host clock, 50 calls), "
+    printf("%d/%d d128 bf16 %s%s: chunk %d, %d sets of K/V, %.1f us per call (host clock, 50 calls), "
            "%d blocks traced (%d without a unit, %d without every point)%s\n",
-           hq, hk, B, L, plan_flags ? " (graph plan)" : "", plan.kv_chunk_size, sets, per_call, n, idle, partial,
+           hq, hk, label, plan_flags ? " (graph plan)" : "", plan.kv_chunk_size, sets, per_call, n, idle, partial,
            all == BLOCKS ? "; the grid may have more blocks than are traced" : "");
     static const char *names[] = {"start", "record", "wait", "first", "loop", "combine", "exit"};
     long long *v_ns = malloc(sizeof(long long) * (size_t)(n > 0 ? n : 1)),
@@ -207,14 +215,40 @@ int main(int argc, char **argv) {
     OK(kva_context_create(KVA_DEVICE_CUDA, 0, &ctx));
     const char *c = shapes;
     while (*c) {
-        int B = 0, L = 0, used = 0;
-        if (sscanf(c, "%dx%d%n", &B, &L, &used) != 2 || B < 1 || L < 1) {
+        /* a batch: BxL groups joined by '+' */
+        enum { MAX_REQ = 4096 };
+        static int lens[MAX_REQ];
+        const char *begin = c;
+        int nreq = 0;
+        for (;;) {
+            int B = 0, L = 0, used = 0;
+            if (sscanf(c, "%dx%d%n", &B, &L, &used) != 2 || B < 1 || L < 1 || B > MAX_REQ - nreq) {
+                fprintf(stderr, "bad shape at \"%s\" (BxL groups joined by '+', at most %d requests)\n", c, MAX_REQ);
+                return 2;
+            }
+            for (int i = 0; i < B; ++i) lens[nreq++] = L;
+            c += used;
+            if (*c != '+') break;
+            ++c;
+        }
+        char label[160]; /* "1x8192" printed as "1 x 8192" */
+        size_t k = 0;
+        for (const char *x = begin; x < c && k + 4 < sizeof label; ++x) {
+            if (*x == 'x') {
+                label[k++] = ' ';
+                label[k++] = 'x';
+                label[k++] = ' ';
+            } else {
+                label[k++] = *x;
+            }
+        }
+        label[k] = '\0';
+        trace_shape(ctx, nreq, lens, label, hq, hk, flags);
+        if (*c == ',') ++c;
+        else if (*c) {
             fprintf(stderr, "bad shape at \"%s\"\n", c);
             return 2;
         }
-        trace_shape(ctx, B, L, hq, hk, flags);
-        c += used;
-        if (*c == ',') ++c;
     }
     kva_context_destroy(ctx);
     return 0;
