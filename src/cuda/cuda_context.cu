@@ -96,6 +96,7 @@ extern "C" int kva__cuda_decode_blocks_per_sm(const kva_context *ctx, kva_dtype 
 
 extern "C" kva_status kva__cuda_decode_merge_withdrawals(const kva_context *ctx, uint64_t *count) {
     const kva__cuda_private *priv = ctx ? (const kva__cuda_private *)ctx->cuda_private : NULL;
+    if (!count) return kva__fail(KVA_ERR_INVALID_ARG, "kva__cuda_decode_merge_withdrawals: count is NULL");
     if (!priv || !priv->merge_withdrawals)
         return kva__fail(KVA_ERR_INVALID_ARG, "kva__cuda_decode_merge_withdrawals: not a CUDA context");
     unsigned n = 0;

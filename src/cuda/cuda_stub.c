@@ -46,7 +46,7 @@ int kva__cuda_decode_blocks_per_sm(const kva_context *ctx, kva_dtype dtype, int3
     (void)ctx; (void)dtype; (void)head_dim; (void)group; (void)nsub; return 0;
 }
 kva_status kva__cuda_decode_merge_withdrawals(const kva_context *ctx, uint64_t *count) {
-    (void)ctx; *count = 0; return NOT_BUILT();
+    (void)ctx; if (count) *count = 0; return NOT_BUILT();
 }
 kva_status kva__cuda_decode_run(kva_context *ctx, const kva_plan *plan,
                                 const kva_attn_params *params, kva_tensor q,
