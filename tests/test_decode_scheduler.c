@@ -253,22 +253,22 @@ KVA_TEST(decode_scheduler_merge_tree_allows_finer_splits) {
 }
 
 /* A block alone on its SM gains less where the decode kernel holds fewer bytes in flight (the
- * CUDA policy's lone_block_percent: 70 at d64, 90 from d128): 8 x 4096 at 4 KV heads then takes
- * 256 paired units of 512 keys instead of 128 lone ones of 1024 (H200, 32/4 d64 bf16, fixed
- * chunks: 17.0 vs 20.9 us), while at the default the model keeps the lone plan (its estimate
- * of 512 is not the 2% better the search asks for; measured at 32/8 d128 4 x 4096, the lone
- * plan is ~5% slower: 25.8 vs 24.6 us). */
+ * CUDA policy's lone_block_percent: 70 at d64, 90 from d128): 4 x 8192 at 4 KV heads then takes
+ * 256 paired units of 512 keys instead of 128 lone ones of 1024. (Measured on an H200 at 32/4 d64
+ * 8 x 4096, fixed chunks: 512 17.0 us against 1024 20.9; since the lone share divides only the
+ * keys, not a unit's fixed cost, the default takes 512 there too -- 28/4 d128 8 x 4096: 25.8-25.9
+ * us against 26.4-26.6 -- so the case is the next larger batch.) */
 KVA_TEST(decode_scheduler_lone_block_rate) {
-    int32_t lens[8];
-    for (int i = 0; i < 8; ++i) lens[i] = 4096;
-    kva__split_problem p = cuda_problem(lens, 8, 4);
+    int32_t lens[4];
+    for (int i = 0; i < 4; ++i) lens[i] = 8192;
+    kva__split_problem p = cuda_problem(lens, 4, 4);
     p.merge_run = KVA__MERGE_RUN;
-    int64_t keys[9];
-    int32_t order[9];
+    int64_t keys[5];
+    int32_t order[5];
     const int32_t lone = kva__sched_decode_chunk(&p, keys, order);
     p.lone_block_percent = 70;
     const int32_t paired = kva__sched_decode_chunk(&p, keys, order);
-    printf("    8 x 4096, 4 KV heads: chunk %d at the default, %d at 70%%\n", lone, paired);
+    printf("    4 x 8192, 4 KV heads: chunk %d at the default, %d at 70%%\n", lone, paired);
     CHECK_MSG(lone == 1024, "default: chunk %d", lone);
     CHECK_MSG(paired == 512, "70%%: chunk %d", paired);
     p.lone_block_percent = KVA__SCHED_LONE_BLOCK_PERCENT; /* the same as 0 */
@@ -283,38 +283,43 @@ KVA_TEST(decode_scheduler_lone_block_rate) {
     }
 }
 
-/* The merge tree's second level has a price (the CUDA policy's merge_level_keys: ~1 us): at d64
- * 2 x 8192 (4 KV heads) 32 chunks of 256 per request (256 paired units, two levels) lost to 16 of
- * 512 (128 lone units, one level) on an H200, 15.9-16.2 vs 15.3-15.5 us; with the price the plan
- * takes 512. Where both choices have two levels (1 x 8192: 64 or 32 chunks) or none (4 x 4096)
- * the plans of the measured table stay; and a flat merge (no tree) has no second level to price. */
+/* The merge tree's second level has a price (the CUDA policy's merge_level_keys: ~1 us: a fence,
+ * an atomic and a dependent round trip), paid only by plans of more than one round: in one round
+ * every chunk unit is its block's only one and the kernel merges a split request on all its chunk
+ * blocks at once (kva__merge_shared), with no tree. At d64 (72 key-times) 1 x 16384 + 32 x 100 at
+ * 4 KV heads (two rounds) takes 512 with the price and 256 without; 2 x 8192 (one round) takes 256
+ * either way -- measured on an H200 with the shared merge, 12.7 us against 14.5 at 512 (before the
+ * shared merge, when that plan merged as a tree, 512 had won: 15.3-15.5 against 15.9-16.2). */
 KVA_TEST(decode_scheduler_merge_level_cost) {
-    int32_t lens[4] = {8192, 8192, 4096, 4096};
-    int64_t keys[5];
-    int32_t order[5];
-    kva__split_problem p = cuda_problem(lens, 2, 4);
+    int32_t lens[33];
+    int64_t keys[34];
+    int32_t order[34];
+    lens[0] = 16384;
+    for (int i = 1; i < 33; ++i) lens[i] = 100;
+    kva__split_problem p = cuda_problem(lens, 33, 4);
     p.merge_run = KVA__MERGE_RUN;
     p.lone_block_percent = kva__cuda_decode_lone_block_percent(64);
     const int32_t free_level = kva__sched_decode_chunk(&p, keys, order);
     p.merge_level_keys = kva__cuda_decode_merge_level_keys(64);
     const int32_t priced = kva__sched_decode_chunk(&p, keys, order);
-    printf("    d64 2 x 8192, 4 KV heads: chunk %d with a free second level, %d priced\n", free_level, priced);
+    printf("    d64 1 x 16384 + 32 x 100, 4 KV heads: chunk %d with a free second level, %d priced\n",
+           free_level, priced);
     CHECK_MSG(free_level == 256 && priced == 512, "chunks %d / %d", free_level, priced);
-    p.batch_size = 1; /* 1 x 8192: two levels either way */
-    CHECK(kva__sched_decode_chunk(&p, keys, order) == 128);
-    lens[0] = lens[1] = 4096; /* 4 x 4096: 16 chunks, one level */
-    p.batch_size = 4;
+    lens[0] = lens[1] = 8192; /* 2 x 8192: one round, shared merges, no level to price */
+    p.batch_size = 2;
+    CHECK(kva__sched_decode_chunk(&p, keys, order) == 256);
+    p.merge_level_keys = 0;
     CHECK(kva__sched_decode_chunk(&p, keys, order) == 256);
     CHECK(kva__cuda_decode_merge_level_keys(128) == 36 && kva__cuda_decode_merge_level_keys(64) == 72);
     /* merge_run 0 (CPU, global rowmax, the large groups' prefill merge): the price is never paid
-     * (a batch where charging it to every split candidate would move the choice: 960 for 512) */
-    int32_t flat_lens[4] = {512, 23808, 20352, 14464};
+     * (a batch where charging it to every split candidate would move the choice: 896 for 448) */
+    int32_t flat_lens[4] = {12736, 896, 25984, 18688};
     kva__split_problem f = cuda_problem(flat_lens, 4, 2);
     f.lone_block_percent = 70;
     const int32_t flat_free = kva__sched_decode_chunk(&f, keys, order);
     f.merge_level_keys = 72;
     const int32_t flat_priced = kva__sched_decode_chunk(&f, keys, order);
-    CHECK_MSG(flat_free == flat_priced, "flat merge: chunk %d, with a level price %d", flat_free, flat_priced);
+    CHECK_MSG(flat_free == 448 && flat_priced == 448, "flat merge: chunk %d, with a level price %d", flat_free, flat_priced);
 }
 
 /* One case of the priced grid: `batch` requests of `len` keys (the last one `last` keys if > 0)
@@ -604,8 +609,9 @@ KVA_TEST(decode_scheduler_chunks_within_blocks_per_head) {
 }
 
 /* Pinned choices of the cost model on the H200 problem (264 blocks, 2 per SM; a lone block
- * streams 1.8x, or 1.4x at 70%), each with the estimates that decide it (block 0's units + the
- * busiest merge, in key-times); see decode_scheduler.h. */
+ * streams its keys 1.8x as fast, or 1.4x at 70%, its fixed cost unchanged), each with the
+ * estimates that decide it (block 0's fixed cost + its keys + the busiest merge, in key-times;
+ * a one-round plan's merges without the tree's second level); see decode_scheduler.h. */
 KVA_TEST(decode_scheduler_cost_model_choices) {
     int32_t lens[16], order[16];
     int64_t keys[16];
@@ -614,21 +620,21 @@ KVA_TEST(decode_scheduler_cost_model_choices) {
     p.merge_run = KVA__MERGE_RUN;
     p.lone_block_percent = 70;
     /* 192: 48 chunks, 192 paired units, 64 + 192 + (16 + 3) x 6 = 370, beats 320's 116 lone
-     * units, (64 + 318) / 1.4 + (16 + 2) x 6 = 380.9, by 2.9% (at 90%, 320 would win: 320.2) */
+     * units, 64 + 318 / 1.4 + (16 + 2) x 6 = 399.1 (at 90%, 320 would win: 348.7) */
     int32_t c = kva__sched_decode_chunk(&p, keys, order);
     CHECK_MSG(c == 192, "1 x 9216, 4 KV heads, tree, 70%%: chunk %d", c);
     lens[0] = 20992;
     p = cuda_problem(lens, 1, 2);
     p.merge_run = KVA__MERGE_RUN;
-    /* 320: 66 chunks = 132 units, exactly G / 2, so lone: (64 + 319) / 1.8 + (16 + 5) x 6 = 338.8;
+    /* 320: 66 chunks = 132 units, exactly G / 2, so lone: 64 + 319 / 1.8 + (16 + 5) x 6 = 367.2;
      * the next candidate 192 (110 chunks, 220 paired units) costs 64 + 191 + (16 + 7) x 6 = 393 */
     c = kva__sched_decode_chunk(&p, keys, order);
     CHECK_MSG(c == 320, "1 x 20992, 2 KV heads, tree: chunk %d", c);
     for (int i = 0; i < 16; ++i) lens[i] = 1536;
     p = cuda_problem(lens, 16, 1);
-    /* 256: mean block 97 x 2 = 194 -> 256, 96 lone units, (64 + 256) / 1.8 + 6 x 6 = 213.8, from
-     * 888.9 unsplit; the next candidate (97, raised to the 128-key floor) has 192 paired units,
-     * 64 + 128 + 12 x 6 = 264 (192 would estimate 190.2, but is no candidate) */
+    /* 256: mean block 97 x 2 = 194 -> 256, 96 lone units, 64 + 256 / 1.8 + 6 x 6 = 242.2, from
+     * 917.3 unsplit; the next candidate (97, raised to the 128-key floor) has 192 paired units,
+     * 64 + 128 + 12 x 6 = 264 (192 would estimate 218.7, but is no candidate) */
     c = kva__sched_decode_chunk(&p, keys, order);
     CHECK_MSG(c == 256, "16 x 1536, 1 KV head: chunk %d", c);
     for (int i = 0; i < 8; ++i) lens[i] = 18944;
@@ -641,17 +647,19 @@ KVA_TEST(decode_scheduler_cost_model_choices) {
     lens[0] = 12672;
     p = cuda_problem(lens, 1, 4);
     p.merge_run = KVA__MERGE_RUN;
-    /* 448: 29 chunks of 437 (its longest item, not the chunk), 116 lone units, (64 + 437) / 1.8 +
-     * (16 + 2) x 6 = 386.3; 192 (66 x 192, 264 paired units) costs 64 + 192 + (16 + 5) x 6 = 382,
-     * not 2% better (costing 448 keys, 448 would estimate 392.4 and lose to 192) */
+    /* 192 (66 x 192, 264 paired units): 64 + 192 + (16 + 5) x 6 = 382, 7.9% below 448's 29 chunks
+     * of 437 (its longest item, not the chunk) on 116 lone units, 64 + 437 / 1.8 + (16 + 2) x 6 =
+     * 414.8. Measured (H200, 28/4 d128): 15.9-16.0 us against 16.3-16.4 at 448 (which the model
+     * chose while it divided the fixed cost by the lone share too: 386.3) */
     c = kva__sched_decode_chunk(&p, keys, order);
-    CHECK_MSG(c == 448, "1 x 12672, 4 KV heads, tree: chunk %d", c);
+    CHECK_MSG(c == 192, "1 x 12672, 4 KV heads, tree: chunk %d", c);
     lens[1] = 12672;
     p = cuda_problem(lens, 2, 1);
     p.merge_run = KVA__MERGE_RUN;
     /* 256: mean block 2 x 12736 / 264 = 96.48, x 2 = 192.97 rounds up to 193 -> 256: 50 chunks of
-     * 254, 100 lone units, (64 + 254) / 1.8 + (16 + 4) x 6 = 296.7; the next, 128 (99 x 128, 198
-     * paired units), costs 64 + 128 + (16 + 7) x 6 = 330 (192, lone at 132 units, 268.2, is no candidate) */
+     * 254, 100 lone units, 64 + 254 / 1.8 + (16 + 4) x 6 = 325.1; the next, 128 (99 x 128, 198
+     * paired units), costs 64 + 128 + (16 + 7) x 6 = 330, not 2% less (192, lone at 132 units,
+     * 296.7, is no candidate) */
     c = kva__sched_decode_chunk(&p, keys, order);
     CHECK_MSG(c == 256, "2 x 12672, 1 KV head, tree: chunk %d", c);
     lens[0] = 36864;

@@ -106,36 +106,43 @@ static int64_t merged_states(int64_t n, int32_t r) {
  * units sorted by cost, block loads do not increase with the block index, so block 0 is the
  * slowest. A grid of at most G / sm_blocks units gets an SM per block (the hardware hands out
  * a grid's blocks breadth-first), and a block alone on its SM streams almost sm_blocks times
- * faster (p->lone_block_percent of it, by default KVA__SCHED_LONE_BLOCK_PERCENT);
- * otherwise we cannot know which blocks share an SM and take the block's own share. The largest
- * merge is added on top (one block, latency bound; a tree's second level adds merge_level_keys). */
+ * faster (p->lone_block_percent of it, by default KVA__SCHED_LONE_BLOCK_PERCENT) -- its keys,
+ * not its fixed costs; otherwise we cannot know which blocks share an SM and take the block's
+ * own share. The largest merge is added on top (latency bound; a tree's second level adds
+ * merge_level_keys, except in a one-round plan, where CUDA merges shared, without a tree). */
 static double estimate_makespan(const kva__split_problem *p, int32_t chunk, const int32_t *order) {
     const int64_t H = p->num_kv_heads > 0 ? p->num_kv_heads : 1;
     const int64_t G = p->max_blocks > 0 ? p->max_blocks : 1;
     const int64_t sm_blocks = p->sm_blocks > 1 ? p->sm_blocks : 1;
     const double next_item = p->next_item_keys > 0 ? p->next_item_keys : KVA__SCHED_NEXT_ITEM_COST_KEYS;
     const double split_scale = p->split_key_percent > 0 ? p->split_key_percent / 100.0 : 1.0;
-    double block0 = 0.0, merge = 0.0;
+    double keys0 = 0.0, fixed0 = 0.0, merge = 0.0, merge_one_round = 0.0;
     int64_t pos = 0, units0 = 0;
     for (int32_t j = 0; j < p->batch_size; ++j) {
         const int32_t len = p->kv_len[order[j]];
         const int64_t n = kva__sched_chunks_of(len, chunk);
         const int64_t mine = count_congruent(pos, pos + n * H, 0, G);
         /* (in double: an item of a 2^31 - 1 key request plus the fixed cost passes int32) */
-        block0 += (next_item + (double)item_keys_of(len, chunk, 1) * (n > 1 ? split_scale : 1.0)) * (double)mine;
+        keys0 += (double)item_keys_of(len, chunk, 1) * (n > 1 ? split_scale : 1.0) * (double)mine;
+        fixed0 += next_item * (double)mine;
         units0 += mine;
         const int64_t states = merged_states(n, p->merge_run);
-        const double m = (double)(states * KVA__SCHED_MERGE_COST_PER_STATE_KEYS) +
-                         (p->merge_run > 0 && n > p->merge_run ? (double)p->merge_level_keys : 0.0) +
-                         (n > 1 ? (double)p->split_keys : 0.0);
-        if (m > merge) merge = m;
+        const double m = (double)(states * KVA__SCHED_MERGE_COST_PER_STATE_KEYS) + (n > 1 ? (double)p->split_keys : 0.0);
+        if (m > merge_one_round) merge_one_round = m;
+        const double level = p->merge_run > 0 && n > p->merge_run ? (double)p->merge_level_keys : 0.0;
+        if (m + level > merge) merge = m + level;
         pos += n * H;
     }
     /* block 0's first unit starts with the launch, like every block's: the fixed cost of a first unit */
-    if (units0 > 0) block0 -= next_item - KVA__SCHED_ITEM_COST_KEYS;
+    if (units0 > 0) fixed0 -= next_item - KVA__SCHED_ITEM_COST_KEYS;
     const int32_t lone = p->lone_block_percent > 0 ? p->lone_block_percent : KVA__SCHED_LONE_BLOCK_PERCENT;
     const double share = pos <= G / sm_blocks && sm_blocks > 1 ? (double)sm_blocks * lone / 100.0 : 1.0;
-    return block0 / share + merge;
+    /* one round (every unit its block's only one): the kernel merges each split request on all
+     * its chunk blocks at once (kva__merge_shared), with no tree and so no second level */
+    if (p->merge_run > 0 && pos <= G) merge = merge_one_round;
+    /* a lone block streams faster, but its fixed costs (launch, first tile, epilogue: latency)
+     * are not shorter */
+    return fixed0 + keys0 / share + merge;
 }
 
 /* The shortest chunk in [lo, hi] whose units (work items x KV heads) fit in max_blocks; hi if
