@@ -206,8 +206,9 @@ __device__ __forceinline__ uint64_t kva__l2_evict_first() {
 /* 16-byte global -> shared copy that bypasses L1; when !valid nothing is read and the 16 bytes
  * are zero-filled (so padding rows of a tile hold zeros, never stale NaNs). L2 fetches the
  * whole 128-byte line: rows that are not whole lines (d96: 192 bytes, half a line shared with
- * the next head's row) streamed 3-8% faster on an H200, whole-line rows (d64, d128) the same;
- * 256 bytes was 3-5% slower everywhere (bench/NOTES.md, "A chunk count that fills the grid"). */
+ * the next head's row; d80) streamed 3-14% faster on an H200, whole-line rows (d64, d128) the
+ * same; 256 bytes was slower on all rows but one (bench/NOTES.md, "A chunk count that fills the
+ * grid", also for the one row where 128 bytes lost). */
 __device__ __forceinline__ void kva__cp_async16(uint32_t dst, const void *src, bool valid,
                                                 uint64_t policy) {
     asm volatile("cp.async.cg.shared.global.L2::cache_hint.L2::128B [%0], [%1], 16, %2, %3;\n" ::"r"(dst),
