@@ -38,8 +38,10 @@ typedef struct sched_result {
     int32_t min_split_chunk;  /* shortest chunk of a split request (INT32_MAX if none) */
     double max_block, mean_block, max_unit, max_merge;
     double max_sm, ideal;     /* slowest SM (blocks i and i + SMS), keys x heads / grid */
-    double model;             /* the scheduler's makespan model: max_block, halved when every
-                                 block has an SM to itself (units <= SMS) */
+    double model;             /* a makespan model in the scheduler's units: max_block, halved
+                                 when every block has an SM to itself (units <= SMS) -- simpler
+                                 than the scheduler's own estimate (decode_scheduler.c), which
+                                 divides only keys and prices merges shared or as trees */
     int order_ok;             /* every group's request appears once, chunks cover its keys */
 } sched_result;
 
@@ -133,7 +135,7 @@ static void report(const char *name, const int32_t *lens, int32_t batch, int32_t
               "%s: a request in %d chunks (heads %d)", name, now->max_chunks, heads);
     CHECK_MSG(now->min_split_chunk >= KVA__SCHED_MIN_SPLIT_CHUNK - 1,
               "%s: a split chunk of %d keys", name, now->min_split_chunk);
-    /* never slower than the old planner by the model the scheduler minimises */
+    /* never slower than the old planner by that simple makespan model */
     CHECK_MSG(now->model <= was->model * 1.02, "%s: makespan %.0f, old planner %.0f", name,
               now->model, was->model);
 }
@@ -284,42 +286,59 @@ KVA_TEST(decode_scheduler_lone_block_rate) {
 }
 
 /* The merge tree's second level has a price (the CUDA policy's merge_level_keys: ~1 us: a fence,
- * an atomic and a dependent round trip), paid only by plans of more than one round: in one round
- * every chunk unit is its block's only one and the kernel merges a split request on all its chunk
- * blocks at once (kva__merge_shared), with no tree. At d64 (72 key-times) 1 x 16384 + 32 x 100 at
- * 4 KV heads (two rounds) takes 512 with the price and 256 without; 2 x 8192 (one round) takes 256
- * either way -- measured on an H200 with the shared merge, 12.7 us against 14.5 at 512 (before the
- * shared merge, when that plan merged as a tree, 512 had won: 15.3-15.5 against 15.9-16.2). */
+ * an atomic and a dependent round trip), paid only by a request that merges as a tree: CUDA
+ * merges a request on all its chunk blocks at once (kva__merge_shared), with no tree, where each
+ * of its units is its block's last -- every unit of a one-round plan, and in more rounds the first
+ * G units (non-graph plans: blocks walk last to first) or the last G (graph plans: forward). At
+ * d64 (72 key-times), 4 KV heads:
+ * - 3 x 8192 + 32 x 100: the 256-key plan (384 + 128 units) puts the second and third requests
+ *   past the first 264, so they merge as trees: 768 with the price, 256 without;
+ * - 1 x 16384 + 32 x 100: the 256-key plan's long request is units 0-255, its blocks' last units
+ *   walking backward (shared: 256 either way) but their first ones walking forward (a graph
+ *   plan: a tree, so 512);
+ * - 2 x 8192 (one round): 256 either way -- measured on an H200 with the shared merge, 12.7 us
+ *   against 14.5 at 512 (before the shared merge, when that plan merged as a tree, 512 had won:
+ *   15.3-15.5 against 15.9-16.2). */
 KVA_TEST(decode_scheduler_merge_level_cost) {
-    int32_t lens[33];
-    int64_t keys[34];
-    int32_t order[34];
-    lens[0] = 16384;
-    for (int i = 1; i < 33; ++i) lens[i] = 100;
-    kva__split_problem p = cuda_problem(lens, 33, 4);
+    int32_t lens[35];
+    int64_t keys[36];
+    int32_t order[36];
+    lens[0] = lens[1] = lens[2] = 8192;
+    for (int i = 3; i < 35; ++i) lens[i] = 100;
+    kva__split_problem p = cuda_problem(lens, 35, 4);
     p.merge_run = KVA__MERGE_RUN;
     p.lone_block_percent = kva__cuda_decode_lone_block_percent(64);
     const int32_t free_level = kva__sched_decode_chunk(&p, keys, order);
     p.merge_level_keys = kva__cuda_decode_merge_level_keys(64);
     const int32_t priced = kva__sched_decode_chunk(&p, keys, order);
-    printf("    d64 1 x 16384 + 32 x 100, 4 KV heads: chunk %d with a free second level, %d priced\n",
+    printf("    d64 3 x 8192 + 32 x 100, 4 KV heads: chunk %d with a free second level, %d priced\n",
            free_level, priced);
-    CHECK_MSG(free_level == 256 && priced == 512, "chunks %d / %d", free_level, priced);
+    CHECK_MSG(free_level == 256 && priced == 768, "chunks %d / %d", free_level, priced);
+    lens[0] = 16384; /* 1 x 16384 + 32 x 100 */
+    for (int i = 1; i < 33; ++i) lens[i] = 100;
+    p.batch_size = 33;
+    const int32_t backward = kva__sched_decode_chunk(&p, keys, order);
+    p.forward_walk = 1;
+    const int32_t forward = kva__sched_decode_chunk(&p, keys, order);
+    printf("    d64 1 x 16384 + 32 x 100, 4 KV heads: chunk %d walking backward, %d forward (graph)\n",
+           backward, forward);
+    CHECK_MSG(backward == 256 && forward == 512, "chunks %d / %d", backward, forward);
     lens[0] = lens[1] = 8192; /* 2 x 8192: one round, shared merges, no level to price */
     p.batch_size = 2;
     CHECK(kva__sched_decode_chunk(&p, keys, order) == 256);
-    p.merge_level_keys = 0;
+    p.forward_walk = 0;
     CHECK(kva__sched_decode_chunk(&p, keys, order) == 256);
     CHECK(kva__cuda_decode_merge_level_keys(128) == 36 && kva__cuda_decode_merge_level_keys(64) == 72);
     /* merge_run 0 (CPU, global rowmax, the large groups' prefill merge): the price is never paid
-     * (a batch where charging it to every split candidate would move the choice: 896 for 448) */
-    int32_t flat_lens[4] = {12736, 896, 25984, 18688};
-    kva__split_problem f = cuda_problem(flat_lens, 4, 2);
+     * (a batch of several rounds where charging it to the candidates with more than 16 chunks a
+     * request would move the choice: 2432 for 1088) */
+    int32_t flat_lens[6] = {26880, 2880, 5888, 9728, 16832, 7232};
+    kva__split_problem f = cuda_problem(flat_lens, 6, 8);
     f.lone_block_percent = 70;
     const int32_t flat_free = kva__sched_decode_chunk(&f, keys, order);
     f.merge_level_keys = 72;
     const int32_t flat_priced = kva__sched_decode_chunk(&f, keys, order);
-    CHECK_MSG(flat_free == 448 && flat_priced == 448, "flat merge: chunk %d, with a level price %d", flat_free, flat_priced);
+    CHECK_MSG(flat_free == 1088 && flat_priced == 1088, "flat merge: chunk %d, with a level price %d", flat_free, flat_priced);
 }
 
 /* One case of the priced grid: `batch` requests of `len` keys (the last one `last` keys if > 0)

@@ -109,15 +109,16 @@ static int64_t merged_states(int64_t n, int32_t r) {
  * faster (p->lone_block_percent of it, by default KVA__SCHED_LONE_BLOCK_PERCENT) -- its keys,
  * not its fixed costs; otherwise we cannot know which blocks share an SM and take the block's
  * own share. The largest merge is added on top (latency bound; a tree's second level adds
- * merge_level_keys, except in a one-round plan, where CUDA merges shared, without a tree). */
+ * merge_level_keys, except where CUDA merges the request shared, without a tree). */
 static double estimate_makespan(const kva__split_problem *p, int32_t chunk, const int32_t *order) {
     const int64_t H = p->num_kv_heads > 0 ? p->num_kv_heads : 1;
     const int64_t G = p->max_blocks > 0 ? p->max_blocks : 1;
     const int64_t sm_blocks = p->sm_blocks > 1 ? p->sm_blocks : 1;
     const double next_item = p->next_item_keys > 0 ? p->next_item_keys : KVA__SCHED_NEXT_ITEM_COST_KEYS;
     const double split_scale = p->split_key_percent > 0 ? p->split_key_percent / 100.0 : 1.0;
-    double keys0 = 0.0, fixed0 = 0.0, merge = 0.0, merge_one_round = 0.0;
-    int64_t pos = 0, units0 = 0;
+    double keys0 = 0.0, fixed0 = 0.0, merge = 0.0;
+    int64_t pos = 0, units0 = 0, total = 0;
+    for (int32_t j = 0; j < p->batch_size; ++j) total += kva__sched_chunks_of(p->kv_len[order[j]], chunk) * H;
     for (int32_t j = 0; j < p->batch_size; ++j) {
         const int32_t len = p->kv_len[order[j]];
         const int64_t n = kva__sched_chunks_of(len, chunk);
@@ -128,8 +129,11 @@ static double estimate_makespan(const kva__split_problem *p, int32_t chunk, cons
         units0 += mine;
         const int64_t states = merged_states(n, p->merge_run);
         const double m = (double)(states * KVA__SCHED_MERGE_COST_PER_STATE_KEYS) + (n > 1 ? (double)p->split_keys : 0.0);
-        if (m > merge_one_round) merge_one_round = m;
-        const double level = p->merge_run > 0 && n > p->merge_run ? (double)p->merge_level_keys : 0.0;
+        /* CUDA merges a request shared, on all its chunk blocks at once and with no tree, where
+         * each of its units is its block's last: in one round all are; in more, the first G
+         * units (blocks walk last to first) or, walking forward, the last G */
+        const int shared = p->forward_walk ? pos >= total - G : pos + n * H <= G;
+        const double level = p->merge_run > 0 && n > p->merge_run && !shared ? (double)p->merge_level_keys : 0.0;
         if (m + level > merge) merge = m + level;
         pos += n * H;
     }
@@ -137,9 +141,6 @@ static double estimate_makespan(const kva__split_problem *p, int32_t chunk, cons
     if (units0 > 0) fixed0 -= next_item - KVA__SCHED_ITEM_COST_KEYS;
     const int32_t lone = p->lone_block_percent > 0 ? p->lone_block_percent : KVA__SCHED_LONE_BLOCK_PERCENT;
     const double share = pos <= G / sm_blocks && sm_blocks > 1 ? (double)sm_blocks * lone / 100.0 : 1.0;
-    /* one round (every unit its block's only one): the kernel merges each split request on all
-     * its chunk blocks at once (kva__merge_shared), with no tree and so no second level */
-    if (p->merge_run > 0 && pos <= G) merge = merge_one_round;
     /* a lone block streams faster, but its fixed costs (launch, first tile, epilogue: latency)
      * are not shorter */
     return fixed0 + keys0 / share + merge;

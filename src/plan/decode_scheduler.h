@@ -20,9 +20,11 @@
  *   a (request, KV head) split into c chunks costs KVA__SCHED_MERGE_COST_PER_STATE_KEYS * c more,
  *   on the one block that merges it (the last to arrive) -- with CUDA's merge tree the states its
  *   busiest merger reads, plus merge_level_keys for the tree's second level (makespan estimate),
- *   which a one-round plan does not pay: there every chunk unit is its block's only one and CUDA
- *   merges on all the chunk blocks at once (kva__merge_shared, decode_merge.cuh; H200: 32/8 1 x
- *   8192 in 32 chunks 16.6-16.8 us against 17.4 in 16, 32/4 d64 2 x 8192 12.7 against 14.5);
+ *   which a request does not pay where each of its chunk units is its block's last (all units
+ *   of a one-round plan; in more rounds the first G, as non-graph plans' blocks walk last to
+ *   first, or the last G, as graph plans' walk forward: kva__split_problem.forward_walk): CUDA
+ *   merges it on all its chunk blocks at once (kva__merge_shared, decode_merge.cuh; H200: 32/8
+ *   1 x 8192 in 32 chunks 16.6-16.8 us against 17.4 in 16, 32/4 d64 2 x 8192 12.7 against 14.5);
  *   a plan with any split request pays split_keys once more (the prefill kernel's merge launch);
  *   sm_blocks blocks share an SM's bandwidth (kva__split_problem), so a grid of at most
  *   G / sm_blocks units, one block per SM, streams its keys lone_block_percent% (default

@@ -353,6 +353,9 @@ static kva_status make_plan(kva_context *ctx, const kva_plan_limits *limits, con
         }
         /* CUDA partial-rowmax decode merges long requests as a tree (workspace_layout.h) */
         p.merge_run = L.policy.merge_tree && opt.algo == KVA_DECODE_PARTIAL_ROWMAX ? KVA__MERGE_RUN : 0;
+        /* graph plans' blocks walk their units forward (the kernel reads their count on the
+         * device), others' backward (decode_kernel.cuh, KVA__DECODE_REVERSE) */
+        p.forward_walk = (opt.flags & KVA_PLAN_GRAPH) != 0;
         /* scratch for the longest-first order: the unit records, written after flattening
          * (8 ints per work item >= 3 per request) */
         int64_t *sort_keys = (int64_t *)(void *)(ints + h->off_unit_records);

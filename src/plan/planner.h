@@ -36,6 +36,11 @@ typedef struct kva__split_problem {
                                 * keys (0: 100; CUDA global rowmax 150: both passes read K) */
     int32_t merge_run;      /* decode: > 0: states merge as a tree of runs of this many (CUDA);
                              * 0: one block merges all of a request's states (CPU) */
+    int32_t forward_walk;   /* decode, merge_run > 0: the persistent blocks walk their units
+                             * first to last (CUDA graph plans), so the last round's units end
+                             * their blocks; otherwise (other plans of several rounds) last to
+                             * first, so the first max_blocks units do. A request whose chunk
+                             * units all end their blocks merges on them at once (no tree). */
     int32_t min_chunk;      /* never split into chunks shorter than this */
     int32_t fixed_chunk;    /* > 0: use this chunk size, skip the search */
     int32_t no_split;       /* 1: chunk = longest request */

@@ -97,9 +97,10 @@ static inline int32_t kva__cuda_decode_lone_block_percent(int32_t head_dim) {
 /* The CUDA decode merge tree's second level in the scheduler's key-times: ~1 us (the last run
  * block's fence, atomic and the final merger's round trip: bench/NOTES.md, "What the split merge
  * costs"), where a key-time is one key of one KV head at a block's share of the bandwidth, ~28
- * ns at d128 (512 bytes), so 36 key-times at d128, 72 at d64. Measured on an H200 (fixed chunks):
- * 32/4 d64 2 x 8192 in 32 chunks (two levels) 15.9-16.2 us against 15.3-15.5 in 16 (one), which
- * the model without it ranked the other way. */
+ * ns at d128 (512 bytes), so 36 key-times at d128, 72 at d64. Measured on an H200 (fixed chunks,
+ * 2026-11-24, before the shared merge): 32/4 d64 2 x 8192 in 32 chunks (two levels) 15.9-16.2 us
+ * against 15.3-15.5 in 16 (one). That plan now merges shared, without a tree, and is paid no
+ * level (12.7 against 14.5 us, 2026-11-30); requests that still merge as trees are. */
 static inline int32_t kva__cuda_decode_merge_level_keys(int32_t head_dim) {
     return head_dim > 0 ? 36 * 128 / head_dim : 36;
 }
