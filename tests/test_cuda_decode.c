@@ -443,6 +443,77 @@ out:
     kva_context_destroy(ctx);
 }
 
+/* Paired KV heads (kva__decode_pair_for): where one head's K/V row is not whole 128-byte lines
+ * but two adjacent heads' rows are (f16 / bf16 d32 and d96) and the pool keeps a token's heads
+ * adjacent (NHD), one unit serves two KV heads with block-diagonal query rows and keeps its own
+ * half of each output row. By default only plans that split no request pair; under
+ * KVA_DECODE_PAIR_HEADS=1 every plan does (as a graph captured unsplit replays a split plan):
+ * there every such dtype and dim, groups 1 .. 4 (a pair of up to 8 rows: one N tile), pages 1 / 3 /
+ * 16, batches 1 / 7 / 37, planned, unsplit, fixed-37 and 32-key plans (28+ chunks: the shared
+ * merge, the tree), both algorithms, the attention variants; then the default context on
+ * unsplit plans. The chooser must take the pair in each case (else it would test the unpaired
+ * path again); HND pools, f32, odd head counts, groups above 4 and split plans by default it must
+ * not pair. */
+static void paired_case(kva_context *ctx, kva_rng *rng, int idx, kva_dtype dtype, int32_t dim, bool hnd,
+                        int plan_mode, int split_expected) {
+    static const int32_t heads[][2] = {{2, 2}, {8, 4}, {16, 4}, {32, 8}, {32, 32}, {6, 2}};
+    const int32_t pages[] = {1, 3, 16}, batches[] = {1, 7, 37};
+    decode_case c = {0};
+    c.dtype = dtype;
+    c.head_dim = dim;
+    c.num_qo_heads = heads[idx % 6][0];
+    c.num_kv_heads = heads[idx % 6][1];
+    c.page_size = hnd ? 16 : pages[idx % 3]; /* (HND pages of 1 token keep heads adjacent) */
+    c.batch = batches[(idx / 3) % 3];
+    c.layout = hnd ? CUDA_TEST_HND : idx % 2 ? CUDA_TEST_NHD_INTERLEAVED : CUDA_TEST_NHD;
+    c.max_len = c.batch == 1 ? 900 : c.batch == 7 ? 300 : 100;
+    c.variant = idx % 5;
+    c.plan_mode = plan_mode;
+    c.fixed_chunk = 32;
+    c.with_lse = idx % 4 != 1;
+    c.algo = idx % 3 == 2 ? KVA_DECODE_GLOBAL_ROWMAX : KVA_DECODE_PARTIAL_ROWMAX;
+    const int64_t stride_head = hnd ? (int64_t)c.page_size * dim : dim;
+    const bool pairs = kva__cuda_decode_pairs_heads(ctx, dtype, dim, c.num_qo_heads / c.num_kv_heads, c.num_kv_heads,
+                                                    stride_head, split_expected);
+    CHECK_MSG(pairs == !hnd, "%s d%d %d/%d heads %s split %d: paired %d", kva_dtype_name(dtype), dim,
+              c.num_qo_heads, c.num_kv_heads, cuda_test_layout_name(c.layout), split_expected, (int)pairs);
+    run_case(ctx, rng, &c, NULL);
+}
+
+KVA_TEST(cuda_decode_paired_heads_match_reference) {
+    static const struct { kva_dtype dtype; int32_t dim; } shapes[] = {
+        {KVA_BF16, 96}, {KVA_F16, 96}, {KVA_BF16, 32}, {KVA_F16, 32}};
+    kva_rng rng;
+    kva_rng_seed(&rng, kva_test_seed());
+    const int ns = quick() ? 2 : 4, per_shape = quick() ? 4 : 12;
+    /* every plan paired */
+    kva_test_env env;
+    kva_test_env_set(&env, "KVA_DECODE_PAIR_HEADS", "1");
+    kva_context *ctx = cuda_test_context();
+    kva_test_env_restore(&env);
+    if (!ctx) return;
+    int idx = 0;
+    for (int si = 0; si < ns; ++si) {
+        const int s = quick() ? si * 2 : si; /* quick: bf16 d96 and d32 */
+        for (int k = 0; k <= per_shape && kva_test_failures <= 20; ++k, ++idx)
+            paired_case(ctx, &rng, idx, shapes[s].dtype, shapes[s].dim, k == per_shape, idx % 4, 1);
+    }
+    kva_context_destroy(ctx);
+    /* by default: unsplit plans only, never f32 */
+    ctx = cuda_test_context();
+    if (!ctx) return;
+    for (int si = 0; si < ns && kva_test_failures <= 20; ++si, ++idx) {
+        const int s = quick() ? si * 2 : si;
+        paired_case(ctx, &rng, idx, shapes[s].dtype, shapes[s].dim, false, 1, 0);
+        CHECK(!kva__cuda_decode_pairs_heads(ctx, shapes[s].dtype, shapes[s].dim, 1, 2, shapes[s].dim, 1));
+    }
+    CHECK(!kva__cuda_decode_pairs_heads(ctx, KVA_F32, 48, 1, 2, 48, 0));
+    CHECK(!kva__cuda_decode_pairs_heads(ctx, KVA_BF16, 128, 1, 2, 128, 0)); /* (whole lines already) */
+    CHECK(!kva__cuda_decode_pairs_heads(ctx, KVA_BF16, 96, 1, 3, 96, 0));   /* (an odd head left) */
+    CHECK(!kva__cuda_decode_pairs_heads(ctx, KVA_BF16, 96, 8, 4, 96, 0));   /* (16 rows: two N tiles) */
+    kva_context_destroy(ctx);
+}
+
 /* GQA groups above 16: on a device with the warp-specialised prefill kernel, groups of 17..128
  * heads (bf16, f16; padded head dims too, on the next built prefill kernel) run the decode plan on it (the whole group in one
  * 128-row tile, the prefill merge); otherwise, and under KVA_DECODE_GROUP_PATH=subgroups, they are

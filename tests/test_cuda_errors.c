@@ -76,7 +76,8 @@ KVA_TEST(cuda_kernel_knobs_env) {
         {"KVA_PREFILL_TMA_STRICT", "yes", 0},      {"KVA_PREFILL_TURNS", "0", 1},
         {"KVA_PREFILL_TURNS", "on", 0},            {"KVA_DECODE_MERGE_WAIT_NS", "0", 1},
         {"KVA_DECODE_MERGE_WAIT_NS", "1e5", 0},   {"KVA_DECODE_SHARED_MERGE", "0", 1},
-        {"KVA_DECODE_SHARED_MERGE", "off", 0},
+        {"KVA_DECODE_SHARED_MERGE", "off", 0},   {"KVA_DECODE_PAIR_HEADS", "1", 1},
+        {"KVA_DECODE_PAIR_HEADS", "yes", 0},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; ++i) {
         kva_test_env env;

@@ -52,6 +52,13 @@ bool kva__cuda_decode_supported(const kva_context *ctx, kva_dtype dtype, int32_t
 int kva__cuda_decode_blocks_per_sm(const kva_context *ctx, kva_dtype dtype, int32_t head_dim, int32_t group,
                                    int32_t *nsub);
 
+/* Whether a decode run of (dtype, head_dim, GQA group) over num_kv_heads heads at a pool head
+ * stride of stride_head elements, of a plan that splits requests (split = 1) or not, puts two
+ * adjacent KV heads in one unit (kva__decode_pair_for; partial rowmax): tests assert that their
+ * paired cases take that path. */
+bool kva__cuda_decode_pairs_heads(const kva_context *ctx, kva_dtype dtype, int32_t head_dim, int32_t group,
+                                  int32_t num_kv_heads, int64_t stride_head, int split);
+
 /* Shared-merge withdrawals (decode_merge.cuh) since the context was created, after its stream's
  * work so far: tests assert that the withdrawal path ran. */
 kva_status kva__cuda_decode_merge_withdrawals(const kva_context *ctx, uint64_t *count);

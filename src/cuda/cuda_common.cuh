@@ -44,6 +44,10 @@
 /* Plan uploads still possibly in flight, per workspace host part (see kva__cuda_plan_begin). */
 #define KVA__UPLOAD_SLOTS 8
 
+/* When a decode unit may hold two adjacent KV heads (kva__decode_pair_for): plans that split no
+ * request (the default), any plan (KVA_DECODE_PAIR_HEADS=1: tests), never (=0). */
+typedef enum { KVA__PAIR_UNSPLIT = 0, KVA__PAIR_ALWAYS = 1, KVA__PAIR_NEVER = 2 } kva__pair_mode;
+
 typedef struct kva__cuda_private {
     cudaEvent_t upload_done[KVA__UPLOAD_SLOTS];
     const void *upload_host[KVA__UPLOAD_SLOTS];
@@ -65,6 +69,8 @@ typedef struct kva__cuda_private {
                                        tests 0) */
     int32_t decode_shared_merge_min; /* chunks from which it merges shared (KVA__SHARED_MERGE_MIN,
                                        or never: KVA_DECODE_SHARED_MERGE=0, the tree tests) */
+    int decode_pair_heads;          /* kva__pair_mode: when decode units hold two adjacent KV
+                                       heads (kva__decode_pair_for; KVA_DECODE_PAIR_HEADS) */
     unsigned *merge_withdrawals;    /* device word: shared-merge withdrawals since context creation
                                        (rare by design; tests assert theirs happened) */
     int cc_major, cc_minor;         /* compute capability: the architecture variants compile for */

@@ -79,6 +79,28 @@ bool kva__decode_kernel_for(const kva_context *ctx, kva_dtype dtype, int head_di
     return true;
 }
 
+bool kva__decode_pair_for(const kva_context *ctx, kva_dtype dtype, int head_dim, int group, int num_kv_heads,
+                          int64_t stride_head, int split, int gr, kva__decode_choice *pair) {
+    const kva__cuda_private *priv = ctx ? (const kva__cuda_private *)ctx->cuda_private : NULL;
+    if (!priv || priv->decode_pair_heads == KVA__PAIR_NEVER || (split && priv->decode_pair_heads == KVA__PAIR_UNSPLIT))
+        return false;
+    const int row_bytes = head_dim * (int)kva_dtype_size(dtype);
+    if (dtype == KVA_F32 || num_kv_heads % 2 != 0 || stride_head != head_dim || row_bytes % 128 == 0 ||
+        (2 * row_bytes) % 128 != 0 || 2 * group > 8)
+        return false;
+    kva__decode_choice c;
+    if (!kva__decode_kernel_for(ctx, dtype, 2 * head_dim, 2 * group, gr, &c) || c.nsub != 1 || c.via_prefill)
+        return false;
+    *pair = c;
+    return true;
+}
+
+extern "C" bool kva__cuda_decode_pairs_heads(const kva_context *ctx, kva_dtype dtype, int32_t head_dim,
+                                             int32_t group, int32_t num_kv_heads, int64_t stride_head, int split) {
+    kva__decode_choice c;
+    return kva__decode_pair_for(ctx, dtype, head_dim, group, num_kv_heads, stride_head, split, 0, &c);
+}
+
 extern "C" bool kva__cuda_decode_supported(const kva_context *ctx, kva_dtype dtype, int32_t head_dim,
                                            int32_t group) {
     kva__decode_choice c;
@@ -261,6 +283,10 @@ extern "C" kva_status kva__cuda_context_init(kva_context *ctx) {
     /* 0 turns the shared merge off (the last block's merge and the tree take its requests) */
     if (st == KVA_OK) st = kva__env_knob("kva_context_create", "KVA_DECODE_SHARED_MERGE", flag, &knob);
     priv->decode_shared_merge_min = knob && strcmp(knob, "0") == 0 ? 0x10000 : KVA__SHARED_MERGE_MIN;
+    /* decode units of two KV heads (kva__decode_pair_for): 0 never, 1 wherever the shape allows
+     * (tests: split plans too), unset for unsplit plans */
+    if (st == KVA_OK) st = kva__env_knob("kva_context_create", "KVA_DECODE_PAIR_HEADS", flag, &knob);
+    priv->decode_pair_heads = !knob ? KVA__PAIR_UNSPLIT : strcmp(knob, "0") == 0 ? KVA__PAIR_NEVER : KVA__PAIR_ALWAYS;
     bool sm90a = false;
 #ifdef KVA_HAVE_SM90A /* the build holds sm_90a code (KVA_CUDA_ARCHS has 90a) */
     sm90a = prop.major == 9;

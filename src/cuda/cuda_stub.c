@@ -45,6 +45,11 @@ int kva__cuda_decode_blocks_per_sm(const kva_context *ctx, kva_dtype dtype, int3
                                    int32_t *nsub) {
     (void)ctx; (void)dtype; (void)head_dim; (void)group; (void)nsub; return 0;
 }
+bool kva__cuda_decode_pairs_heads(const kva_context *ctx, kva_dtype dtype, int32_t head_dim, int32_t group,
+                                  int32_t num_kv_heads, int64_t stride_head, int split) {
+    (void)ctx; (void)dtype; (void)head_dim; (void)group; (void)num_kv_heads; (void)stride_head; (void)split;
+    return false;
+}
 kva_status kva__cuda_decode_merge_withdrawals(const kva_context *ctx, uint64_t *count) {
     (void)ctx; if (count) *count = 0; return NOT_BUILT();
 }

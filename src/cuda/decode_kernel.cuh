@@ -41,6 +41,13 @@
  *   K and V past it are zero-filled (cp.async with src-size 0: no bytes read), so dot products
  *   and P V see zeros; o, partial states and the merge use the real dim. The cost is compute and
  *   shared memory for D, not bandwidth.
+ * Paired KV heads (a.pair_group = g > 0; kva__decode_pair_for): where one head's row is not whole
+ *   128-byte lines but two adjacent heads' rows are (d96 at 2 bytes), a unit serves KV heads 2k
+ *   and 2k+1 as one "head" of 2 x head_dim (a.row_dim) with 2g query rows: the first g rows hold
+ *   their q at dims [0, dh) and zeros after, the last g at [dh, 2 dh), so every score is its own
+ *   head's; of each row's output only its own half is kept (the other half is P times the other
+ *   head's V). The launch passes the pair's geometry (KV heads / 2, group x 2, head stride x 2),
+ *   so everything else -- plan records, merges, counters -- is unchanged.
  * Global rowmax (GR = true, seed 002 Alg. 2, two launches): pass 1 streams K only and writes each
  *   split chunk's row max to its partial-LSE slot; the last block of (request, KV head,
  *   sub-group) reduces
@@ -331,7 +338,8 @@ __global__ void __launch_bounds__(KVA__DECODE_THREADS)
     }
 
     const int Hq = a.num_qo_heads, dh = a.head_dim;
-    const int cpr_real = dh / EPC;         /* chunks of a row inside the real head dim */
+    const int cpr_real = a.row_dim / EPC;  /* chunks of a unit's K/V row inside the real dims */
+    const int cpr_head = dh / EPC;         /* chunks of one head's row */
     const bool rowmax_pass = GR && a.pass == 1;
     unsigned char *q_smem = smem;
     unsigned char *ring = smem + G::RING_OFF;
@@ -373,7 +381,9 @@ __global__ void __launch_bounds__(KVA__DECODE_THREADS)
             if (!rowmax_pass) kva__cp_async16(vdst + kva__swz<RB>(r, c), vbase + e, ok, stream_policy);
         }
     };
-    /* The query rows of a unit's group (rows >= g are zeros), into registers. */
+    /* The query rows of a unit's group (rows >= g are zeros), into registers. A unit of two KV
+     * heads (a.pair_group = g) holds 2g rows, the last g at dims [dh, 2 dh) of the pair's row and
+     * the first g at [0, dh), zeros elsewhere: each head's scores see only its own KV head's dims. */
     constexpr int QV = (G::Q_ROWS * CPR + KVA__DECODE_THREADS - 1) / KVA__DECODE_THREADS;
     uint4 qv[QV];
     auto load_q = [&](const kva__unit &m) {
@@ -381,9 +391,10 @@ __global__ void __launch_bounds__(KVA__DECODE_THREADS)
 #pragma unroll
         for (int j = 0; j < QV; ++j) {
             const int i = tid + j * KVA__DECODE_THREADS, r = i / CPR, c = i % CPR;
+            const int c0 = a.pair_group > 0 && r >= a.pair_group ? cpr_head : 0;
             qv[j] = make_uint4(0, 0, 0, 0);
-            if (i < G::Q_ROWS * CPR && r < m.gs && c < cpr_real)
-                qv[j] = __ldg(reinterpret_cast<const uint4 *>(qb + r * a.q_sh + c * EPC));
+            if (i < G::Q_ROWS * CPR && r < m.gs && c >= c0 && c < c0 + cpr_head)
+                qv[j] = __ldg(reinterpret_cast<const uint4 *>(qb + r * a.q_sh + (c - c0) * EPC));
         }
     };
 
@@ -725,11 +736,13 @@ __global__ void __launch_bounds__(KVA__DECODE_THREADS)
                 const float m_use = M == -INFINITY ? 0.0f : M;
                 float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
                 float L = 0.0f;
+                /* (a pair's second KV head: its heads' outputs sit at dims [dh, 2 dh) of their rows) */
+                const int col = h * G::OROW + (a.pair_group > 0 && h >= a.pair_group ? dh : 0) + d;
 #pragma unroll
                 for (int wi = 0; wi < WARPS; ++wi) {
                     const float *cww = combine + wi * G::WARP_COMBINE;
                     const float f = exp2f(cww[GM * G::OROW + h] - m_use);
-                    const float4 x = *reinterpret_cast<const float4 *>(cww + h * G::OROW + d);
+                    const float4 x = *reinterpret_cast<const float4 *>(cww + col);
                     acc.x += f * x.x; acc.y += f * x.y; acc.z += f * x.z; acc.w += f * x.w;
                     L += f * cww[GM * G::OROW + GM + h];
                 }

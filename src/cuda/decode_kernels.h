@@ -54,6 +54,13 @@ typedef struct kva__decode_args {
     float *run_lse;              /* f32 [work][num_qo_heads]: a merged run's LSE (by first item) */
     int32_t num_qo_heads, num_kv_heads, group, page_size, window_left;
     int32_t head_dim;            /* the real head dim (<= the kernel's D; the rest is zero-filled) */
+    int32_t row_dim;             /* dims of the K/V row a unit copies per key: head_dim, or 2 x
+                                  * head_dim where a unit holds two adjacent KV heads (pair_group) */
+    int32_t pair_group;          /* 0: one KV head per unit. g > 0: a unit holds KV heads 2k and 2k+1
+                                  * (NHD pool, adjacent rows: one row of 2 x head_dim), as a group of
+                                  * 2g query heads whose first g see dims [0, head_dim) of that
+                                  * row (q zero elsewhere) and the last g dims [head_dim, 2 head_dim)
+                                  * (kva__decode_pair_for) */
     int32_t sub, nsub;           /* query heads per unit (<= 8 * NT) and units per (work item, KV
                                   * head): a GQA group of more than 16 heads is served in nsub
                                   * sub-groups of sub heads (the last may hold fewer) */
@@ -115,6 +122,24 @@ typedef struct kva__decode_choice {
                          * chunk's K/V is read once instead of once per sub-group. fn is still
                          * the sub-group kernel (a variant without that prefill build uses it). */
 } kva__decode_choice;
+
+/* Two adjacent KV heads per unit (kva__decode_args.pair_group) where one head's K/V row is not a
+ * whole number of 128-byte lines but two heads' rows are (f16 / bf16 d32 and d96; NHD pools,
+ * whose heads of a token are adjacent): a unit then reads whole lines, not lines shared with the
+ * unit of the next head, on another block at another time. The pair runs on the kernel
+ * kva__decode_kernel_for picks for 2 x head_dim and a group of 2 x group; true and that choice
+ * where the run takes it. Only for plans that split no request (`split` = kva_plan.split_kv = 0)
+ * unless KVA_DECODE_PAIR_HEADS=1, never under =0: H200, bf16 (bench/NOTES.md, "Paired KV heads"),
+ * unsplit Phi-3 32/32 d96 64 x 4096 774 -> 746 us and 8 x 4096 98.0 -> 96.4, 32/8 d32 64 x 4096
+ * 83.5 -> 68.6, while split plans were level or slower (Phi-3 1 x 8192 +0.3, 32/8 d96 8 x 4096
+ * +1.0 us: a split request's merge on half the blocks); not f32, whose CUDA-core path computes
+ * every dim of every query row, so a pair doubled its time; and only groups of <= 4, whose pair
+ * (<= 8 query rows) fills the one 8-row N tile the two single units each half filled -- a pair of
+ * 8 takes two N tiles of a twice as wide row, twice the tensor work of its two units (d64 32/4
+ * 64 x 4096 paired: 70 -> 93 us). The unpaired kernel serves every shape either way, so
+ * "supported?" does not depend on it. */
+bool kva__decode_pair_for(const kva_context *ctx, kva_dtype dtype, int head_dim, int group, int num_kv_heads,
+                          int64_t stride_head, int split, int gr, kva__decode_choice *pair);
 
 /* THE decode kernel chooser: the launch (decode_launch.cu), the "supported?" answer of limits
  * and params validation (kva__cuda_decode_supported) and the split policy all ask it, so they

@@ -42,6 +42,15 @@ extern "C" kva_status kva__cuda_decode_run(kva_context *ctx, const kva_plan *pla
     if (ch.via_prefill && !gr && !h->decode_subgroups && variant_decode &&
         (!params->variant || kva__variant_prefill_fn(params->variant, pages->dtype, ch.built_dim, KVA__VMOD_PF_TMA)))
         return kva__cuda_decode_as_prefill(ctx, plan, params, q, pages, o, lse);
+    /* Two adjacent KV heads per unit where that makes a unit's rows whole 128-byte lines (a
+     * variant's too, if it was built for the pair's head dim) */
+    kva__decode_choice pair;
+    int pair_per_sm = 0;
+    const bool paired = kva__decode_pair_for(ctx, pages->dtype, D, group, Hk, pages->stride_head, plan->split_kv, gr, &pair) &&
+                        (!params->variant ||
+                         kva__variant_decode_fn(params->variant, pages->dtype, pair.built_dim, pair.nt, gr, &pair_per_sm, NULL));
+    if (paired) ch = pair;
+    const int unit_heads = paired ? 2 : 1; /* KV heads per unit */
     per_sm = ch.blocks_per_sm;
     int fn_pdl = 1; /* the kernel's running code holds kva__pdl_wait (built-in: decode_kernels_wait) */
     if (params->variant) {
@@ -56,7 +65,7 @@ extern "C" kva_status kva__cuda_decode_run(kva_context *ctx, const kva_plan *pla
     const int smem = ch.smem;
     /* Persistent grid: every block resident at once, each looping over (work item, KV head,
      * sub-group) units; never more blocks than the plan (padded for graphs) has units. */
-    const int64_t units = (int64_t)plan->padded_work * Hk * ch.nsub;
+    const int64_t units = (int64_t)plan->padded_work * (Hk / unit_heads) * ch.nsub;
     if (units == 0) return KVA_OK;
     if (units > 0x7fffffff)
         return kva__fail(KVA_ERR_BAD_SHAPE, "kva_decode_run: %lld (work item, KV head) units exceed 2^31",
@@ -77,7 +86,7 @@ extern "C" kva_status kva__cuda_decode_run(kva_context *ctx, const kva_plan *pla
     a.v = pages->v_data;
     a.p_sp = pages->stride_page;
     a.p_st = pages->stride_token;
-    a.p_sh = pages->stride_head;
+    a.p_sh = pages->stride_head * unit_heads; /* (a unit's first KV head) */
     a.lse = lse;
     a.hdr = (const kva__plan_header *)dev;
     a.ints = kva__plan_ints(dev);
@@ -98,14 +107,16 @@ extern "C" kva_status kva__cuda_decode_run(kva_context *ctx, const kva_plan *pla
     a.run_counters = (unsigned *)(dev + h->off_run_counters);
     a.run_lse = (float *)(dev + h->off_run_lse);
     a.num_qo_heads = Hq;
-    a.num_kv_heads = Hk;
-    a.group = group;
+    a.num_kv_heads = Hk / unit_heads;
+    a.group = group * unit_heads;
     a.page_size = h->page_size;
     a.window_left = params->window_left < 0 ? -1 : params->window_left;
     a.head_dim = D;
+    a.row_dim = D * unit_heads;
+    a.pair_group = paired ? group : 0;
     a.sub = ch.sub;
     a.nsub = ch.nsub;
-    a.units_per_work = Hk * ch.nsub;
+    a.units_per_work = a.num_kv_heads * ch.nsub;
     a.pass = 0;
     a.mod_user = params->score_mod_user;
     a.merge_wait_ns = ((const kva__cuda_private *)ctx->cuda_private)->decode_merge_wait_ns;
