@@ -114,8 +114,9 @@ typedef struct kva_context kva_context;
  * chunk arriving before they leave its shared merge, 100000 by default; KVA_DECODE_SHARED_MERGE =
  * 0 | 1: 0 leaves every split merge to one block or a tree, and GQA groups above 16 on the prefill
  * kernel on Hopper; KVA_DECODE_PAIR_HEADS = 0 | 1: decode units of two adjacent KV heads where one
- * head's row is not whole 128-byte lines, f16 / bf16 d32 and d96 on NHD pools -- unset: for plans
- * that split no request, 1: for every plan, 0: never) are checked here.
+ * head's row is not whole 128-byte lines -- f16 / bf16 d32 and d96, pools whose head stride is the
+ * head dim (NHD), an even KV-head count, GQA groups <= 4 --, unset: for plans that split no
+ * request, 1: for every plan, 0: never) are checked here.
  * @return KVA_OK, KVA_ERR_NOT_BUILT (CUDA not compiled in), KVA_ERR_DEVICE (no such device),
  *         KVA_ERR_UNSUPPORTED (KVA_CPU_ISA names a variant this build or CPU cannot run, or
  *         KVA_PREFILL_PATH a path that does not exist or this build or device lacks, or another
@@ -415,7 +416,9 @@ void kva_alibi_slopes(int32_t num_heads, float *slopes);
  * Range: kernels keep scores in log2 units in f32, so a visible score must satisfy |s| < FLT_MAX /
  * log2(e) (about 2.3e38). A row that sees a larger score, or whose dot product overflows f32, gets
  * NaN output and NaN LSE -- never a plausible wrong value (and kva_merge_states propagates a NaN
- * LSE). Under a soft cap an overflowed dot product is NaN on the CPU and the cap on CUDA (tanh
+ * LSE). A non-finite K element (Inf, NaN) in the cache makes its head's scores NaN; in CUDA decode
+ * of f16 / bf16 d32 / d96 on NHD pools, where one unit serves two adjacent KV heads
+ * (KVA_DECODE_PAIR_HEADS in kva_context_create), its partner head's too. Under a soft cap an overflowed dot product is NaN on the CPU and the cap on CUDA (tanh
  * saturates: the float64 reference's value). The f16/bf16 CUDA prefill kernels (compute-bound: they
  * check per row and tile, not per score, and compute exp2(s * scale - max) as one FMA) have a
  * smaller range: a row whose largest visible score in a 64-key tile exceeds 2^28 / log2(e) (about

@@ -461,17 +461,20 @@ static void paired_case(kva_context *ctx, kva_rng *rng, int idx, kva_dtype dtype
     decode_case c = {0};
     c.dtype = dtype;
     c.head_dim = dim;
+    /* (picks by co-prime strides of idx, so heads, pages, batch, plan and algorithm vary apart) */
     c.num_qo_heads = heads[idx % 6][0];
     c.num_kv_heads = heads[idx % 6][1];
-    c.page_size = hnd ? 16 : pages[idx % 3]; /* (HND pages of 1 token keep heads adjacent) */
-    c.batch = batches[(idx / 3) % 3];
-    c.layout = hnd ? CUDA_TEST_HND : idx % 2 ? CUDA_TEST_NHD_INTERLEAVED : CUDA_TEST_NHD;
-    c.max_len = c.batch == 1 ? 900 : c.batch == 7 ? 300 : 100;
+    c.page_size = hnd ? 16 : pages[(idx / 2) % 3]; /* (HND pages of 1 token keep heads adjacent) */
+    c.batch = batches[(idx / 5) % 3];
+    c.layout = hnd ? CUDA_TEST_HND : (idx / 3) % 2 ? CUDA_TEST_NHD_INTERLEAVED : CUDA_TEST_NHD;
     c.variant = idx % 5;
-    c.plan_mode = plan_mode;
+    c.plan_mode = plan_mode >= 0 ? plan_mode : (idx / 7) % 4;
+    /* 32-key chunks of up to 900 keys: 28 chunks; at batch 37 more units than blocks, so some
+     * requests merge as a tree, the others shared */
+    c.max_len = c.plan_mode == 3 || c.batch == 1 ? 900 : c.batch == 7 ? 300 : 100;
     c.fixed_chunk = 32;
-    c.with_lse = idx % 4 != 1;
-    c.algo = idx % 3 == 2 ? KVA_DECODE_GLOBAL_ROWMAX : KVA_DECODE_PARTIAL_ROWMAX;
+    c.with_lse = (idx / 4) % 4 != 1;
+    c.algo = (idx / 3) % 3 == 2 ? KVA_DECODE_GLOBAL_ROWMAX : KVA_DECODE_PARTIAL_ROWMAX;
     const int64_t stride_head = hnd ? (int64_t)c.page_size * dim : dim;
     const bool pairs = kva__cuda_decode_pairs_heads(ctx, dtype, dim, c.num_qo_heads / c.num_kv_heads, c.num_kv_heads,
                                                     stride_head, split_expected);
@@ -487,21 +490,23 @@ KVA_TEST(cuda_decode_paired_heads_match_reference) {
     kva_rng_seed(&rng, kva_test_seed());
     const int ns = quick() ? 2 : 4, per_shape = quick() ? 4 : 12;
     /* every plan paired */
-    kva_test_env env;
+    kva_test_env env, group_env;
+    kva_test_env_set(&group_env, "KVA_DECODE_GROUP_PATH", NULL); /* (read per call by the chooser) */
     kva_test_env_set(&env, "KVA_DECODE_PAIR_HEADS", "1");
     kva_context *ctx = cuda_test_context();
     kva_test_env_restore(&env);
-    if (!ctx) return;
+    kva_test_env_set(&env, "KVA_DECODE_PAIR_HEADS", NULL); /* (the default, for the second context) */
+    if (!ctx) goto out;
     int idx = 0;
     for (int si = 0; si < ns; ++si) {
         const int s = quick() ? si * 2 : si; /* quick: bf16 d96 and d32 */
         for (int k = 0; k <= per_shape && kva_test_failures <= 20; ++k, ++idx)
-            paired_case(ctx, &rng, idx, shapes[s].dtype, shapes[s].dim, k == per_shape, idx % 4, 1);
+            paired_case(ctx, &rng, idx, shapes[s].dtype, shapes[s].dim, k == per_shape, -1, 1);
     }
     kva_context_destroy(ctx);
     /* by default: unsplit plans only, never f32 */
     ctx = cuda_test_context();
-    if (!ctx) return;
+    if (!ctx) goto out;
     for (int si = 0; si < ns && kva_test_failures <= 20; ++si, ++idx) {
         const int s = quick() ? si * 2 : si;
         paired_case(ctx, &rng, idx, shapes[s].dtype, shapes[s].dim, false, 1, 0);
@@ -512,6 +517,9 @@ KVA_TEST(cuda_decode_paired_heads_match_reference) {
     CHECK(!kva__cuda_decode_pairs_heads(ctx, KVA_BF16, 96, 1, 3, 96, 0));   /* (an odd head left) */
     CHECK(!kva__cuda_decode_pairs_heads(ctx, KVA_BF16, 96, 8, 4, 96, 0));   /* (16 rows: two N tiles) */
     kva_context_destroy(ctx);
+out:
+    kva_test_env_restore(&env);
+    kva_test_env_restore(&group_env);
 }
 
 /* GQA groups above 16: on a device with the warp-specialised prefill kernel, groups of 17..128

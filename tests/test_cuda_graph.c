@@ -3,8 +3,9 @@
  * correctly after re-planning (host only) into the same workspace for other batches: smaller,
  * with empty requests, longer or shorter, split or not. Each replay's output is poisoned first
  * and compared against the float64 reference. Also with the global-rowmax algorithm (two
- * launches in the graph), with a GQA group of 48 at head dim 80 (sub-groups, padded dim) and of
- * 71 at head dim 64 (on Hopper: the prefill kernel and the prefill merge).
+ * launches in the graph), with a GQA group of 48 at head dim 80 (sub-groups, padded dim), of
+ * 71 at head dim 64 (on Hopper: the prefill kernel and the prefill merge), and with two KV heads
+ * per unit (d96).
  */
 #include "harness.h"
 #include "test_cuda_util.h"
@@ -163,10 +164,19 @@ KVA_TEST(cuda_graph_replay_group48_d80) { graph_replay(KVA_DECODE_PARTIAL_ROWMAX
 /* a group above 16 at a prefill head dim: on Hopper the decode plan runs on the prefill kernel
  * and the prefill merge (both read the plan's counts from the workspace when replayed) */
 KVA_TEST(cuda_graph_replay_group71_d64) { graph_replay(KVA_DECODE_PARTIAL_ROWMAX, 71, 1, 64); }
+/* Two KV heads per unit (d96 at 2 bytes on NHD pools), made to pair every plan: the captured
+ * launch keeps its pair geometry through replays of split and unsplit plans. */
+KVA_TEST(cuda_graph_replay_paired_heads_d96) {
+    kva_test_env env;
+    kva_test_env_set(&env, "KVA_DECODE_PAIR_HEADS", "1");
+    graph_replay(KVA_DECODE_PARTIAL_ROWMAX, 32, 16, 96);
+    kva_test_env_restore(&env);
+}
 
 #else
 KVA_TEST(cuda_graph_replay_after_replanning) { kva_test_skip("no CUDA device"); }
 KVA_TEST(cuda_graph_replay_global_rowmax) { kva_test_skip("no CUDA device"); }
 KVA_TEST(cuda_graph_replay_group48_d80) { kva_test_skip("no CUDA device"); }
 KVA_TEST(cuda_graph_replay_group71_d64) { kva_test_skip("no CUDA device"); }
+KVA_TEST(cuda_graph_replay_paired_heads_d96) { kva_test_skip("no CUDA device"); }
 #endif

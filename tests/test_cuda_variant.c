@@ -41,6 +41,7 @@
 #include "harness.h"
 #include "test_cuda_util.h"
 #include "test_util.h"
+#include "../src/cuda/cuda_backend.h"
 #include "../src/reference/reference.h"
 #include "../examples/variant_sources.h"
 
@@ -157,8 +158,9 @@ static void ex_params(const ex_variant *e, kva_attn_params *gpu, kva_attn_params
 
 /* ---- decode ---------------------------------------------------------------------------------- */
 
+/* layout: a CUDA_TEST_* pool layout, or -1 for a random one */
 static void decode_case(kva_context *ctx, kva_rng *rng, const ex_variant *e, kva_dtype dt, int32_t D, int32_t Hq,
-                        int32_t Hk, kva_decode_algo algo, int extra, const char *name) {
+                        int32_t Hk, kva_decode_algo algo, int extra, int layout, const char *name) {
     const int before = kva_test_failures;
     const int32_t B = quick() ? 3 : 7, max_len = quick() ? 300 : 1500;
     const int32_t ps = kva_rng_int(rng, 0, 1) ? 16 : 3;
@@ -172,7 +174,8 @@ static void decode_case(kva_context *ctx, kva_rng *rng, const ex_variant *e, kva
     double *o_ref = NULL, *lse_ref = NULL;
     kva_plan plan;
     memset(&plan, 0, sizeof plan);
-    if (!cuda_paged_batch_make(ctx, rng, dt, B, lens, Hk, D, ps, kva_rng_int(rng, 0, CUDA_TEST_NUM_LAYOUTS - 1), &pb))
+    if (layout < 0) layout = kva_rng_int(rng, 0, CUDA_TEST_NUM_LAYOUTS - 1);
+    if (!cuda_paged_batch_make(ctx, rng, dt, B, lens, Hk, D, ps, layout, &pb))
         return;
     kva_attn_params p = kva_attn_params_default(Hq, Hk, D), ref;
     if (extra == 1) p.window_left = kva_rng_int(rng, 0, max_len);
@@ -247,12 +250,44 @@ KVA_TEST(cuda_variant_decode) {
                     snprintf(name, sizeof name, "decode %s %s d%d %d/%d %s extra %d", ex_name[x], kva_dtype_name(dts[t]),
                              dims[d], heads[hi][0], heads[hi][1], algo ? "global-rowmax" : "partial", extra);
                     decode_case(ctx, &rng, &e, dts[t], dims[d], heads[hi][0], heads[hi][1], (kva_decode_algo)algo,
-                                extra, name);
+                                extra, -1, name);
                     ++cases;
                 }
         ex_free(ctx, &e);
     }
     printf("    %d decode cases\n", cases);
+    kva_context_destroy(ctx);
+}
+
+/* Variants on decode units of two KV heads (bf16 d96, NHD pools; made to pair every plan): the
+ * modifier's query head, the native ALiBi's slopes and caller data by head must be the real
+ * head's in both halves of a pair. The variant is built for every head dim (it pairs only where
+ * it has both the d96 kernel's and the pair's build). */
+KVA_TEST(cuda_variant_decode_paired_heads) {
+    kva_test_env env;
+    kva_test_env_set(&env, "KVA_DECODE_PAIR_HEADS", "1");
+    kva_context *ctx = cuda_test_context();
+    kva_test_env_restore(&env);
+    if (!ctx) return;
+    use_test_cache();
+    kva_rng rng;
+    kva_rng_seed(&rng, kva_test_seed());
+    const kva_variant_options dec = {KVA_VARIANT_DECODE, 1u << KVA_BF16, 0};
+    static const int32_t heads[3][2] = {{4, 4}, {16, 4}, {8, 4}};
+    CHECK(kva__cuda_decode_pairs_heads(ctx, KVA_BF16, 96, 1, 4, 96, 1));
+    for (int x = 0; x < NUM_EX; ++x) {
+        ex_variant e;
+        if (!ex_make(ctx, &rng, x, &dec, &e)) continue;
+        for (int k = 0; k < 3; ++k) {
+            const int algo = (x + k) % 2, extra = kva_rng_int(&rng, 0, 3);
+            char name[160];
+            snprintf(name, sizeof name, "paired decode %s bf16 d96 %d/%d %s extra %d", ex_name[x], heads[k][0],
+                     heads[k][1], algo ? "global-rowmax" : "partial", extra);
+            decode_case(ctx, &rng, &e, KVA_BF16, 96, heads[k][0], heads[k][1], (kva_decode_algo)algo, extra,
+                        k == 1 ? CUDA_TEST_NHD_INTERLEAVED : CUDA_TEST_NHD, name);
+        }
+        ex_free(ctx, &e);
+    }
     kva_context_destroy(ctx);
 }
 
@@ -1108,6 +1143,7 @@ out:
 
 #else
 KVA_TEST(cuda_variant_decode) { kva_test_skip("no CUDA device"); }
+KVA_TEST(cuda_variant_decode_paired_heads) { kva_test_skip("no CUDA device"); }
 KVA_TEST(cuda_variant_prefill_paged) { kva_test_skip("no CUDA device"); }
 KVA_TEST(cuda_variant_prefill_ragged) { kva_test_skip("no CUDA device"); }
 KVA_TEST(cuda_variant_prefill_mma) { kva_test_skip("no CUDA device"); }

@@ -42,12 +42,13 @@
  *   and P V see zeros; o, partial states and the merge use the real dim. The cost is compute and
  *   shared memory for D, not bandwidth.
  * Paired KV heads (a.pair_group = g > 0; kva__decode_pair_for): where one head's row is not whole
- *   128-byte lines but two adjacent heads' rows are (d96 at 2 bytes), a unit serves KV heads 2k
+ *   128-byte lines but two adjacent heads' rows are (d32, d96 at 2 bytes), a unit serves KV heads 2k
  *   and 2k+1 as one "head" of 2 x head_dim (a.row_dim) with 2g query rows: the first g rows hold
  *   their q at dims [0, dh) and zeros after, the last g at [dh, 2 dh), so every score is its own
  *   head's; of each row's output only its own half is kept (the other half is P times the other
  *   head's V). The launch passes the pair's geometry (KV heads / 2, group x 2, head stride x 2),
- *   so everything else -- plan records, merges, counters -- is unchanged.
+ *   so everything else -- plan records, merges, counters -- is unchanged. (A non-finite K of
+ *   one head -- 0 x Inf -- makes its partner's scores NaN: documented in kvattn.h.)
  * Global rowmax (GR = true, seed 002 Alg. 2, two launches): pass 1 streams K only and writes each
  *   split chunk's row max to its partial-LSE slot; the last block of (request, KV head,
  *   sub-group) reduces

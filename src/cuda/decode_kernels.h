@@ -44,7 +44,7 @@ typedef struct kva__decode_args {
     const int4 *records;         /* device part: unit records, 2 int4 per work item (workspace_layout.h) */
     int32_t num_work;            /* >= 0: the plan's work items (non-graph plans); -1: read hdr
                                   * (graph plans: a replay must see the current plan's count) */
-    int32_t max_units;           /* padded_work * num_kv_heads: records that exist (>= grid) */
+    int32_t max_units;           /* padded_work * units_per_work: units that exist (>= grid) */
     float *partial_o;            /* f32 [work][num_qo_heads][D] */
     float *partial_lse;          /* f32 [work][num_qo_heads] */
     unsigned *counters;          /* u32 [batch][num_kv_heads][nsub], zero between runs */
@@ -128,16 +128,18 @@ typedef struct kva__decode_choice {
  * whose heads of a token are adjacent): a unit then reads whole lines, not lines shared with the
  * unit of the next head, on another block at another time. The pair runs on the kernel
  * kva__decode_kernel_for picks for 2 x head_dim and a group of 2 x group; true and that choice
- * where the run takes it. Only for plans that split no request (`split` = kva_plan.split_kv = 0)
- * unless KVA_DECODE_PAIR_HEADS=1, never under =0: H200, bf16 (bench/NOTES.md, "Paired KV heads"),
- * unsplit Phi-3 32/32 d96 64 x 4096 774 -> 746 us and 8 x 4096 98.0 -> 96.4, 32/8 d32 64 x 4096
- * 83.5 -> 68.6, while split plans were level or slower (Phi-3 1 x 8192 +0.3, 32/8 d96 8 x 4096
- * +1.0 us: a split request's merge on half the blocks); not f32, whose CUDA-core path computes
- * every dim of every query row, so a pair doubled its time; and only groups of <= 4, whose pair
- * (<= 8 query rows) fills the one 8-row N tile the two single units each half filled -- a pair of
- * 8 takes two N tiles of a twice as wide row, twice the tensor work of its two units (d64 32/4
- * 64 x 4096 paired: 70 -> 93 us). The unpaired kernel serves every shape either way, so
- * "supported?" does not depend on it. */
+ * where the run takes it. Only for plans that split no request (`split` = kva_plan.split_kv = 0;
+ * a graph keeps the choice of the plan it was captured with) unless KVA_DECODE_PAIR_HEADS=1, never
+ * under =0: H200, bf16 (bench/NOTES.md, "Paired KV heads"), unsplit Phi-3 32/32 d96 64 x 4096
+ * 774 -> 746 us and 8 x 4096 98.0 -> 96.4, 32/8 d32 64 x 4096 83.5 -> 68.6, while the d96 split
+ * plans measured were level or slower (Phi-3 1 x 8192 +0.25..+0.47, 32/8 d96 8 x 4096 +0.8..+1.3
+ * us; one d32 split row was 0.4 us faster); not f32, whose CUDA-core path computes every dim of
+ * every query row, so a pair took 1.7-2x the time; and only groups of <= 4, whose pair (<= 8
+ * query rows) stays in the one 8-row N tile each of its two units used -- a pair of 8 takes two
+ * N tiles of a twice as wide row, twice the tensor work of its two units (d64 32/4 64 x 4096
+ * paired: 70 -> 93 us). The unpaired kernel serves every shape either way, so "supported?" does
+ * not depend on it. A pair's scores sum over both heads' dims with the other head's q zero, so a
+ * non-finite K element of one head (Inf, NaN) makes its partner's scores NaN too (kvattn.h). */
 bool kva__decode_pair_for(const kva_context *ctx, kva_dtype dtype, int head_dim, int group, int num_kv_heads,
                           int64_t stride_head, int split, int gr, kva__decode_choice *pair);
 

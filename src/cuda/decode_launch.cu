@@ -7,7 +7,8 @@
  * captured with either algorithm replays after re-planning.
  *
  * The grid is persistent: min(padded_work x num_kv_heads, blocks resident at once), each block
- * looping over (work item, KV head) units (decode_kernel.cuh). Kernel arguments hold only what is fixed
+ * looping over (work item, KV head) units (decode_kernel.cuh) -- or (work item, pair of KV
+ * heads) units, num_kv_heads / 2 per work item, where kva__decode_pair_for pairs them. Kernel arguments hold only what is fixed
  * for a workspace and a layer (pointers, strides, offsets of the workspace's int arrays, the
  * attention variant, and the work count of a non-graph plan); per-unit records, lengths and page
  * ids -- and the work count of a KVA_PLAN_GRAPH plan -- are read from the workspace's device part,
@@ -43,12 +44,14 @@ extern "C" kva_status kva__cuda_decode_run(kva_context *ctx, const kva_plan *pla
         (!params->variant || kva__variant_prefill_fn(params->variant, pages->dtype, ch.built_dim, KVA__VMOD_PF_TMA)))
         return kva__cuda_decode_as_prefill(ctx, plan, params, q, pages, o, lse);
     /* Two adjacent KV heads per unit where that makes a unit's rows whole 128-byte lines (a
-     * variant's too, if it was built for the pair's head dim) */
+     * variant's too, if it was built for the pair's head dim as well as for the caller's, so
+     * that whether a variant runs never depends on the plan's split) */
     kva__decode_choice pair;
     int pair_per_sm = 0;
     const bool paired = kva__decode_pair_for(ctx, pages->dtype, D, group, Hk, pages->stride_head, plan->split_kv, gr, &pair) &&
                         (!params->variant ||
-                         kva__variant_decode_fn(params->variant, pages->dtype, pair.built_dim, pair.nt, gr, &pair_per_sm, NULL));
+                         (kva__variant_decode_fn(params->variant, pages->dtype, pair.built_dim, pair.nt, gr, &pair_per_sm, NULL) &&
+                          kva__variant_decode_fn(params->variant, pages->dtype, ch.built_dim, ch.nt, gr, &pair_per_sm, NULL)));
     if (paired) ch = pair;
     const int unit_heads = paired ? 2 : 1; /* KV heads per unit */
     per_sm = ch.blocks_per_sm;
