@@ -167,7 +167,10 @@ static void trace_shape(kva_context *ctx, int B, const int *lens, const char *la
         }
         for (int i = 0; i < n; ++i) v_ns[i] = (long long)(tns[used[i]][EXIT] - first);
         long long mn, mx;
-        med_max(v_ns, n, &mn, &mx);
+        med_max(v_ns, n, &mn, &mx); /* (sorted: the exits' spread, the tail a static split leaves) */
+        printf("    exit from the first start, us: min %.2f, p10 %.2f, p25 %.2f, p50 %.2f, p75 %.2f, p90 %.2f, max %.2f\n",
+               v_ns[0] * 1e-3, v_ns[n / 10] * 1e-3, v_ns[n / 4] * 1e-3, v_ns[n / 2] * 1e-3, v_ns[3 * n / 4] * 1e-3,
+               v_ns[9 * n / 10] * 1e-3, v_ns[n - 1] * 1e-3);
         for (int i = 0; i < n; ++i) v_ck[i] = tclk[used[i]][UNITS];
         long long um, ux;
         med_max(v_ck, n, &um, &ux);
