@@ -577,8 +577,8 @@ static void decode_kernel_policy(const kva_context *ctx, int32_t head_dim, const
         policy->max_blocks /= ch->nsub;
         if (policy->max_blocks < 1) policy->max_blocks = 1;
     }
-    /* One key tile per warp: shorter chunks leave warps idle and only add merge work. */
-    policy->min_chunk = KVA__DECODE_TILE_KEYS(ch->built_dim, ch->nt) * KVA__DECODE_WARPS;
+    /* One 16-key tile per warp: shorter chunks leave warps idle and only add merge work. */
+    policy->min_chunk = 16 * KVA__DECODE_WARPS;
     /* how much a block gains from an SM of its own, by head dim (the scheduler weighs one lone
      * block per SM against two paired ones) */
     policy->lone_block_percent = kva__cuda_decode_lone_block_percent(head_dim);

@@ -72,7 +72,6 @@
 #define KVA__DECODE_STAGES 2 /* cp.async ring depth per warp; 2 keeps 2 blocks (8 streaming warps) per SM, which matters more than depth (bench/NOTES.md) */
 #endif
 #define KVA__DECODE_PFQ 2 /* page-id lookups in flight per warp, in tiles (>= stages - 1) */
-
 #ifndef KVA__DECODE_REVERSE
 #define KVA__DECODE_REVERSE 1 /* non-graph multi-round plans: blocks walk their units last to first */
 #endif
@@ -84,9 +83,7 @@
 template <typename T, int D, int NT>
 struct kva__decode_geom {
     static constexpr int ES = (int)sizeof(T);
-    /* keys per warp tile: 8 for f32; 16 for f16 / bf16, KVA__DECODE_TOK_D64 at D = 64 with one N
-     * tile (decode_kernels.h) */
-    static constexpr int TOK = ES == 4 ? 8 : KVA__DECODE_TILE_KEYS(D, NT);
+    static constexpr int TOK = ES == 4 ? 8 : 16;    /* keys per warp tile */
     static constexpr int RB = D * ES;               /* bytes of one K or V row */
     static constexpr int CPR = RB / 16;             /* 16-byte chunks per row (>= 8) */
     static constexpr int EPC = 16 / ES;             /* elements per chunk */
@@ -531,14 +528,10 @@ __global__ void __launch_bounds__(KVA__DECODE_THREADS)
             const int tstart = cur.start + (warp + WARPS * i) * TOK;
 
             if constexpr (MMA) {
-                /* S^T[key][head] = sum_d K[key][d] Q[head][d], per 16-key sub-tile (SUBS of them:
-                 * independent chains the warp interleaves) */
-                constexpr int SUBS = TOK / 16;
-                float s[SUBS][NT][4];
+                /* S^T[key][head] = sum_d K[key][d] Q[head][d] */
+                float s[NT][4];
 #pragma unroll
-                for (int sb = 0; sb < SUBS; ++sb)
-#pragma unroll
-                    for (int nt = 0; nt < NT; ++nt) s[sb][nt][0] = s[sb][nt][1] = s[sb][nt][2] = s[sb][nt][3] = 0.0f;
+                for (int nt = 0; nt < NT; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
 #pragma unroll
                 for (int k2 = 0; k2 < D / 32; ++k2) {
                     uint32_t qb[NT][4];
@@ -553,58 +546,37 @@ __global__ void __launch_bounds__(KVA__DECODE_THREADS)
                             kva__ldmatrix_x4(qb[nt], kva__smem_addr(q_smem) + kva__swz<RB>(nt * 8 + (lane & 7), k2 * 4 + (lane >> 3)));
                     }
 #pragma unroll
-                    for (int kk = 0; kk < 2; ++kk)
+                    for (int kk = 0; kk < 2; ++kk) {
+                        uint32_t ka[4];
+                        kva__ldmatrix_x4(ka, ks_s + kva__swz<RB>(lane & 15, (2 * k2 + kk) * 2 + (lane >> 4)));
 #pragma unroll
-                        for (int sb = 0; sb < SUBS; ++sb) {
-                            uint32_t ka[4];
-                            kva__ldmatrix_x4(ka, ks_s + kva__swz<RB>(sb * 16 + (lane & 15), (2 * k2 + kk) * 2 + (lane >> 4)));
-#pragma unroll
-                            for (int nt = 0; nt < NT; ++nt)
-                                kva__mma16816<T>(s[sb][nt], ka, qb[nt][2 * kk], qb[nt][2 * kk + 1]);
-                        }
+                        for (int nt = 0; nt < NT; ++nt)
+                            kva__mma16816<T>(s[nt], ka, qb[nt][2 * kk], qb[nt][2 * kk + 1]);
+                    }
                 }
 #if defined(KVA_VARIANT_ALIBI_SLOPES) && defined(KVA__FN_IS_KVA_ALIBI)
                 static_assert(NT <= 2, "kva__unit.alibi holds the slopes of two N tiles");
 #endif
-                /* Online softmax over the TOK keys of this tile, per head column: one max, one
-                 * rescale of O per tile. Lane slot e of sub-tile sb is key tstart + 16 sb +
-                 * lane / 4 + 8 (e / 2). */
-                bool vk[SUBS][2];
-#pragma unroll
-                for (int sb = 0; sb < SUBS; ++sb) {
-                    vk[sb][0] = tstart + sb * 16 + (lane >> 2) < end;
-                    vk[sb][1] = tstart + sb * 16 + (lane >> 2) + 8 < end;
-                }
+                /* Online softmax over the 16 keys of this tile, per head column. */
+                const bool v0 = tstart + (lane >> 2) < end, v1 = tstart + (lane >> 2) + 8 < end;
 #if KVA__DECODE_TILE_MOD
-                float xs[SUBS][NT][4];
-#pragma unroll
-                for (int sb = 0; sb < SUBS; ++sb) kva__tile_scores<NT>(a, s[sb], cur, tstart + sb * 16, end, lane, xs[sb]);
-                (void)vk;
+                float xs[NT][4];
+                kva__tile_scores<NT>(a, s, cur, tstart, end, lane, xs);
+                (void)v0;
+                (void)v1;
 #endif
-                /* the scores of head column (nt, j) in this lane's slots: x[sb][0 | 1] */
-                auto scores = [&](int nt, int j, float (&x)[SUBS][2]) {
-#pragma unroll
-                    for (int sb = 0; sb < SUBS; ++sb) {
-#if KVA__DECODE_TILE_MOD
-                        x[sb][0] = xs[sb][nt][j];
-                        x[sb][1] = xs[sb][nt][j + 2];
-#else
-                        const int head = nt * 8 + 2 * (lane & 3) + j, k0 = tstart + sb * 16 + (lane >> 2);
-                        x[sb][0] = vk[sb][0] ? kva__score_at(a, s[sb][nt][j], cur, k0, head, nt * 2 + j) : -INFINITY;
-                        x[sb][1] = vk[sb][1] ? kva__score_at(a, s[sb][nt][j + 2], cur, k0 + 8, head, nt * 2 + j) : -INFINITY;
-#endif
-                    }
-                };
                 if (rowmax_pass) { /* global rowmax, pass 1: the chunk's row max only */
 #pragma unroll
                     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
                         for (int j = 0; j < 2; ++j) {
-                            float x[SUBS][2];
-                            scores(nt, j, x);
-                            float mx = fmaxf(x[0][0], x[0][1]);
-#pragma unroll
-                            for (int sb = 1; sb < SUBS; ++sb) mx = fmaxf(mx, fmaxf(x[sb][0], x[sb][1]));
+#if KVA__DECODE_TILE_MOD
+                            float mx = fmaxf(xs[nt][j], xs[nt][j + 2]);
+#else
+                            const int head = nt * 8 + 2 * (lane & 3) + j;
+                            float mx = fmaxf(v0 ? kva__score_at(a, s[nt][j], cur, tstart + (lane >> 2), head, nt * 2 + j) : -INFINITY,
+                                             v1 ? kva__score_at(a, s[nt][j + 2], cur, tstart + (lane >> 2) + 8, head, nt * 2 + j) : -INFINITY);
+#endif
                             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
                             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
                             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
@@ -613,17 +585,20 @@ __global__ void __launch_bounds__(KVA__DECODE_THREADS)
                     __syncwarp();
                     continue;
                 }
-                uint32_t pb[SUBS][NT][2];
+                uint32_t pb[NT][2];
 #pragma unroll
                 for (int nt = 0; nt < NT; ++nt) {
-                    float p[SUBS][4];
+                    float p[4];
 #pragma unroll
                     for (int j = 0; j < 2; ++j) {
-                        float x[SUBS][2];
-                        scores(nt, j, x);
-                        float mx = fmaxf(x[0][0], x[0][1]);
-#pragma unroll
-                        for (int sb = 1; sb < SUBS; ++sb) mx = fmaxf(mx, fmaxf(x[sb][0], x[sb][1]));
+#if KVA__DECODE_TILE_MOD
+                        const float x0 = xs[nt][j], x1 = xs[nt][j + 2];
+#else
+                        const int head = nt * 8 + 2 * (lane & 3) + j;
+                        float x0 = v0 ? kva__score_at(a, s[nt][j], cur, tstart + (lane >> 2), head, nt * 2 + j) : -INFINITY;
+                        float x1 = v1 ? kva__score_at(a, s[nt][j + 2], cur, tstart + (lane >> 2) + 8, head, nt * 2 + j) : -INFINITY;
+#endif
+                        float mx = fmaxf(x0, x1);
                         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
                         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
                         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
@@ -631,14 +606,9 @@ __global__ void __launch_bounds__(KVA__DECODE_THREADS)
                         const float m_new = fixed_max ? m_st[h] : fmaxf(m_st[h], mx);
                         const float m_use = m_new == -INFINITY ? 0.0f : m_new;
                         const float alpha = exp2f(m_st[h] - m_use);
-                        float lsum = 0.0f;
-#pragma unroll
-                        for (int sb = 0; sb < SUBS; ++sb) {
-                            p[sb][j] = exp2f(x[sb][0] - m_use);
-                            p[sb][j + 2] = exp2f(x[sb][1] - m_use);
-                            lsum += p[sb][j] + p[sb][j + 2];
-                        }
-                        l_st[h] = l_st[h] * alpha + lsum;
+                        p[j] = exp2f(x0 - m_use);
+                        p[j + 2] = exp2f(x1 - m_use);
+                        l_st[h] = l_st[h] * alpha + p[j] + p[j + 2];
                         m_st[h] = m_new;
 #pragma unroll
                         for (int md = 0; md < D / 16; ++md) {
@@ -646,23 +616,18 @@ __global__ void __launch_bounds__(KVA__DECODE_THREADS)
                             o_acc[(md * NT + nt) * 4 + j + 2] *= alpha;
                         }
                     }
-#pragma unroll
-                    for (int sb = 0; sb < SUBS; ++sb) {
-                        pb[sb][nt][0] = kva__movmatrix_trans(kva__pack2<T>(p[sb][0], p[sb][1]));
-                        pb[sb][nt][1] = kva__movmatrix_trans(kva__pack2<T>(p[sb][2], p[sb][3]));
-                    }
+                    pb[nt][0] = kva__movmatrix_trans(kva__pack2<T>(p[0], p[1]));
+                    pb[nt][1] = kva__movmatrix_trans(kva__pack2<T>(p[2], p[3]));
                 }
                 /* O^T[d][head] += sum_key V[key][d] P[head][key] */
 #pragma unroll
-                for (int md = 0; md < D / 16; ++md)
+                for (int md = 0; md < D / 16; ++md) {
+                    uint32_t va[4];
+                    kva__ldmatrix_x4_trans(va, vs_s + kva__swz<RB>(((lane >> 4) << 3) + (lane & 7), 2 * md + ((lane >> 3) & 1)));
 #pragma unroll
-                    for (int sb = 0; sb < SUBS; ++sb) {
-                        uint32_t va[4];
-                        kva__ldmatrix_x4_trans(va, vs_s + kva__swz<RB>(sb * 16 + ((lane >> 4) << 3) + (lane & 7), 2 * md + ((lane >> 3) & 1)));
-#pragma unroll
-                        for (int nt = 0; nt < NT; ++nt)
-                            kva__mma16816<T>(&o_acc[(md * NT + nt) * 4], va, pb[sb][nt][0], pb[sb][nt][1]);
-                    }
+                    for (int nt = 0; nt < NT; ++nt)
+                        kva__mma16816<T>(&o_acc[(md * NT + nt) * 4], va, pb[nt][0], pb[nt][1]);
+                }
             } else {
                 constexpr int VPL = D / 32;
                 const int nvalid = end - tstart < TOK ? end - tstart : TOK;

@@ -13,18 +13,6 @@
 /* Warps per decode block; each streams its own key tiles. */
 #define KVA__DECODE_WARPS 4
 #define KVA__DECODE_THREADS (32 * KVA__DECODE_WARPS)
-/* Keys per warp tile of the f16 / bf16 kernels (f32: 8): 16, or KVA__DECODE_TOK_D64 at D = 64 with
- * one 8-head N tile -- two 16-key sub-tiles under one online-softmax step (one max, one rescale
- * of O per 32 keys), where the softmax costs most per byte: the d64 kernel is bound by its
- * instructions' latency, not by the bytes it has in flight (bench/NOTES.md, "Paired KV heads",
- * call 4). The split policy's shortest chunk is one tile per warp. */
-#ifndef KVA__DECODE_TOK_D64
-#define KVA__DECODE_TOK_D64 32
-#endif
-#if KVA__DECODE_TOK_D64 != 16 && KVA__DECODE_TOK_D64 != 32
-#error "KVA__DECODE_TOK_D64 must be 16 or 32"
-#endif
-#define KVA__DECODE_TILE_KEYS(d, nt) ((d) == 64 && (nt) == 1 ? KVA__DECODE_TOK_D64 : 16)
 /* The shared merge's participants depart (the atomic that finds the last one out, who resets the
  * request's words) before merging their slices where no block withdrew, so its round trip runs
  * under them (1; 0: after them, as the withdrawal path does -- for A/B runs). */
