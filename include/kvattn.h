@@ -115,8 +115,9 @@ typedef struct kva_context kva_context;
  * 0 | 1: 0 leaves every split merge to one block or a tree, and GQA groups above 16 on the prefill
  * kernel on Hopper; KVA_DECODE_PAIR_HEADS = 0 | 1: decode units of two adjacent KV heads where one
  * head's row is not whole 128-byte lines -- f16 / bf16 d32 and d96, pools whose head stride is the
- * head dim (NHD), an even KV-head count, GQA groups <= 4 --, unset: for plans that split no
- * request, 1: for every plan, 0: never) are checked here.
+ * head dim (NHD), an even KV-head count, GQA groups <= 4, a variant built for both head dims;
+ * a captured graph keeps its capture's choice --, unset: for plans that split no request, 1: for
+ * every plan, 0: never) are checked here.
  * @return KVA_OK, KVA_ERR_NOT_BUILT (CUDA not compiled in), KVA_ERR_DEVICE (no such device),
  *         KVA_ERR_UNSUPPORTED (KVA_CPU_ISA names a variant this build or CPU cannot run, or
  *         KVA_PREFILL_PATH a path that does not exist or this build or device lacks, or another
