@@ -149,11 +149,15 @@ __device__ __forceinline__ void kva__load_lane_f32(const unsigned char *base, in
  * -inf would look like a masked key (an empty row), +inf already gives NaN (inf - inf). The
  * product is rounded before use: an FMA in exp2(x - max) would keep it unrounded, and at huge
  * scores its difference from the (rounded) max exceeds what exp2 can take. */
-__device__ __forceinline__ float kva__score(const kva__decode_args &a, float dot) {
-    if (a.cap_log2 > 0.0f) /* an overflowed dot is capped (tanh saturates), as in the reference */
+template <bool CAP>
+__device__ __forceinline__ float kva__score_c(const kva__decode_args &a, float dot) {
+    if (CAP) /* an overflowed dot is capped (tanh saturates), as in the reference */
         return a.cap_log2 * kva__tanh_accurate(dot * a.cap_inv_scale);
     const float x = __fmul_rn(dot, a.scale_log2); /* rounded: exp2(x - max) must not fuse it */
     return x == -INFINITY ? NAN : x;
+}
+__device__ __forceinline__ float kva__score(const kva__decode_args &a, float dot) {
+    return a.cap_log2 > 0.0f ? kva__score_c<true>(a, dot) : kva__score_c<false>(a, dot);
 }
 
 /* Stores 4 consecutive f32 values as T (8 or 16 bytes, aligned since d % 4 == 0). */
@@ -293,6 +297,31 @@ __device__ __forceinline__ void kva__tile_scores(const kva__decode_args &a, cons
         }
 }
 
+/* The scores of a 16-key mma tile without a generic modifier (slots as kva__tile_scores: key
+ * tstart + lane / 4 + 8 (e / 2), head nt * 8 + 2 (lane % 4) + e % 2; -inf past the unit's end),
+ * with the soft cap decided at compile time: the caller tests it once per tile, where a test per
+ * score cost each score a branch around the inlined tanh (bench/NOTES.md, "Paired KV heads",
+ * call 7). The built-in ALiBi's FFMA as in kva__score_at. */
+template <int NT, bool CAP>
+__device__ __forceinline__ void kva__tile_scores_builtin(const kva__decode_args &a, const float (&s)[NT][4],
+                                                         const kva__unit &m, int tstart, int end, int lane,
+                                                         float (&x)[NT][4]) {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int kv_pos = tstart + (lane >> 2) + 8 * (e >> 1);
+            float y = kva__score_c<CAP>(a, s[nt][e]);
+#if defined(KVA_VARIANT_ALIBI_SLOPES) && defined(KVA__FN_IS_KVA_ALIBI)
+            const int head = nt * 8 + 2 * (lane & 3) + (e & 1);
+            if (head < m.gs) y = fmaf(m.alibi[nt * 2 + (e & 1)], (float)(kv_pos - m.q_pos), y);
+#else
+            (void)m;
+#endif
+            x[nt][e] = kv_pos < end ? y : -INFINITY;
+        }
+}
+
 #include "decode_merge.cuh" /* the split-KV merges of the epilogue: last block, tree, shared */
 #include "decode_trace.cuh" /* (measurement builds only) */
 
@@ -357,7 +386,7 @@ __global__ void __launch_bounds__(KVA__DECODE_THREADS)
         pid = 0;
         slot = 0;
         if (ok) {
-            const int p = pos / ps;
+            const int p = kva__div_by(pos, a.page_div); /* (pos / ps without a divide) */
             slot = pos - p * ps;
             pid = __ldg(a.ints + a.off_page_indices + m.page_beg + p);
         }
@@ -557,26 +586,22 @@ __global__ void __launch_bounds__(KVA__DECODE_THREADS)
 #if defined(KVA_VARIANT_ALIBI_SLOPES) && defined(KVA__FN_IS_KVA_ALIBI)
                 static_assert(NT <= 2, "kva__unit.alibi holds the slopes of two N tiles");
 #endif
-                /* Online softmax over the 16 keys of this tile, per head column. */
-                const bool v0 = tstart + (lane >> 2) < end, v1 = tstart + (lane >> 2) + 8 < end;
-#if KVA__DECODE_TILE_MOD
+                /* Online softmax over the 16 keys of this tile, per head column, on its scores */
                 float xs[NT][4];
+#if KVA__DECODE_TILE_MOD
                 kva__tile_scores<NT>(a, s, cur, tstart, end, lane, xs);
-                (void)v0;
-                (void)v1;
+#else
+                if (a.cap_log2 > 0.0f)
+                    kva__tile_scores_builtin<NT, true>(a, s, cur, tstart, end, lane, xs);
+                else
+                    kva__tile_scores_builtin<NT, false>(a, s, cur, tstart, end, lane, xs);
 #endif
                 if (rowmax_pass) { /* global rowmax, pass 1: the chunk's row max only */
 #pragma unroll
                     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
                         for (int j = 0; j < 2; ++j) {
-#if KVA__DECODE_TILE_MOD
                             float mx = fmaxf(xs[nt][j], xs[nt][j + 2]);
-#else
-                            const int head = nt * 8 + 2 * (lane & 3) + j;
-                            float mx = fmaxf(v0 ? kva__score_at(a, s[nt][j], cur, tstart + (lane >> 2), head, nt * 2 + j) : -INFINITY,
-                                             v1 ? kva__score_at(a, s[nt][j + 2], cur, tstart + (lane >> 2) + 8, head, nt * 2 + j) : -INFINITY);
-#endif
                             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
                             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
                             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
@@ -591,13 +616,7 @@ __global__ void __launch_bounds__(KVA__DECODE_THREADS)
                     float p[4];
 #pragma unroll
                     for (int j = 0; j < 2; ++j) {
-#if KVA__DECODE_TILE_MOD
                         const float x0 = xs[nt][j], x1 = xs[nt][j + 2];
-#else
-                        const int head = nt * 8 + 2 * (lane & 3) + j;
-                        float x0 = v0 ? kva__score_at(a, s[nt][j], cur, tstart + (lane >> 2), head, nt * 2 + j) : -INFINITY;
-                        float x1 = v1 ? kva__score_at(a, s[nt][j + 2], cur, tstart + (lane >> 2) + 8, head, nt * 2 + j) : -INFINITY;
-#endif
                         float mx = fmaxf(x0, x1);
                         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
                         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));

@@ -9,6 +9,7 @@
 #include <stdint.h>
 #include "kvattn.h"
 #include "../plan/workspace_layout.h"
+#include "../common/div_magic.h"
 
 /* Warps per decode block; each streams its own key tiles. */
 #define KVA__DECODE_WARPS 4
@@ -53,6 +54,7 @@ typedef struct kva__decode_args {
                                   * first and second item's rows) */
     float *run_lse;              /* f32 [work][num_qo_heads]: a merged run's LSE (by first item) */
     int32_t num_qo_heads, num_kv_heads, group, page_size, window_left;
+    kva__div_magic page_div;     /* page_size as a multiplier: a key's page is kva__div_by(pos, .) */
     int32_t head_dim;            /* the real head dim (<= the kernel's D; the rest is zero-filled) */
     int32_t row_dim;             /* dims of the K/V row a unit copies per key: head_dim, or 2 x
                                   * head_dim where a unit holds two adjacent KV heads (pair_group) */

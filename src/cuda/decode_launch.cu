@@ -113,6 +113,7 @@ extern "C" kva_status kva__cuda_decode_run(kva_context *ctx, const kva_plan *pla
     a.num_kv_heads = Hk / unit_heads;
     a.group = group * unit_heads;
     a.page_size = h->page_size;
+    a.page_div = kva__div_magic_for(h->page_size);
     a.window_left = params->window_left < 0 ? -1 : params->window_left;
     a.head_dim = D;
     a.row_dim = D * unit_heads;
