@@ -377,16 +377,7 @@ __global__ void __launch_bounds__(KVA__DECODE_THREADS)
     const uint32_t warp_ring = kva__smem_addr(ring) + warp * G::WARP_RING;
     const uint64_t stream_policy = kva__l2_evict_first();
     const int ps = a.page_size;
-    /* A tile copy gives each key row LPR lanes: lane l copies chunks l % LPR, l % LPR + LPR, ...
-     * of key l / LPR's K and V rows, so each lane computes one row offset per tile and adds
-     * compile-time chunk offsets to it; each copy instruction still reads whole 32-byte sectors
-     * (two or four adjacent chunks of a row). A lane-per-chunk order fetched every chunk's row
-     * offset from another lane (two shuffles a chunk, the larger part of the d64 kernel's copy
-     * arithmetic; bench/NOTES.md). */
-    constexpr int LPR = 32 / TOK;
-    static_assert(CPR % LPR == 0, "a row's chunks split evenly among its lanes");
-    const int my_tok = lane / LPR; /* the key of a tile whose page id and rows this lane handles */
-    const int my_c0 = lane % LPR;  /* its first chunk */
+    const int my_tok = lane % TOK; /* lane i < TOK computes the address of key i of a tile */
 
     /* Page id of this lane's key of my tile i of unit m (ok = false past the unit's end). */
     auto load_pid = [&](const kva__unit &m, int i, int &pid, int &slot, bool &ok) {
@@ -403,33 +394,21 @@ __global__ void __launch_bounds__(KVA__DECODE_THREADS)
     auto row_offset = [&](int pid, int slot, bool ok) -> int64_t {
         return ok ? (int64_t)pid * a.p_sp + (int64_t)slot * a.p_st : (int64_t)-1;
     };
-    /* Copies a tile's K and V rows into a stage: this lane's chunks of key my_tok's rows, whose
-     * element offset in the pool (without the head's) is `off` (-1 past the unit's end:
-     * zero-filled). Chunks past the real head dim are zero-filled, nothing read. */
+    /* Copies a tile's K and V rows (this lane's offset `off` is key my_tok's row) into a stage. */
     auto issue = [&](int stage, int64_t off, int kh) {
-        const uint32_t kdst = warp_ring + stage * G::STAGE_BYTES + my_tok * RB;
+        const uint32_t kdst = warp_ring + stage * G::STAGE_BYTES;
         const uint32_t vdst = kdst + G::TILE_BYTES;
-        const bool row_ok = off >= 0;
-        const int64_t e = (int64_t)kh * a.p_sh + (row_ok ? off + my_c0 * EPC : 0);
-        const T *ksrc = (const T *)a.k + e, *vsrc = (const T *)a.v + e;
-        const int sw = my_tok & 7; /* kva__swz's row term */
-        if (cpr_real == CPR) { /* (a uniform test: built head dims take no per-chunk checks) */
+        const T *kbase = (const T *)a.k + (int64_t)kh * a.p_sh;
+        const T *vbase = (const T *)a.v + (int64_t)kh * a.p_sh;
 #pragma unroll
-            for (int it = 0; it < CPR / LPR; ++it) {
-                const uint32_t so = (uint32_t)(((my_c0 + LPR * it) ^ sw) << 4);
-                kva__cp_async16(kdst + so, ksrc + LPR * it * EPC, row_ok, stream_policy);
-                if (!rowmax_pass) kva__cp_async16(vdst + so, vsrc + LPR * it * EPC, row_ok, stream_policy);
-            }
-        } else {
-#pragma unroll
-            for (int it = 0; it < CPR / LPR; ++it) {
-                const int c = my_c0 + LPR * it;
-                const bool ok = row_ok && c < cpr_real;
-                const uint32_t so = (uint32_t)((c ^ sw) << 4);
-                kva__cp_async16(kdst + so, ok ? ksrc + LPR * it * EPC : ksrc, ok, stream_policy);
-                if (!rowmax_pass)
-                    kva__cp_async16(vdst + so, ok ? vsrc + LPR * it * EPC : vsrc, ok, stream_policy);
-            }
+        for (int it = 0; it < TOK * CPR / 32; ++it) {
+            const int qd = lane + 32 * it, r = qd / CPR, c = qd % CPR;
+            const int64_t ro = __shfl_sync(0xffffffffu, off, r);
+            /* past the real head dim: zero-filled, nothing read */
+            const bool ok = ro >= 0 && c < cpr_real;
+            const int64_t e = (ok ? ro + c * EPC : 0);
+            kva__cp_async16(kdst + kva__swz<RB>(r, c), kbase + e, ok, stream_policy);
+            if (!rowmax_pass) kva__cp_async16(vdst + kva__swz<RB>(r, c), vbase + e, ok, stream_policy);
         }
     };
     /* The query rows of a unit's group (rows >= g are zeros), into registers. A unit of two KV
