@@ -336,6 +336,10 @@ __global__ void __launch_bounds__(KVA__DECODE_THREADS)
     extern __shared__ __align__(128) unsigned char smem[];
     __shared__ int s_last;
     __shared__ int s_ctl[2]; /* the shared merge's role and participant count */
+    /* each warp's next unit, parked here from its load at a unit's start to that unit's epilogue
+     * (written and read by the warp's own lanes): registers across the tile loop are what the
+     * d64 kernel runs short of (128 for four blocks per SM; bench/NOTES.md, "the next unit in shared memory", call 5) */
+    __shared__ kva__unit s_next[KVA__DECODE_WARPS];
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     int u = blockIdx.x, step = (int)gridDim.x;
@@ -485,14 +489,21 @@ __global__ void __launch_bounds__(KVA__DECODE_THREADS)
          * not waited for until this unit's epilogue issues the next unit's first copies. */
         const int un = u + step;
         const bool has_next = step > 0 ? un < num_units : un >= 0;
-        kva__unit nxt;
-        nxt.my_n = 0;
+#if defined(KVA_VARIANT_ALIBI_SLOPES) && defined(KVA__FN_IS_KVA_ALIBI)
+        float next_alibi[4]; /* (per lane: stays in registers) */
+#endif
         if (has_next) {
+            kva__unit nxt;
             kva__unit_from_record<TOK>(a, un, rn0, rn1, warp, nxt);
             kva__unit_caller_data(a, nxt);
+#if defined(KVA_VARIANT_ALIBI_SLOPES) && defined(KVA__FN_IS_KVA_ALIBI)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) next_alibi[j] = nxt.alibi[j];
+#endif
 #pragma unroll
             for (int t = 0; t < STAGES - 1 + PFQ; ++t) load_pid(nxt, t, n_pid[t], n_slot[t], n_ok[t]);
             load_q(nxt);
+            if (lane == 0) s_next[warp] = nxt;
         }
         if (step > 0 ? un + step < num_units : un + step >= 0) kva__load_record(a, un + step, rn0, rn1);
 
@@ -686,6 +697,16 @@ __global__ void __launch_bounds__(KVA__DECODE_THREADS)
         }
 
         KVA__DT_AT(first_unit, KVA__DT_LOOP, 0);
+        __syncwarp(); /* (lane 0's s_next store, for a warp whose loop ran no tile) */
+        kva__unit nxt;
+        nxt.my_n = 0;
+        if (has_next) {
+            nxt = s_next[warp];
+#if defined(KVA_VARIANT_ALIBI_SLOPES) && defined(KVA__FN_IS_KVA_ALIBI)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) nxt.alibi[j] = next_alibi[j];
+#endif
+        }
         /* ---- this warp's ring is free: start the next unit's copies now ---- */
 #pragma unroll
         for (int t = 0; t < STAGES - 1; ++t) {
