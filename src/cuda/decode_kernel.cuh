@@ -338,7 +338,8 @@ __global__ void __launch_bounds__(KVA__DECODE_THREADS)
     __shared__ int s_ctl[2]; /* the shared merge's role and participant count */
     /* each warp's next unit, parked here from its load at a unit's start to that unit's epilogue
      * (written and read by the warp's own lanes): registers across the tile loop are what the
-     * d64 kernel runs short of (128 for four blocks per SM; bench/NOTES.md, "the next unit in shared memory", call 5) */
+     * d64 kernel runs short of (128 for four blocks per SM; 125 so; bench/NOTES.md, "the next
+     * unit in shared memory", calls 5 and 7: d64 rows -0.2..-1%, the others level) */
     __shared__ kva__unit s_next[KVA__DECODE_WARPS];
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
