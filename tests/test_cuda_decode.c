@@ -23,7 +23,8 @@ typedef struct decode_case {
     kva_dtype dtype;
     int32_t head_dim, page_size, batch, num_qo_heads, num_kv_heads, layout, max_len;
     int variant;   /* 0 plain, 1 sliding window, 2 soft cap, 3 causal + custom scale, 4 a soft cap
-                    * far above the scores (1e4 .. 1e6: tanh(x) ~ x, which a cancelling tanh loses) */
+                    * far above the scores (1e4 .. 1e6: tanh(x) ~ x, which a cancelling tanh loses),
+                    * 5 peaked scores (sm_scale 2 .. 8: the running max jumps by tens of log2 units) */
     int plan_mode; /* 0 split by the planner, 1 KVA_PLAN_NO_SPLIT, 2 fixed chunk of 37 keys,
                     * 3 fixed_chunk keys, the workspace sized for it */
     bool with_lse;
@@ -32,8 +33,8 @@ typedef struct decode_case {
 } decode_case;
 
 static const char *variant_name(int v) {
-    static const char *n[] = {"plain", "window", "softcap", "causal+scale", "large-softcap"};
-    return v >= 0 && v <= 4 ? n[v] : "?";
+    static const char *n[] = {"plain", "window", "softcap", "causal+scale", "large-softcap", "peaked"};
+    return v >= 0 && v <= 5 ? n[v] : "?";
 }
 
 static bool quick(void) {
@@ -60,6 +61,7 @@ static void run_case(kva_context *ctx, kva_rng *rng, const decode_case *c, const
     if (c->variant == 1) p.window_left = kva_rng_int(rng, 0, c->max_len);
     if (c->variant == 2) p.logits_soft_cap = kva_rng_uniform(rng, 0.5f, 3.0f);
     if (c->variant == 4) p.logits_soft_cap = powf(10.0f, kva_rng_uniform(rng, 4.0f, 6.0f));
+    if (c->variant == 5) p.sm_scale = kva_rng_uniform(rng, 2.0f, 8.0f);
     if (c->variant == 3) {
         p.causal = 1;
         p.sm_scale = kva_rng_uniform(rng, 0.05f, 0.4f);
@@ -225,6 +227,40 @@ KVA_TEST(cuda_decode_large_soft_cap_matches_reference) {
             run_case(ctx, &rng, &c, NULL);
             if (kva_test_failures > 20) break;
         }
+    kva_context_destroy(ctx);
+}
+
+/* Peaked scores (sm_scale 2 .. 8, scores spread over tens of log2 units): the running max of a
+ * unit keeps jumping by more than the 16-bit tiles' rescale slack (8 log2 units) long after its
+ * first tile, so the state's rescale runs mid-unit as well as its lazy skip -- with scores near 1
+ * it runs only on a unit's first tile. Every dtype and built head dim, split and unsplit plans. */
+KVA_TEST(cuda_decode_peaked_scores_match_reference) {
+    kva_context *ctx = cuda_test_context();
+    if (!ctx) return;
+    kva_rng rng;
+    kva_rng_seed(&rng, kva_test_seed());
+    const kva_dtype dtypes[] = {KVA_BF16, KVA_F16, KVA_F32};
+    const int32_t dims[] = {64, 128, 256};
+    int idx = 0;
+    for (int di = 0; di < 3; ++di)
+        for (int hi = 0; hi < 3; ++hi)
+            for (int k = 0; k < 2; ++k, ++idx) {
+                if (quick() && dims[hi] != 64) continue;
+                decode_case c = {0};
+                c.dtype = dtypes[di];
+                c.head_dim = dims[hi];
+                c.page_size = k ? 16 : 3;
+                c.batch = k ? 7 : 1;
+                c.num_qo_heads = k ? 8 : 16;
+                c.num_kv_heads = 2;
+                c.layout = idx % CUDA_TEST_NUM_LAYOUTS;
+                c.max_len = k ? 600 : 3000;
+                c.variant = 5;
+                c.plan_mode = idx % 3 == 2 ? 1 : 0;
+                c.with_lse = true;
+                run_case(ctx, &rng, &c, NULL);
+                if (kva_test_failures > 20) break;
+            }
     kva_context_destroy(ctx);
 }
 

@@ -336,11 +336,6 @@ __global__ void __launch_bounds__(KVA__DECODE_THREADS)
     extern __shared__ __align__(128) unsigned char smem[];
     __shared__ int s_last;
     __shared__ int s_ctl[2]; /* the shared merge's role and participant count */
-    /* each warp's next unit, parked here from its load at a unit's start to that unit's epilogue
-     * (written by the warp's lane 0, read by its 32 lanes) instead of in registers across the
-     * tile loop: the d64 kernel 128 -> 125 registers, its rows -0.2..-1%, the others level
-     * (bench/NOTES.md, "the next unit in shared memory", calls 5 and 7) */
-    __shared__ kva__unit s_next[KVA__DECODE_WARPS];
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     int u = blockIdx.x, step = (int)gridDim.x;
@@ -379,6 +374,13 @@ __global__ void __launch_bounds__(KVA__DECODE_THREADS)
     unsigned char *q_smem = smem;
     unsigned char *ring = smem + G::RING_OFF;
     float *combine = reinterpret_cast<float *>(smem + G::COMBINE_OFF);
+    /* Each warp's next unit is parked in the warp's own combine buffer (idle from a unit's start
+     * until the warp's combine stores after its loop) instead of in registers across the tile
+     * loop: written by lane 0, read by all 32 lanes. The d64 kernel 128 -> 125 registers, its
+     * rows -0.2..-1%, the others level; no static shared memory, so no kernel loses a block per
+     * SM to it (bench/NOTES.md, "the next unit in shared memory", calls 5, 7, 8). */
+    auto parked = [&]() { return reinterpret_cast<kva__unit *>(combine + warp * G::WARP_COMBINE); };
+    static_assert(sizeof(kva__unit) <= sizeof(float) * G::WARP_COMBINE, "the parked unit fits a combine buffer");
     const uint32_t warp_ring = kva__smem_addr(ring) + warp * G::WARP_RING;
     const uint64_t stream_policy = kva__l2_evict_first();
     const int ps = a.page_size;
@@ -504,7 +506,7 @@ __global__ void __launch_bounds__(KVA__DECODE_THREADS)
 #pragma unroll
             for (int t = 0; t < STAGES - 1 + PFQ; ++t) load_pid(nxt, t, n_pid[t], n_slot[t], n_ok[t]);
             load_q(nxt);
-            if (lane == 0) s_next[warp] = nxt;
+            if (lane == 0) *parked() = nxt;
         }
         if (step > 0 ? un + step < num_units : un + step >= 0) kva__load_record(a, un + step, rn0, rn1);
 
@@ -698,11 +700,11 @@ __global__ void __launch_bounds__(KVA__DECODE_THREADS)
         }
 
         KVA__DT_AT(first_unit, KVA__DT_LOOP, 0);
-        __syncwarp(); /* (lane 0's s_next store, for a warp whose loop ran no tile) */
+        __syncwarp(); /* (lane 0's parked store, for a warp whose loop ran no tile) */
         kva__unit nxt;
         nxt.my_n = 0;
         if (has_next) {
-            nxt = s_next[warp];
+            nxt = *parked();
 #if defined(KVA_VARIANT_ALIBI_SLOPES) && defined(KVA__FN_IS_KVA_ALIBI)
 #pragma unroll
             for (int j = 0; j < 4; ++j) nxt.alibi[j] = next_alibi[j];
@@ -716,6 +718,7 @@ __global__ void __launch_bounds__(KVA__DECODE_THREADS)
         }
 
         /* ---- this warp's state -> its combine buffer ---- */
+        __syncwarp(); /* every lane has read the parked unit before these stores overwrite it */
         float *cw = combine + warp * G::WARP_COMBINE;
         float *cm = cw + GM * G::OROW, *cl = cm + GM;
         if constexpr (MMA) {
