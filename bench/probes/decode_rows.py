@@ -7,7 +7,8 @@ GPU_CHECK_AB_CMD="python3 bench/probes/decode_rows.py --build {build}"). One tab
     | row | us |
 
 (medians of --iters calls over input sets rotated past the L2, bench_torch.py's time_calls).
---rows takes a comma-separated subset of the labels' first words (e.g. d64,ragged).
+--rows takes a comma-separated subset of the rows' tags (d32, d64, d80, d128, d256, ragged; e.g.
+d64,ragged).
 """
 import argparse
 import os
