@@ -199,10 +199,9 @@ KVA_TEST(cuda_decode_long_context_split_matches_reference) {
 }
 
 /* Every dtype x built head dim (KVA_TEST_QUICK: quick_dim only), `per_dim` cases each: case idx
- * alternates a one-request batch on page size 3 (up to long_len keys, q_heads query heads: 32 takes the
- * two-N-tile kernels) and a
- * seven-request batch on page 16 (up to 200 keys, 8 query heads), 2 KV heads, the layouts in
- * turn, about a third of the plans unsplit, with LSE. */
+ * alternates a one-request batch on page size 3 (up to long_len keys, q_heads query heads; 32
+ * takes the two-N-tile kernels) and a seven-request batch on page 16 (up to 200 keys, 8 query
+ * heads), 2 KV heads, the layouts in turn, about a third of the plans unsplit, with LSE. */
 static void run_dtype_dim_cases(int variant, int32_t quick_dim, int per_dim, int32_t long_len, int32_t q_heads) {
     kva_context *ctx = cuda_test_context();
     if (!ctx) return;
