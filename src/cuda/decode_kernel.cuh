@@ -378,7 +378,8 @@ __global__ void __launch_bounds__(KVA__DECODE_THREADS)
      * until the warp's combine stores after its loop) instead of in registers across the tile
      * loop: written by lane 0, read by all 32 lanes. The d64 kernel 128 -> 125 registers, its
      * rows -0.2..-1%, the others level; no static shared memory, so no kernel loses a block per
-     * SM to it (bench/NOTES.md, "the next unit in shared memory", calls 5, 7, 8). */
+     * SM to it (bench/NOTES.md, "the next unit in shared memory", calls 5, 7, 8; "The parked
+     * unit's sync", call 1: the __syncwarp() before the combine stores, racecheck clean). */
     auto parked = [&]() { return reinterpret_cast<kva__unit *>(combine + warp * G::WARP_COMBINE); };
     static_assert(sizeof(kva__unit) <= sizeof(float) * G::WARP_COMBINE, "the parked unit fits a combine buffer");
     const uint32_t warp_ring = kva__smem_addr(ring) + warp * G::WARP_RING;
