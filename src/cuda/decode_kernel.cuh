@@ -72,6 +72,15 @@
 #define KVA__DECODE_STAGES 2 /* cp.async ring depth per warp; 2 keeps 2 blocks (8 streaming warps) per SM, which matters more than depth (bench/NOTES.md) */
 #endif
 #define KVA__DECODE_PFQ 2 /* page-id lookups in flight per warp, in tiles (>= stages - 1) */
+/* S = K Q^T of a one-N-tile kernel accumulated in two independent chains of mma (the even and the
+ * odd k16 steps apart, added at the end): a tile's S is on the path from its copy's arrival to
+ * the next copy's issue, and each mma waits for the one before it on the same accumulator (8
+ * deep at d128, 16 at d256 in one chain). Two-N-tile kernels have two chains already (one per N
+ * tile). -DKVA__DECODE_S_CHAINS=1: one chain (comparisons) */
+#ifndef KVA__DECODE_S_CHAINS
+#define KVA__DECODE_S_CHAINS 2
+#endif
+static_assert(KVA__DECODE_S_CHAINS == 1 || KVA__DECODE_S_CHAINS == 2, "KVA__DECODE_S_CHAINS: 1 or 2");
 #ifndef KVA__DECODE_REVERSE
 #define KVA__DECODE_REVERSE 1 /* non-graph multi-round plans: blocks walk their units last to first */
 #endif
@@ -573,9 +582,12 @@ __global__ void __launch_bounds__(KVA__DECODE_THREADS)
 
             if constexpr (MMA) {
                 /* S^T[key][head] = sum_d K[key][d] Q[head][d] */
-                float s[NT][4];
+                constexpr bool S_SPLIT = KVA__DECODE_S_CHAINS == 2 && NT == 1;
+                float s[NT][4], s_odd[NT][4]; /* (s_odd: the odd k16 steps' chain where S_SPLIT) */
 #pragma unroll
-                for (int nt = 0; nt < NT; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+                for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) s[nt][e] = s_odd[nt][e] = 0.0f;
 #pragma unroll
                 for (int k2 = 0; k2 < D / 32; ++k2) {
                     uint32_t qb[NT][4];
@@ -595,8 +607,15 @@ __global__ void __launch_bounds__(KVA__DECODE_THREADS)
                         kva__ldmatrix_x4(ka, ks_s + kva__swz<RB>(lane & 15, (2 * k2 + kk) * 2 + (lane >> 4)));
 #pragma unroll
                         for (int nt = 0; nt < NT; ++nt)
-                            kva__mma16816<T>(s[nt], ka, qb[nt][2 * kk], qb[nt][2 * kk + 1]);
+                            kva__mma16816<T>(S_SPLIT && kk == 1 ? s_odd[nt] : s[nt], ka,
+                                             qb[nt][2 * kk], qb[nt][2 * kk + 1]);
                     }
+                }
+                if constexpr (S_SPLIT) {
+#pragma unroll
+                    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) s[nt][e] += s_odd[nt][e];
                 }
 #if defined(KVA_VARIANT_ALIBI_SLOPES) && defined(KVA__FN_IS_KVA_ALIBI)
                 static_assert(NT <= 2, "kva__unit.alibi holds the slopes of two N tiles");
