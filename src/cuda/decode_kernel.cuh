@@ -76,7 +76,10 @@
  * odd k16 steps apart, added at the end): a tile's S is on the path from its copy's arrival to
  * the next copy's issue, and each mma waits for the one before it on the same accumulator (8
  * deep at d128, 16 at d256 in one chain). Two-N-tile kernels have two chains already (one per N
- * tile). -DKVA__DECODE_S_CHAINS=1: one chain (comparisons) */
+ * tile). Not in variant builds (a score modifier's kernels, NVRTC): the built-in ALiBi's module
+ * then spilled and its 8 x 4096 decode ran ~1 point slower (bench/NOTES.md, 2026-12-01 calls 6-7).
+ * -DKVA__DECODE_S_CHAINS=1: one chain (comparisons; the library's own kernels only -- the flag
+ * does not reach NVRTC) */
 #ifndef KVA__DECODE_S_CHAINS
 #define KVA__DECODE_S_CHAINS 2
 #endif
@@ -582,7 +585,7 @@ __global__ void __launch_bounds__(KVA__DECODE_THREADS)
 
             if constexpr (MMA) {
                 /* S^T[key][head] = sum_d K[key][d] Q[head][d] */
-                constexpr bool S_SPLIT = KVA__DECODE_S_CHAINS == 2 && NT == 1;
+                constexpr bool S_SPLIT = KVA__DECODE_S_CHAINS == 2 && NT == 1 && !KVA__HAS_SCORE_MOD;
                 float s[NT][4], s_odd[NT][4]; /* (s_odd: the odd k16 steps' chain where S_SPLIT) */
 #pragma unroll
                 for (int nt = 0; nt < NT; ++nt)
