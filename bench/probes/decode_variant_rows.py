@@ -1,15 +1,19 @@
 """decode_variant_rows.py -- where a decode variant's time goes: the same paged decode rows
 (32 q / 8 kv heads, d 128, bf16, page 16, shuffled pages, input sets rotated past the L2) run
 plain, with the built-in soft cap, with the examples' soft-cap snippet (its cap read from caller
-data), the same snippet with the cap a literal (no caller data), an identity modifier and the
-built-in ALiBi, the modes taking turns over --rounds rounds (each round opening with another
-mode). One table line per row and mode, medians of the rounds' medians:
+data), the same function with the cap a literal (no caller data; unlike the examples' source it
+does not define KVA_VARIANT_PINGPONG, which only the prefill kernels read), an identity modifier
+and the built-in ALiBi, the modes taking turns over --rounds rounds (round r opens with mode r
+mod 6; odd rounds take the others in reverse order). Each series after 0.1 s of idle GPU (README's tables
+take 0.5 s). One table line per row and mode, medians of the rounds' medians:
 
     | row | mode | us | vs base |
 
 (vs base: the snippets against the built-in cap, the others against plain), so the issue's 3%
 line is read per mode, and a snippet's cost splits into its caller-data load (snippet against
-snippet-const) and its arithmetic (snippet-const against the built-in cap).
+snippet-const) and the rest (snippet-const against the built-in cap: the generic modifier path,
+which identity against plain reads alone, and the snippet's own arithmetic). Run to run the
+ratios move by up to ~1.5 points with 5-7 rounds.
 Usage: python3 bench/probes/decode_variant_rows.py --build DIR [--shapes 8x4096,64x4096]
            [--rounds 7] [--iters 100]
 """
@@ -75,8 +79,8 @@ def main():
         times = {name: [] for name, _, _ in modes}
         for r in range(args.rounds):
             order = modes[r % len(modes):] + modes[:r % len(modes)]
-            if r % 2:
-                order = order[::-1]
+            if r % 2:  # (reversed after the opening mode, so that every round opens with another)
+                order = order[:1] + order[1:][::-1]
             for name, _, _ in order:
                 wr = plans[name]
                 times[name].append(bt.time_calls(lambda s: wr.run(row.q[s], row.pages[s], out=row.o), nsets,
