@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # check-ptxas.sh -- the sm_90a prefill kernels compile without ptxas's performance advisories
-# ("Potential Performance Loss"), on a machine without a GPU (nvcc only). One such as "C7511 ...
+# ("Potential Performance Loss"), on a machine without a GPU (nvcc only), and the decode kernels
+# stay within their register and spill budgets ("Decode kernels' budgets" below). One such as "C7511 ...
 # wgmma.mma_async instructions are serialized ..." means ptxas gave up overlapping the tensor
 # cores' work: the kernels still pass every test, but run far slower (native ALiBi +55% on an
 # H200, bench/NOTES.md v6.40), which only a GPU benchmark would show otherwise; others (e.g. about
@@ -11,7 +12,7 @@
 # adds -- the snippet asks for the turns itself, so it has none) and on the wgmma kernel (d128),
 # bf16, and native ALiBi's Hopper builds in f16 too, through bench/probes/variant_ptxas.sh.
 # Exits 1 on an advisory or a failed compile; without nvcc it says so and exits 0 (nothing to
-# check). ~1-3 min.
+# check). Then the decode kernels' register and spill budgets (below). ~2-4 min.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 command -v nvcc >/dev/null || { echo "check-ptxas: no nvcc, skipped"; exit 0; }
@@ -57,5 +58,56 @@ for spec in "alibi hopper 64" "alibi hopper 128" "alibi hopper-turns 128" "alibi
         bad=1
     fi
 done
-[ $bad = 0 ] && echo "check-ptxas: no ptxas advisory in the sm_90a prefill kernels (4 library files + 2 option builds, $builds variant builds)"
+# Decode kernels' budgets (ptxas -v, sm_90a): every decode kernel of the library (bf16, f16, f32)
+# spills nothing and keeps no stack frame -- except the two-N-tile d256 kernels, which spill (known,
+# bench/NOTES.md) --, and the d64 kernels keep the blocks per SM they run with: at most 128 registers
+# with one N tile (4 blocks of 128 threads; their shared memory would allow 4-5), 168 with two (3
+# blocks). At d128 / d256 shared memory holds a kernel to 2 / 1 blocks per SM, so its registers
+# may grow to 255. The decode kernels of three variants' modules (built-in ALiBi, the soft-cap
+# snippet, identity; bf16, one N tile, d64 and d128) the same. (2026-12-01: a change that left the
+# built-in ALiBi's decode module an 8-byte stack frame cost its 8 x 4096 decode a point on an H200.)
+dbudget() { # $1: a label, $2: ptxas -v output; prints and returns 1 on a kernel over its budget
+    awk -v what="$1" '
+        /Compiling entry function/ { match($0, /_Z[^'"'"' ]*/); n = substr($0, RSTART, RLENGTH) }
+        /bytes stack frame/ { st = $1 + 0; sp = $5 + $9 }
+        /Used [0-9]+ registers/ {
+            regs = $5 + 0; d = 0; nt = 0
+            if (match(n, /Li[0-9]+ELi[0-9]+E/)) { split(substr(n, RSTART, RLENGTH), f, /Li|E/); d = f[2] + 0; nt = f[4] + 0 }
+            if (n !~ /kva__decode_kernel/ || d == 0) next
+            lim = d == 64 ? (nt == 1 ? 128 : 168) : 255
+            if ((st > 0 || sp > 0) && !(d == 256 && nt == 2)) { printf "%s: decode d%d NT%d: %d bytes stack frame, %d bytes spilled\n", what, d, nt, st, sp; bad = 1 }
+            if (regs > lim) { printf "%s: decode d%d NT%d: %d registers (budget %d)\n", what, d, nt, regs, lim; bad = 1 }
+            k++
+        }
+        END { if (k == 0) { printf "%s: no decode kernel found in ptxas output\n", what; bad = 1 } exit bad }' <<<"$2"
+}
+dk=0
+for tu in decode_bf16 decode_f16 decode_f32; do
+    if ! log=$(nvcc -std=c++17 --use_fast_math -O3 -arch=sm_90a -Iinclude -Isrc -Isrc/cuda -cubin -Xptxas -v \
+            "src/cuda/$tu.cu" -o "$out/$tu.cubin" 2>&1); then
+        tail -n 20 <<<"$log"
+        echo "check-ptxas: src/cuda/$tu.cu did not compile"
+        bad=1
+    elif ! dbudget "src/cuda/$tu.cu" "$log"; then
+        echo "check-ptxas: src/cuda/$tu.cu: a decode kernel over its budget (above)"
+        bad=1
+    fi
+    dk=$((dk + 1))
+done
+for spec in "alibi decode 64" "alibi decode 128" "softcap decode 64" "softcap decode 128" \
+    "identity decode 64" "identity decode 128"; do
+    mod=${spec%% *}; kd=${spec#* }
+    # shellcheck disable=SC2086
+    if ! log=$(bench/probes/variant_ptxas.sh "$mod" $kd 2>&1); then
+        echo "$log"
+        echo "check-ptxas: variant $mod ($kd) did not compile"
+        bad=1
+    elif ! dbudget "variant $mod ($kd)" "Compiling entry function '_Z18kva__decode_kernelI13__nv_bfloat16Li${kd#decode }ELi1ELb0EEv16kva__decode_args'
+$log"; then
+        echo "check-ptxas: variant $mod ($kd): its decode kernel over its budget (above)"
+        bad=1
+    fi
+    dk=$((dk + 1))
+done
+[ $bad = 0 ] && echo "check-ptxas: no ptxas advisory in the sm_90a prefill kernels (4 library files + 2 option builds, $builds variant builds); decode kernels within their register / spill budgets ($dk builds)"
 exit $bad

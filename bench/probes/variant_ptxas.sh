@@ -5,7 +5,8 @@
 # ("C7511 ... wgmma ... serialized": the wgmma pipeline serialised, bench/NOTES.md v6.40). For comparing a kernel change's
 # effect on variant builds (bench/NOTES.md, 2026-11-29: the unconditional modifier).
 # The defines below copy variant_compile.c's program head (compile_module) by hand: keep them in step.
-# Usage: bench/probes/variant_ptxas.sh [softcap|identity|alibi] [hopper|hopper-turns|wgmma|mma] [64|128|256] [tree]
+# Usage: bench/probes/variant_ptxas.sh [softcap|identity|alibi] [hopper|hopper-turns|wgmma|mma|decode] [64|128|256] [tree]
+# (decode: the module's one-N-tile decode kernel, partial rowmax -- KVA__VMOD_DECODE's first slot)
 # (tree: a source tree with src/ and include/, default this one; e.g. a `git worktree` of a base)
 # PROBE_T=f16 compiles the f16 instantiation (default bf16); PROBE_SMEM_RECORDS=1 as the library
 # built with -DKVA__HP_SMEM_RECORDS=1; PROBE_LANE_RECORDS=1 with lane records (variant builds
@@ -34,7 +35,8 @@ case $kern in
   wgmma)  hdr=prefill_kernel.cuh; inst="template __global__ void kva__prefill_kernel<$T, $D, 1, $warps, 64, true>(const __grid_constant__ kva__prefill_args);" ;;
   mma)    mt=2; w=4; [ "$D" = 256 ] && { mt=1; w=8; }
           hdr=prefill_kernel.cuh; inst="template __global__ void kva__prefill_kernel<$T, $D, $mt, $w, 64, false>(const __grid_constant__ kva__prefill_args);" ;;
-  *) echo "kernel: hopper, hopper-turns, wgmma or mma" >&2; exit 2 ;;
+  decode) hdr=decode_kernel.cuh; inst="template __global__ void kva__decode_kernel<$T, $D, 1, false>(const __grid_constant__ kva__decode_args);" ;;
+  *) echo "kernel: hopper, hopper-turns, wgmma, mma or decode" >&2; exit 2 ;;
 esac
 cat >"$out/v.cu" <<X
 #define KVA_SCORE_MOD_FN $fn
