@@ -11,8 +11,9 @@
 # (d64, d128, d256; at d128 also the build with the consumers' turns that a module without them
 # adds -- the snippet asks for the turns itself, so it has none) and on the wgmma kernel (d128),
 # bf16, and native ALiBi's Hopper builds in f16 too, through bench/probes/variant_ptxas.sh.
-# Exits 1 on an advisory or a failed compile; without nvcc it says so and exits 0 (nothing to
-# check). Then the decode kernels' register and spill budgets (below). ~2-4 min.
+# Then the decode kernels' register and spill budgets (below). Exits 1 on an advisory, a failed
+# compile or a decode kernel over its budget; without nvcc it says so and exits 0 (nothing to
+# check). ~2-4 min.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 command -v nvcc >/dev/null || { echo "check-ptxas: no nvcc, skipped"; exit 0; }
@@ -64,7 +65,8 @@ done
 # with one N tile (4 blocks of 128 threads; their shared memory would allow 4-5), 168 with two (3
 # blocks). At d128 / d256 shared memory holds a kernel to 2 / 1 blocks per SM, so its registers
 # may grow to 255. The decode kernels of three variants' modules (built-in ALiBi, the soft-cap
-# snippet, identity; bf16, one N tile, d64 and d128) the same. (2026-12-01: a change that left the
+# snippet, identity; bf16, one N tile, d64 and d128) the same. (The two-N-tile d256 kernels' stack
+# frames and spills are exempt without a ceiling: 104-120 bytes of stack today.) (2026-12-01: a change that left the
 # built-in ALiBi's decode module an 8-byte stack frame cost its 8 x 4096 decode a point on an H200.)
 dbudget() { # $1: a label, $2: ptxas -v output; prints and returns 1 on a kernel over its budget
     awk -v what="$1" '
@@ -75,7 +77,7 @@ dbudget() { # $1: a label, $2: ptxas -v output; prints and returns 1 on a kernel
             if (match(n, /Li[0-9]+ELi[0-9]+E/)) { split(substr(n, RSTART, RLENGTH), f, /Li|E/); d = f[2] + 0; nt = f[4] + 0 }
             if (n !~ /kva__decode_kernel/ || d == 0) next
             lim = d == 64 ? (nt == 1 ? 128 : 168) : 255
-            if ((st > 0 || sp > 0) && !(d == 256 && nt == 2)) { printf "%s: decode d%d NT%d: %d bytes stack frame, %d bytes spilled\n", what, d, nt, st, sp; bad = 1 }
+            if ((st > 0 || sp > 0) && !(d == 256 && nt == 2)) { printf "%s: decode d%d NT%d: %d bytes stack frame, %d bytes of spill stores + loads\n", what, d, nt, st, sp; bad = 1 }
             if (regs > lim) { printf "%s: decode d%d NT%d: %d registers (budget %d)\n", what, d, nt, regs, lim; bad = 1 }
             k++
         }
@@ -98,12 +100,11 @@ for spec in "alibi decode 64" "alibi decode 128" "softcap decode 64" "softcap de
     "identity decode 64" "identity decode 128"; do
     mod=${spec%% *}; kd=${spec#* }
     # shellcheck disable=SC2086
-    if ! log=$(bench/probes/variant_ptxas.sh "$mod" $kd 2>&1); then
+    if ! log=$(PROBE_T=bf16 bench/probes/variant_ptxas.sh "$mod" $kd 2>&1); then
         echo "$log"
         echo "check-ptxas: variant $mod ($kd) did not compile"
         bad=1
-    elif ! dbudget "variant $mod ($kd)" "Compiling entry function '_Z18kva__decode_kernelI13__nv_bfloat16Li${kd#decode }ELi1ELb0EEv16kva__decode_args'
-$log"; then
+    elif ! dbudget "variant $mod ($kd)" "$log"; then
         echo "check-ptxas: variant $mod ($kd): its decode kernel over its budget (above)"
         bad=1
     fi

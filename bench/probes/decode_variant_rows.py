@@ -12,8 +12,7 @@ take 0.5 s). One table line per row and mode, medians of the rounds' medians:
 (vs base: the snippets against the built-in cap, the others against plain), so the issue's 3%
 line is read per mode, and a snippet's cost splits into its caller-data load (snippet against
 snippet-const) and the rest (snippet-const against the built-in cap: the generic modifier path,
-which identity against plain reads alone, and the snippet's own arithmetic). Run to run the
-ratios move by up to ~1.5 points with 5-7 rounds.
+which identity against plain reads alone, and the snippet's own arithmetic).
 Usage: python3 bench/probes/decode_variant_rows.py --build DIR [--shapes 8x4096,64x4096]
            [--rounds 7] [--iters 100]
 """

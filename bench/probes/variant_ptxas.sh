@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# variant_ptxas.sh -- ptxas's registers and spills of a variant's prefill kernel, without a GPU:
+# variant_ptxas.sh -- ptxas's registers and spills of a variant's prefill or decode kernel, without a GPU:
 # the NVRTC program variant_compile.c builds (the library's defines, the prelude, the modifier,
 # the kernel header), compiled with nvcc for sm_90a instead; ptxas's performance advisories too
 # ("C7511 ... wgmma ... serialized": the wgmma pipeline serialised, bench/NOTES.md v6.40). For comparing a kernel change's
 # effect on variant builds (bench/NOTES.md, 2026-11-29: the unconditional modifier).
-# The defines below copy variant_compile.c's program head (compile_module) by hand: keep them in step.
+# The defines below copy variant_compile.c's program head (compile_module) by hand, the fast tanh
+# for prefill modules only as there: keep them in step.
 # Usage: bench/probes/variant_ptxas.sh [softcap|identity|alibi] [hopper|hopper-turns|wgmma|mma|decode] [64|128|256] [tree]
 # (decode: the module's one-N-tile decode kernel, partial rowmax -- KVA__VMOD_DECODE's first slot)
 # (tree: a source tree with src/ and include/, default this one; e.g. a `git worktree` of a base)
@@ -38,6 +39,8 @@ case $kern in
   decode) hdr=decode_kernel.cuh; inst="template __global__ void kva__decode_kernel<$T, $D, 1, false>(const __grid_constant__ kva__decode_args);" ;;
   *) echo "kernel: hopper, hopper-turns, wgmma, mma or decode" >&2; exit 2 ;;
 esac
+# (KVA__VARIANT_FAST_TANH: the 16-bit prefill modules only, as variant_compile.c defines it)
+fast_tanh='#define KVA__VARIANT_FAST_TANH 1'; [ "$kern" = decode ] && fast_tanh=''
 cat >"$out/v.cu" <<X
 #define KVA_SCORE_MOD_FN $fn
 #define KVA__HP_CWG_D64 3
@@ -47,7 +50,7 @@ cat >"$out/v.cu" <<X
 #define KVA__HP_SMEM_RECORDS ${PROBE_SMEM_RECORDS:-0}
 #define KVA__HP_LANE_RECORDS ${PROBE_LANE_RECORDS:-0}
 #define KVA__DECODE_PDL 1
-#define KVA__VARIANT_FAST_TANH 1
+$fast_tanh
 $extra
 #include "cuda_common.cuh"
 #include "variant_prelude.cuh"
@@ -56,4 +59,4 @@ $body
 $inst
 X
 nvcc -std=c++17 --use_fast_math -O3 -arch=sm_90a -I"$tree/include" -I"$tree/src" -I"$tree/src/cuda" -cubin \
-    -Xptxas -v -o "$out/v.cubin" "$out/v.cu" 2>&1 | grep -E "error|registers|spill|Performance Loss"
+    -Xptxas -v -o "$out/v.cubin" "$out/v.cu" 2>&1 | grep -E "error|Compiling entry function|registers|spill|Performance Loss"
