@@ -84,31 +84,27 @@ dbudget() { # $1: a label, $2: ptxas -v output; prints and returns 1 on a kernel
         END { if (k == 0) { printf "%s: no decode kernel found in ptxas output\n", what; bad = 1 } exit bad }' <<<"$2"
 }
 dk=0
-for tu in decode_bf16 decode_f16 decode_f32; do
-    if ! log=$(nvcc -std=c++17 --use_fast_math -O3 -arch=sm_90a -Iinclude -Isrc -Isrc/cuda -cubin -Xptxas -v \
-            "src/cuda/$tu.cu" -o "$out/$tu.cubin" 2>&1); then
+dcheck() { # $1: a label; the rest: the command that compiles it with ptxas -v
+    local what=$1 log
+    shift
+    dk=$((dk + 1))
+    if ! log=$("$@" 2>&1); then
         tail -n 20 <<<"$log"
-        echo "check-ptxas: src/cuda/$tu.cu did not compile"
+        echo "check-ptxas: $what did not compile"
         bad=1
-    elif ! dbudget "src/cuda/$tu.cu" "$log"; then
-        echo "check-ptxas: src/cuda/$tu.cu: a decode kernel over its budget (above)"
+    elif ! dbudget "$what" "$log"; then
+        echo "check-ptxas: $what: a decode kernel over its budget (above)"
         bad=1
     fi
-    dk=$((dk + 1))
+}
+for tu in decode_bf16 decode_f16 decode_f32; do
+    dcheck "src/cuda/$tu.cu" nvcc -std=c++17 --use_fast_math -O3 -arch=sm_90a -Iinclude -Isrc -Isrc/cuda -cubin \
+        -Xptxas -v "src/cuda/$tu.cu" -o "$out/$tu.cubin"
 done
 for spec in "alibi decode 64" "alibi decode 128" "softcap decode 64" "softcap decode 128" \
     "identity decode 64" "identity decode 128"; do
-    mod=${spec%% *}; kd=${spec#* }
     # shellcheck disable=SC2086
-    if ! log=$(PROBE_T=bf16 bench/probes/variant_ptxas.sh "$mod" $kd 2>&1); then
-        echo "$log"
-        echo "check-ptxas: variant $mod ($kd) did not compile"
-        bad=1
-    elif ! dbudget "variant $mod ($kd)" "$log"; then
-        echo "check-ptxas: variant $mod ($kd): its decode kernel over its budget (above)"
-        bad=1
-    fi
-    dk=$((dk + 1))
+    dcheck "variant ${spec%% *} (${spec#* })" env PROBE_T=bf16 bench/probes/variant_ptxas.sh $spec
 done
 [ $bad = 0 ] && echo "check-ptxas: no ptxas advisory in the sm_90a prefill kernels (4 library files + 2 option builds, $builds variant builds); decode kernels within their register / spill budgets ($dk builds)"
 exit $bad
