@@ -9,6 +9,8 @@
  *                                groups 1, 4, 16, 24 (sub-groups) x both algorithms, odd lengths,
  *                                split (fixed chunks) and automatic plans, window and soft cap on
  *                                top; every o and LSE element checked
+ *   cuda_variant_decode_far_score_is_nan  a modifier's finite score beyond log2 range makes its
+ *                                row NaN (never a mask), a masked key weighs 0
  *   cuda_variant_prefill_paged   paged prefill (chunked: queries <= keys), causal and not, split
  *                                and unsplit plans, page sizes 1 / 16; the device's prefill path
  *                                (on Hopper the warp-specialised TMA kernel)
@@ -42,6 +44,7 @@
 #include "test_cuda_util.h"
 #include "test_util.h"
 #include "../src/cuda/cuda_backend.h"
+#include "../src/common/dtype_convert.h"
 #include "../src/reference/reference.h"
 #include "../examples/variant_sources.h"
 
@@ -61,6 +64,19 @@ KVA_EX_DEFINE_T5(t5_cpu, )
 KVA_EX_DEFINE_DOC_MASK(doc_mask_cpu, )
 KVA_EX_DEFINE_SOFTCAP(softcap_cpu, )
 KVA_EX_DEFINE_ALIBI(alibi_cpu, )
+
+/* A modifier that sends every fifth key (kv_pos % 5 == 2) far out of range in the heads of mode 1
+ * (-3e38: finite, but beyond the FLT_MAX / log2(e) that kvattn.h allows, so those rows must come
+ * out NaN, never as if the key were masked) and masks it in the heads of mode 2; caller data:
+ * int32 mode[qo_head]. */
+#define FAR_KEY_BODY(NAME, CONST)                                                               \
+    float NAME(float score, int32_t q_pos, int32_t kv_pos, int32_t qo_head, CONST void *user) {  \
+        const int32_t mode = ((const int32_t *)user)[qo_head];                                  \
+        (void)q_pos;                                                                            \
+        if (kv_pos % 5 != 2 || mode == 0) return score;                                         \
+        return mode == 1 ? -3.0e38f : kva_masked();                                             \
+    }
+FAR_KEY_BODY(far_key_cpu, )
 
 static bool quick(void) {
     const char *e = getenv("KVA_TEST_QUICK");
@@ -86,6 +102,7 @@ typedef struct ex_variant {
     kva_variant *v;
     kva_score_mod_fn cpu;
     void *host_user, *dev_user;
+    const int32_t *far_mode; /* (far_key only: the per-head modes in host_user, see below) */
 } ex_variant;
 
 static void ex_free(kva_context *ctx, ex_variant *e) {
@@ -210,6 +227,21 @@ static void decode_case(kva_context *ctx, kva_rng *rng, const ex_variant *e, kva
     cuda_ref_decode(&pb, &ref, q_host, o_ref, lse_ref);
     o_host = cuda_test_download(ctx, o_dev, nq * es);
     lse_host = cuda_test_download(ctx, lse_dev, sizeof(float) * (size_t)B * Hq);
+    if (e->far_mode && o_host && lse_host) /* rows that saw a far key: NaN, every element (then zeroed) */
+        for (int32_t b = 0; b < B; ++b)
+            for (int32_t h = 0; h < Hq; ++h) {
+                if (e->far_mode[h] != 1 || lens[b] < 3) continue;
+                const size_t row = (size_t)b * Hq + h;
+                unsigned char *got = (unsigned char *)o_host + row * D * es;
+                int finite = !isnan(lse_host[row]);
+                for (int32_t d = 0; d < D; ++d) finite += !isnan(kva__load_f32(got, dt, d));
+                CHECK_MSG(finite == 0, "%s: request %d (length %d) head %d saw a far key: %d of %d values not NaN",
+                          name, (int)b, (int)lens[b], (int)h, finite, (int)D + 1);
+                memset(got, 0, D * es);
+                for (int32_t d = 0; d < D; ++d) o_ref[row * D + d] = 0.0;
+                lse_host[row] = 0.0f;
+                lse_ref[row] = 0.0;
+            }
     kva_compare(name, o_host, dt, o_ref, nq, kva_tol_for(dt), NULL);
     kva_compare_lse(name, lse_host, lse_ref, (size_t)B * Hq, dt, NULL);
 done:
@@ -288,6 +320,46 @@ KVA_TEST(cuda_variant_decode_paired_heads) {
         }
         ex_free(ctx, &e);
     }
+    kva_context_destroy(ctx);
+}
+
+/* A modifier's finite score beyond log2 range (FAR_KEY_BODY: -3e38 on every fifth key of the heads
+ * of mode 1) makes its row NaN -- o and LSE, through split-KV merges too --, never a mask; a key
+ * the same modifier masks (mode 2) weighs 0; mode 0 rows are plain. Every dtype, head dims 64 and
+ * 128, groups of 4 (one N tile) and 16 (two), both algorithms, with and without the soft cap. */
+KVA_TEST(cuda_variant_decode_far_score_is_nan) {
+    kva_context *ctx = cuda_test_context();
+    if (!ctx) return;
+    use_test_cache();
+    kva_rng rng;
+    kva_rng_seed(&rng, kva_test_seed());
+    const kva_variant_options dec = {KVA_VARIANT_DECODE, 0, 0};
+    int32_t mode[MAX_HEADS];
+    for (int h = 0; h < MAX_HEADS; ++h) mode[h] = (h * 7 + 1) % 3;
+    ex_variant e = {0};
+    e.cpu = far_key_cpu;
+    e.host_user = mode;
+    e.far_mode = mode;
+    kva_status st = kva_variant_create(ctx, KVA_EX_STR(FAR_KEY_BODY(far_key, const)), "far_key", &dec, &e.v);
+    CHECK_MSG(st == KVA_OK, "far_key: %s (%s)", kva_status_str(st), kva_last_error());
+    e.dev_user = st == KVA_OK ? cuda_test_upload(ctx, mode, sizeof mode) : NULL;
+    if (e.dev_user) {
+        static const kva_dtype dts[3] = {KVA_BF16, KVA_F16, KVA_F32};
+        static const int32_t heads[2][2] = {{16, 4}, {32, 2}};
+        for (int t = 0; t < 3; ++t)
+            for (int d = 0; d < 2; ++d)
+                for (int hi = 0; hi < 2; ++hi) {
+                    const int algo = (t + d + hi) % 2, extra = (t + hi) % 2 ? 2 : 3;
+                    char name[160];
+                    snprintf(name, sizeof name, "decode far-key %s d%d %d/%d %s %s", kva_dtype_name(dts[t]),
+                             d ? 128 : 64, heads[hi][0], heads[hi][1], algo ? "global-rowmax" : "partial",
+                             extra == 2 ? "soft cap, fixed chunks" : "automatic plan");
+                    decode_case(ctx, &rng, &e, dts[t], d ? 128 : 64, heads[hi][0], heads[hi][1],
+                                (kva_decode_algo)algo, extra, -1, name);
+                }
+    }
+    kva_variant_destroy(e.v);
+    if (e.dev_user) kva_free(ctx, e.dev_user);
     kva_context_destroy(ctx);
 }
 
@@ -1144,6 +1216,7 @@ out:
 #else
 KVA_TEST(cuda_variant_decode) { kva_test_skip("no CUDA device"); }
 KVA_TEST(cuda_variant_decode_paired_heads) { kva_test_skip("no CUDA device"); }
+KVA_TEST(cuda_variant_decode_far_score_is_nan) { kva_test_skip("no CUDA device"); }
 KVA_TEST(cuda_variant_prefill_paged) { kva_test_skip("no CUDA device"); }
 KVA_TEST(cuda_variant_prefill_ragged) { kva_test_skip("no CUDA device"); }
 KVA_TEST(cuda_variant_prefill_mma) { kva_test_skip("no CUDA device"); }

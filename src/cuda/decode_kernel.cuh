@@ -288,25 +288,42 @@ __device__ __forceinline__ float kva__score_at(const kva__decode_args &a, float 
 
 /* The scores of a 16-key mma tile through a generic modifier, every slot of the lane (key
  * tstart + lane / 4 + 8 (e / 2), head nt * 8 + 2 (lane % 4) + e % 2), masked (-inf) past the
- * unit's end. The modifier is called for every slot at a valid key and head (clamped; results of
- * padding heads and keys past the end are dropped afterwards), all in one straight-line block:
- * behind per-slot branches each call's reads of caller data were their own L1 round trip (8 per
- * tile), here the compiler shares them. The warp ran every call anyway (those branches diverge
- * by lane). */
-template <int NT>
+ * unit's end, the soft cap decided at compile time (the caller tests it once per tile: a test per
+ * score put a branch around each slot's score). The modifier is called for every slot at a valid
+ * key and head (clamped; results of padding heads and keys past the end are dropped afterwards),
+ * all in one straight-line block: behind per-slot branches each call's reads of caller data were
+ * their own L1 round trip (8 per tile), here the compiler shares them. The warp ran every call
+ * anyway (those branches diverge by lane). The modifier sees an overflowed dot product as -inf
+ * (kvattn.h allows it); a finite modified score beyond log2 range must be NaN, not a mask, and
+ * that test runs only in a tile where some slot came out -inf (a masked key or an overflow). */
+template <int NT, bool CAP>
 __device__ __forceinline__ void kva__tile_scores(const kva__decode_args &a, const float (&s)[NT][4],
                                                  const kva__unit &m, int tstart, int end, int lane,
                                                  float (&x)[NT][4]) {
+    float sm[NT][4]; /* the modifier's results, natural-log units */
+    bool some_neg_inf = false;
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
             const int kv_pos = tstart + (lane >> 2) + 8 * (e >> 1), head = nt * 8 + 2 * (lane & 3) + (e & 1);
-            const float y = kva__score_mod_of(a, kva__score_nat(a, s[nt][e]), m, min(kv_pos, end - 1),
-                                              min(head, m.gs - 1));
+            /* natural-log units, what a modifier sees: without a cap one rounded product */
+            const float sn = CAP ? kva__score_c<true>(a, s[nt][e]) * KVA__LN2_F
+                                 : __fmul_rn(s[nt][e], a.scale_log2 * KVA__LN2_F);
+            sm[nt][e] = KVA_SCORE_MOD(sn, m.q_pos, min(kv_pos, end - 1), m.hb + min(head, m.gs - 1), a.mod_user);
+            const float y = __fmul_rn(sm[nt][e], KVA__LOG2E_F);
+            some_neg_inf |= y == -INFINITY;
             /* (padding heads' rows are never stored: any finite score does) */
             x[nt][e] = kv_pos >= end ? -INFINITY : head < m.gs ? y : 0.0f;
         }
+    if (some_neg_inf) {
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+                if (x[nt][e] == -INFINITY && sm[nt][e] != -INFINITY && tstart + (lane >> 2) + 8 * (e >> 1) < end)
+                    x[nt][e] = NAN;
+    }
 }
 
 /* The scores of a 16-key mma tile without a generic modifier (slots as kva__tile_scores: key
@@ -626,7 +643,10 @@ __global__ void __launch_bounds__(KVA__DECODE_THREADS)
                 /* Online softmax over the 16 keys of this tile, per head column, on its scores */
                 float xs[NT][4];
 #if KVA__DECODE_TILE_MOD
-                kva__tile_scores<NT>(a, s, cur, tstart, end, lane, xs);
+                if (a.cap_log2 > 0.0f)
+                    kva__tile_scores<NT, true>(a, s, cur, tstart, end, lane, xs);
+                else
+                    kva__tile_scores<NT, false>(a, s, cur, tstart, end, lane, xs);
 #else
                 if (a.cap_log2 > 0.0f)
                     kva__tile_scores_builtin<NT, true>(a, s, cur, tstart, end, lane, xs);
