@@ -564,7 +564,11 @@ typedef struct kva_plan {
     uint32_t flags;
     kva_decode_algo algo;
     const int32_t *request_indices; /* [num_work] request of each work item */
-    const int32_t *qo_tile_indices; /* [num_work] query tile of each work item */
+    const int32_t *qo_tile_indices; /* [num_work] query tile of each work item; tiles are
+                                       aligned to the request's end: tile t of n holds tokens
+                                       [max(0, qo_len - (n - t) x qo_tile_size),
+                                       qo_len - (n - 1 - t) x qo_tile_size), so only the first
+                                       may be short */
     const int32_t *kv_tile_indices; /* [num_work] key chunk of each work item (a cut item's
                                        pieces: 0, 1, ...; their keys are not kv_tile x
                                        kv_chunk_size) */

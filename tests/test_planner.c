@@ -2,8 +2,9 @@
  * test_planner.c -- the split-KV planner (src/plan/planner.c, decode_scheduler.c) and the plan
  * functions, pure host arithmetic, no run (balance: test_decode_scheduler.c): the chunk-size search returns the smallest chunk within the budget, the
  * flattened work items cover every (request, query tile, key position) exactly once, no-split
- * gives one item per request, KVA_PLAN_GRAPH keeps the launch size fixed across re-plans, and
- * workspaces that are too small are refused.
+ * gives one item per request, KVA_PLAN_GRAPH keeps the launch size fixed across re-plans,
+ * query tiles are aligned to the request's end (the partial one first), and workspaces that are
+ * too small are refused.
  */
 #include "harness.h"
 #include "test_util.h"
@@ -168,6 +169,41 @@ KVA_TEST(planner_flatten_refuses_zero_groups) {
     CHECK(kva__flatten_work(&p, 16, req, qt, kt, 4, gi, 0) == -1);
     CHECK(gi[0] == -7);
     CHECK(kva__flatten_work(&p, 16, req, qt, kt, 4, gi, 1) == 0 && gi[0] == 0);
+}
+
+/* Query tiles are aligned to the request's end: in order they partition [0, qo_len), every one
+ * holds `tile` tokens but the first, and under a bottom-right causal mask no tile ends later than
+ * it would aligned to the start -- so the key tiles (of 128) the causal tiles walk in all never
+ * grow, and for the GPU's d64 items (48 tokens) over 512 queries they shrink from 29 to 28. */
+KVA_TEST(planner_query_tiles_align_to_the_end) {
+    kva_rng rng;
+    kva_rng_seed(&rng, kva_test_seed());
+    for (int it = 0; it < 2000; ++it) {
+        const int32_t qo_len = it < 1000 ? it / 10 + 1 : kva_rng_int(&rng, 1, 5000), tile = kva_rng_int(&rng, 1, 200);
+        const int32_t tiles = (qo_len + tile - 1) / tile;
+        int32_t next = 0;
+        int64_t walked = 0, walked_top = 0;
+        for (int32_t t = 0; t < tiles; ++t) {
+            int32_t tok0 = -1, ntok = -1;
+            kva__qo_tile_span(qo_len, tile, t, &tok0, &ntok);
+            CHECK_MSG(tok0 == next && ntok >= 1 && ntok <= tile && (t == 0 || ntok == tile),
+                      "qo_len %d tile %d: tile %d = [%d, +%d) after %d", qo_len, tile, t, tok0, ntok, next);
+            next = tok0 + ntok;
+            const int32_t top_end = (t + 1) * tile < qo_len ? (t + 1) * tile : qo_len;
+            CHECK(next <= top_end);
+            walked += (next + 127) / 128;
+            walked_top += (top_end + 127) / 128;
+        }
+        CHECK_MSG(next == qo_len, "qo_len %d tile %d: tiles end at %d", qo_len, tile, next);
+        CHECK(walked <= walked_top);
+    }
+    int64_t walked = 0;
+    for (int32_t t = 0; t < 11; ++t) {
+        int32_t tok0, ntok;
+        kva__qo_tile_span(512, 48, t, &tok0, &ntok);
+        walked += (tok0 + ntok + 127) / 128;
+    }
+    CHECK_MSG(walked == 28, "512 queries in tiles of 48 walk %lld key tiles", (long long)walked);
 }
 
 /* ---- kva_decode_plan / kva_prefill_plan ------------------------------------------------------- */

@@ -365,22 +365,26 @@ KVA_TEST(prefill_balance_apply_cut) {
 /* ---- causal plans: the last wave by order (kva__balance_causal_tail) ---------------------------- */
 
 /* Keys a query tile sees under a bottom-right causal mask: its last query's, from nothing (more
- * queries than keys that far) to every key; the last tile may be partial. */
+ * queries than keys that far) to every key; tiles are aligned to the request's end, so the first
+ * may be partial (kva__qo_tile_span). */
 KVA_TEST(prefill_balance_causal_keys) {
     CHECK(kva__balance_causal_keys(512, 512, 32, 0) == 32);
     CHECK(kva__balance_causal_keys(512, 512, 32, 15) == 512);
-    CHECK(kva__balance_causal_keys(500, 500, 32, 15) == 500);      /* partial last tile */
+    CHECK(kva__balance_causal_keys(500, 500, 32, 15) == 500);      /* a partial tile: the first */
+    CHECK(kva__balance_causal_keys(500, 500, 32, 0) == 20);
     CHECK(kva__balance_causal_keys(512, 16896, 32, 0) == 16416);   /* chunked prefill */
     CHECK(kva__balance_causal_keys(300, 100, 64, 0) == 0);         /* queries outnumber keys */
-    CHECK(kva__balance_causal_keys(300, 100, 64, 3) == 56);
+    CHECK(kva__balance_causal_keys(300, 100, 64, 3) == 36);        /* tiles end at 300, 236, ... */
     CHECK(kva__balance_causal_keys(300, 100, 64, 4) == 100);
     CHECK(kva__balance_causal_keys(7, 0, 16, 0) == 0);             /* no keys */
 }
 
 /* The same keys, written out here so that the rewrite below is checked against an independent
- * formula: the last query of tile t is min((t + 1) * tile, q) - 1, at position kv - q + it. */
+ * formula: tiles are aligned to the end, so the last query of tile t of n = ceil(q / tile) is
+ * q - 1 - (n - 1 - t) * tile, at position kv - q + it. */
 static int32_t visible_by_hand(int32_t q, int32_t kv, int32_t tile, int32_t t) {
-    const int64_t last_query = ((int64_t)(t + 1) * tile < q ? (int64_t)(t + 1) * tile : q) - 1;
+    const int64_t n = ((int64_t)q + tile - 1) / tile;
+    const int64_t last_query = q - 1 - (n - 1 - t) * tile;
     const int64_t pos = (int64_t)kv - q + last_query;
     return pos < 0 ? 0 : pos + 1 > kv ? kv : (int32_t)(pos + 1);
 }

@@ -25,6 +25,7 @@
 #include "kernels/simd.h"
 #include "../common/internal.h"
 #include "../common/softmax_state.h"
+#include "../plan/planner.h"
 
 #include <math.h>
 
@@ -79,12 +80,13 @@ static void dense_task(void *arg, int64_t i, int thread) {
     const dense_job *J = (const dense_job *)arg;
     const int64_t u = J->tasks - 1 - i;
     const int32_t qt = (int32_t)(u / J->Hk);
-    const int32_t tok0 = qt * J->tile;
+    int32_t tok0, ntok; /* (tiles aligned to the end, as a plan's: planner.h) */
+    kva__qo_tile_span(J->qo_len, J->tile, qt, &tok0, &ntok);
     kva__prefill_task task;
     task.q = row_of(J->q, tok0);
     task.q_stride_token = J->q.stride_token;
     task.q_stride_head = J->q.stride_head;
-    task.num_tokens = J->qo_len - tok0 < J->tile ? J->qo_len - tok0 : J->tile;
+    task.num_tokens = ntok;
     task.first_q_pos = J->kv_len - J->qo_len + tok0;
     task.kv_begin = 0;
     task.kv_end = J->kv_len;
@@ -165,7 +167,8 @@ static void plan_task(void *arg, int64_t i, int thread) {
     const int64_t u = J->tasks - 1 - i;
     const int32_t w = (int32_t)(u / J->Hk);
     const int32_t b = J->req[w];
-    const int32_t tok0 = J->qtile[w] * tile;
+    int32_t tok0, ntok; /* (the plan's tile: planner.h) */
+    kva__qo_tile_span(J->qo_len[b], tile, J->qtile[w], &tok0, &ntok);
     const int64_t q_row = (int64_t)J->qo_indptr[b] + tok0;
     const int32_t nkv = J->kv_len[b];
     const int64_t kv_begin = (int64_t)J->kvtile[w] * chunk;
@@ -173,7 +176,7 @@ static void plan_task(void *arg, int64_t i, int thread) {
     task.q = row_of(J->q, q_row);
     task.q_stride_token = J->q.stride_token;
     task.q_stride_head = J->q.stride_head;
-    task.num_tokens = J->qo_len[b] - tok0 < tile ? J->qo_len[b] - tok0 : tile;
+    task.num_tokens = ntok;
     task.first_q_pos = nkv - J->qo_len[b] + tok0;
     task.kv_begin = (int32_t)(kv_begin < nkv ? kv_begin : nkv);
     task.kv_end = (int32_t)(kv_begin + chunk < nkv ? kv_begin + chunk : nkv);
@@ -223,8 +226,10 @@ static void plan_merge(void *arg, int64_t i, int thread) {
     const int32_t w0 = J->group[g], n = J->group[g + 1] - J->group[g];
     if (n <= 1) return;
     const int32_t b = J->req[w0];
-    const int32_t tok = J->qtile[w0] * tile + t;
-    if (tok >= J->qo_len[b]) return;
+    int32_t tok0, ntok;
+    kva__qo_tile_span(J->qo_len[b], tile, J->qtile[w0], &tok0, &ntok);
+    if (t >= ntok) return;
+    const int32_t tok = tok0 + t;
     const int64_t q_row = (int64_t)J->qo_indptr[b] + tok;
     const kva_tensor o = J->o;
     for (int32_t hq = 0; hq < Hq; ++hq) {

@@ -196,9 +196,11 @@ __device__ __forceinline__ void kva__pf_load_record(const kva__prefill_args &a, 
         it.key_end = a.dense_kv_len;
         it.kv_len = a.dense_kv_len;
         it.kv_beg = 0;
-        it.q_row0 = it.w * a.qo_tile;
-        const int left = a.dense_qo_len - it.q_row0;
-        it.q_tokens = left < a.qo_tile ? left : a.qo_tile;
+        /* tiles aligned to the end, the partial one first (kva__qo_tile_span, planner.h; the
+         * dense launch's num_work is the tile count) */
+        const int end = a.dense_qo_len - (a.num_work - 1 - it.w) * a.qo_tile;
+        it.q_row0 = end - a.qo_tile > 0 ? end - a.qo_tile : 0;
+        it.q_tokens = end - it.q_row0;
         it.q_pos0 = a.dense_kv_len - a.dense_qo_len + it.q_row0;
     }
 }

@@ -476,8 +476,8 @@ static kva_status make_plan(kva_context *ctx, const kva_plan_limits *limits, con
         for (int64_t i = 0; i < w; ++i, rec += KVA__UNIT_RECORD_INTS) {
             const int32_t b = req[i], len = kv_len[b];
             const int64_t beg = (int64_t)kt[i] * chunk;
-            const int32_t tok0 = qt[i] * p.qo_tile;
-            const int32_t left = qo_len[b] - tok0;
+            int32_t tok0, ntok;
+            kva__qo_tile_span(qo_len[b], p.qo_tile, qt[i], &tok0, &ntok);
             rec[KVA__UR_REQUEST] = b;
             rec[KVA__UR_KEY_BEG] = (int32_t)(beg < len ? beg : len);
             rec[KVA__UR_KEY_END] = (int32_t)(beg + chunk < len ? beg + chunk : len);
@@ -487,7 +487,7 @@ static kva_status make_plan(kva_context *ctx, const kva_plan_limits *limits, con
             rec[KVA__UR_KV_LEN] = len;
             rec[KVA__UR_PAGE_BEG] = kv_indptr[b];
             rec[KVA__PR_Q_ROW0] = qo_indptr[b] + tok0;
-            rec[KVA__PR_Q_TOKENS] = left < p.qo_tile ? left : p.qo_tile;
+            rec[KVA__PR_Q_TOKENS] = ntok;
             rec[KVA__PR_Q_POS0] = len - qo_len[b] + tok0;
         }
     }

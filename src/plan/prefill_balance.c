@@ -1,5 +1,6 @@
 /* prefill_balance.c -- an even last wave for the persistent prefill launch; see prefill_balance.h. */
 #include "prefill_balance.h"
+#include "planner.h"
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -131,8 +132,9 @@ int64_t kva__balance_apply_cut(int64_t w, int32_t which, int32_t parts, int32_t 
 }
 
 int32_t kva__balance_causal_keys(int32_t qo_len, int32_t kv_len, int32_t qo_tile, int32_t t) {
-    const int64_t last = (int64_t)(t + 1) * qo_tile < qo_len ? (int64_t)(t + 1) * qo_tile : qo_len;
-    const int64_t keys = (int64_t)kv_len - qo_len + last;
+    int32_t tok0, ntok;
+    kva__qo_tile_span(qo_len, qo_tile, t, &tok0, &ntok);
+    const int64_t keys = (int64_t)kv_len - qo_len + tok0 + ntok;
     return keys < 0 ? 0 : keys > kv_len ? kv_len : (int32_t)keys;
 }
 
