@@ -91,6 +91,16 @@ static void use_test_cache(void) {
     if (mkdtemp(dir)) setenv("XDG_CACHE_HOME", dir, 1);
 }
 
+/* A variant test's context (NULL: no CUDA device, the test skips), its private disk cache and
+ * its random generator. */
+static kva_context *variant_test_begin(kva_rng *rng) {
+    kva_context *ctx = cuda_test_context();
+    if (!ctx) return NULL;
+    use_test_cache();
+    kva_rng_seed(rng, kva_test_seed());
+    return ctx;
+}
+
 #define MAX_HEADS 32
 #define MAX_POS 8192
 
@@ -259,11 +269,9 @@ done:
 }
 
 KVA_TEST(cuda_variant_decode) {
-    kva_context *ctx = cuda_test_context();
-    if (!ctx) return;
-    use_test_cache();
     kva_rng rng;
-    kva_rng_seed(&rng, kva_test_seed());
+    kva_context *ctx = variant_test_begin(&rng);
+    if (!ctx) return;
     static const kva_dtype dts[3] = {KVA_BF16, KVA_F16, KVA_F32};
     static const int32_t dims[4] = {64, 96, 128, 256};
     static const int32_t heads[4][2] = {{4, 4}, {16, 4}, {16, 1}, {24, 1}};
@@ -328,11 +336,9 @@ KVA_TEST(cuda_variant_decode_paired_heads) {
  * the same modifier masks (mode 2) weighs 0; mode 0 rows are plain. Every dtype, head dims 64 and
  * 128, groups of 4 (one N tile) and 16 (two), both algorithms, with and without the soft cap. */
 KVA_TEST(cuda_variant_decode_far_score_is_nan) {
-    kva_context *ctx = cuda_test_context();
-    if (!ctx) return;
-    use_test_cache();
     kva_rng rng;
-    kva_rng_seed(&rng, kva_test_seed());
+    kva_context *ctx = variant_test_begin(&rng);
+    if (!ctx) return;
     const kva_variant_options dec = {KVA_VARIANT_DECODE, 0, 0};
     int32_t mode[MAX_HEADS];
     for (int h = 0; h < MAX_HEADS; ++h) mode[h] = (h * 7 + 1) % 3;
@@ -597,16 +603,6 @@ static void prefill_sweep_on(const char *path) {
 }
 
 KVA_TEST(cuda_variant_prefill_mma) { prefill_sweep_on("mma"); }
-
-/* A variant test's context (NULL: no CUDA device, the test skips), its private disk cache and
- * its random generator. */
-static kva_context *variant_test_begin(kva_rng *rng) {
-    kva_context *ctx = cuda_test_context();
-    if (!ctx) return NULL;
-    use_test_cache();
-    kva_rng_seed(rng, kva_test_seed());
-    return ctx;
-}
 
 /* Native ALiBi's prefill cases of the tests below: paged and ragged, f16 and bf16, d64 / d128 /
  * d256, causal on every other case, Hq / Hk heads. tiny: sm_scale 1e-5 or 3e-6 by turns (d128
