@@ -287,14 +287,16 @@ typedef float (*kva_score_mod_fn)(float score, int32_t q_pos, int32_t kv_pos, in
  * before the causal / window masks -- with `user` = kva_attn_params.score_mod_user. It only sees
  * a request's own positions and heads: masked keys and keys past the request's end are never
  * passed (kernels may also evaluate it for padding rows of a tile, with a real query's position,
- * and in place of a masked key, with a key the same query sees and a score of 0, and discard
- * those results), so it may index caller data by kv_pos (0 .. kv_len-1), q_pos
+ * and in place of a masked key or a key past the end, with a key the same query sees and a score
+ * of 0 -- in decode any score --, and discard those results), so it may index caller data by
+ * kv_pos (0 .. kv_len-1), q_pos
  * (kv_len - qo_len .. kv_len-1: negative only for requests with more queries than keys) and
  * qo_head (0 .. num_qo_heads-1). Return -INFINITY to mask a key (a row that sees no key gets
  * output 0 and LSE -inf, as everywhere); NaN or a score beyond the range of kva_attn_params
- * makes the row NaN (with one difference from the built-in path: a dot product that overflows
- * f32 to -inf may reach the modifier as -inf and then weigh 0 like a masked key; in tiles that
- * cross a mask boundary an overflow to +-inf reaches it as NaN).
+ * makes the row NaN (with one difference from the built-in path: a dot product of -inf -- an
+ * f32 overflow, or an infinite element of Q or K -- may reach the modifier as -inf and then
+ * weigh 0 like a masked key, where the built-in path makes the row NaN; in prefill tiles that
+ * cross a mask boundary it reaches it as NaN).
  * What it may use: float and integer arithmetic, the CUDA math functions (expf, logf, tanhf,
  * ...; compiled with --use_fast_math like the library, so tanhf/expf are the fast approximations:
  * kva_tanhf(x) is the tanh of the built-in soft cap in the same kernel -- the hardware tanh
@@ -417,7 +419,8 @@ void kva_alibi_slopes(int32_t num_heads, float *slopes);
  * Range: kernels keep scores in log2 units in f32, so a visible score must satisfy |s| < FLT_MAX /
  * log2(e) (about 2.3e38). A row that sees a larger score, or whose dot product overflows f32, gets
  * NaN output and NaN LSE -- never a plausible wrong value (and kva_merge_states propagates a NaN
- * LSE). A non-finite K element (Inf, NaN) in the cache makes its head's scores NaN; in CUDA decode
+ * LSE). A non-finite K element (Inf, NaN) in the cache makes its head's scores NaN (with a score
+ * modifier, an Inf may instead mask its key: kva_variant); in CUDA decode
  * of f16 / bf16 d32 / d96 on NHD pools, where one unit serves two adjacent KV heads
  * (KVA_DECODE_PAIR_HEADS in kva_context_create), its partner head's too. Under a soft cap an overflowed dot product is NaN on the CPU and the cap on CUDA (tanh
  * saturates: the float64 reference's value). The f16/bf16 CUDA prefill kernels (compute-bound: they
@@ -565,10 +568,12 @@ typedef struct kva_plan {
     kva_decode_algo algo;
     const int32_t *request_indices; /* [num_work] request of each work item */
     const int32_t *qo_tile_indices; /* [num_work] query tile of each work item; tiles are
-                                       aligned to the request's end: tile t of n holds tokens
+                                       aligned to the request's end: with qo_len the queries
+                                       of request_indices[i] and n = ceil(qo_len /
+                                       qo_tile_size), tile t holds the request's query tokens
                                        [max(0, qo_len - (n - t) x qo_tile_size),
-                                       qo_len - (n - 1 - t) x qo_tile_size), so only the first
-                                       may be short */
+                                       qo_len - (n - 1 - t) x qo_tile_size) (counted from its
+                                       first query), so only the first may be short */
     const int32_t *kv_tile_indices; /* [num_work] key chunk of each work item (a cut item's
                                        pieces: 0, 1, ...; their keys are not kv_tile x
                                        kv_chunk_size) */

@@ -333,8 +333,10 @@ KVA_TEST(cuda_variant_decode_paired_heads) {
 
 /* A modifier's finite score beyond log2 range (FAR_KEY_BODY: -3e38 on every fifth key of the heads
  * of mode 1) makes its row NaN -- o and LSE, through split-KV merges too --, never a mask; a key
- * the same modifier masks (mode 2) weighs 0; mode 0 rows are plain. Every dtype, head dims 64 and
- * 128, groups of 4 (one N tile) and 16 (two), both algorithms, with and without the soft cap. */
+ * the same modifier masks (mode 2) weighs 0; mode 0 rows are plain. bf16 and f16 (the mma kernels'
+ * tile path, kva__tile_scores: its range test left out, these cases fail) and f32 (the per-score
+ * path), head dims 64 and 128, groups of 4 (one N tile) and 16 (two), both algorithms, with and
+ * without the soft cap. */
 KVA_TEST(cuda_variant_decode_far_score_is_nan) {
     kva_rng rng;
     kva_context *ctx = variant_test_begin(&rng);

@@ -379,12 +379,14 @@ KVA_TEST(prefill_balance_causal_keys) {
     CHECK(kva__balance_causal_keys(7, 0, 16, 0) == 0);             /* no keys */
 }
 
-/* The same keys, written out here so that the rewrite below is checked against an independent
- * formula: tiles are aligned to the end, so the last query of tile t of n = ceil(q / tile) is
- * q - 1 - (n - 1 - t) * tile, at position kv - q + it. */
+/* The same keys, written out here so that the rewrite below is checked against a derivation of
+ * its own: tiles are aligned to the end, so stepping back from the request's end a tile at a time
+ * lists the tiles' ends, the last tile's first (q <= 300 here); tile t's last query sits at
+ * position kv - q + (its end - 1). */
 static int32_t visible_by_hand(int32_t q, int32_t kv, int32_t tile, int32_t t) {
-    const int64_t n = ((int64_t)q + tile - 1) / tile;
-    const int64_t last_query = q - 1 - (n - 1 - t) * tile;
+    int64_t ends[1024], count = 0; /* tile ends, last tile first */
+    for (int64_t end = q; end > 0 && count < 1024; end -= tile) ends[count++] = end;
+    const int64_t last_query = ends[count - 1 - t] - 1;
     const int64_t pos = (int64_t)kv - q + last_query;
     return pos < 0 ? 0 : pos + 1 > kv ? kv : (int32_t)(pos + 1);
 }

@@ -199,9 +199,10 @@ enum kva__unit_record_field {
  * work item's query tile. A work item covering all of its request's keys is unsplit and
  * writes o directly; any other writes its partial state (workspace_layout: partial O / LSE). */
 enum kva__prefill_record_field {
-    KVA__PR_Q_ROW0 = 5,   /* first query row of the tile (qo_indptr[b] + tile * qo_tile) */
-    KVA__PR_Q_TOKENS = 6, /* query tokens in the tile (1 .. qo_tile) */
-    KVA__PR_Q_POS0 = 7    /* position of the tile's first query: kv_len - qo_len + tile token */
+    KVA__PR_Q_ROW0 = 5,   /* first query row of the tile (qo_indptr[b] + its first token,
+                           * kva__qo_tile_span: tiles aligned to the request's end) */
+    KVA__PR_Q_TOKENS = 6, /* query tokens in the tile (1 .. qo_tile; short: the first tile) */
+    KVA__PR_Q_POS0 = 7    /* position of the tile's first query: kv_len - qo_len + first token */
 };
 
 /* Capacities and byte offsets derived from limits + policy; identical at sizing and planning. */
